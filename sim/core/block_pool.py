@@ -1,0 +1,229 @@
+"""Paged KV block pool with a base region, an elastic region and an optional prefix cache.
+
+Block ids are laid out as in the GPU allocator's virtual range::
+
+    [0 ........ num_base_blocks) [num_base_blocks ........ num_blocks)
+     base: always mapped          elastic: the activation reserve, mapped only while lent
+
+Allocation prefers base blocks, so the elastic region fills last and drains first. While the
+elastic region is detached (or draining) no block in it is handed out; it may be detached only
+when none of its blocks is referenced, which is what keeps a block table from pointing at
+unmapped memory.
+
+Prefix caching follows vLLM: a full block can be registered under a hash key; a block whose
+reference count drops to zero keeps its key and sits in an LRU of evictable blocks, counted
+as free, until an allocation evicts it or a new request hits it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import OrderedDict
+from collections.abc import Hashable, Iterable
+
+
+class ElasticState(enum.Enum):
+    DETACHED = "detached"
+    ATTACHED = "attached"
+    DRAINING = "draining"  # still mapped, but no new allocations land in it
+
+
+class ElasticBusyError(RuntimeError):
+    """Raised when the elastic region is detached while some of its blocks are in use."""
+
+
+class BlockPool:
+    def __init__(
+        self,
+        num_base_blocks: int,
+        num_elastic_blocks: int = 0,
+        *,
+        elastic_attached: bool = False,
+    ) -> None:
+        if num_base_blocks < 1:
+            raise ValueError(f"num_base_blocks must be >= 1, got {num_base_blocks}")
+        if num_elastic_blocks < 0:
+            raise ValueError(f"num_elastic_blocks must be >= 0, got {num_elastic_blocks}")
+        self.num_base_blocks = num_base_blocks
+        self.num_elastic_blocks = num_elastic_blocks
+        self.num_blocks = num_base_blocks + num_elastic_blocks
+        # Free lists are stacks popped from the end; reversed so low ids go out first.
+        self._free_base = list(range(num_base_blocks - 1, -1, -1))
+        self._free_elastic = list(range(self.num_blocks - 1, num_base_blocks - 1, -1))
+        self._cached_free: OrderedDict[int, Hashable] = OrderedDict()  # LRU, oldest first
+        self._key_of: dict[int, Hashable] = {}
+        self._block_of: dict[Hashable, int] = {}
+        self._ref_count = [0] * self.num_blocks
+        self.num_used_base = 0
+        self.num_used_elastic = 0
+        self.elastic_state = ElasticState.DETACHED
+        if elastic_attached and num_elastic_blocks:
+            self.elastic_state = ElasticState.ATTACHED
+
+    # ------------------------------------------------------------------ counts
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_used_base + self.num_used_elastic
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks an allocation can take now (evictable cached blocks included)."""
+        return self.num_free_base_blocks + self._num_free_elastic_usable()
+
+    @property
+    def num_free_base_blocks(self) -> int:
+        return len(self._free_base) + sum(1 for b in self._cached_free if b < self.num_base_blocks)
+
+    @property
+    def num_usable_blocks(self) -> int:
+        """Blocks the pool holds right now: base plus the elastic region when attached."""
+        if self.elastic_state is ElasticState.DETACHED:
+            return self.num_base_blocks
+        return self.num_blocks
+
+    def _num_free_elastic_usable(self) -> int:
+        if self.elastic_state is not ElasticState.ATTACHED:
+            return 0
+        cached = sum(1 for b in self._cached_free if b >= self.num_base_blocks)
+        return len(self._free_elastic) + cached
+
+    def is_elastic(self, block_id: int) -> bool:
+        return block_id >= self.num_base_blocks
+
+    # --------------------------------------------------------------- allocate
+    def can_allocate(self, num_blocks: int) -> bool:
+        if num_blocks <= len(self._free_base):
+            return True
+        return num_blocks <= self.num_free_blocks
+
+    def allocate(self, num_blocks: int) -> list[int] | None:
+        """Take `num_blocks` free blocks, base first; None (and no change) if too few."""
+        if num_blocks == 0:
+            return []
+        if num_blocks <= len(self._free_base):  # fast path, no cache or elastic involved
+            taken = self._free_base[-num_blocks:]
+            del self._free_base[-num_blocks:]
+            for block_id in taken:
+                self._ref_count[block_id] = 1
+            self.num_used_base += num_blocks
+            return taken
+        if not self.can_allocate(num_blocks):
+            return None
+        taken = []
+        for _ in range(num_blocks):
+            taken.append(self._take_one())
+        return taken
+
+    def _take_one(self) -> int:
+        if self._free_base:
+            block_id = self._free_base.pop()
+        elif self._free_elastic and self.elastic_state is ElasticState.ATTACHED:
+            block_id = self._free_elastic.pop()
+        else:
+            block_id = self._evict_lru()
+        self._ref_count[block_id] = 1
+        self._count_used(block_id, +1)
+        return block_id
+
+    def _evict_lru(self) -> int:
+        for block_id in self._cached_free:
+            if block_id < self.num_base_blocks or self.elastic_state is ElasticState.ATTACHED:
+                del self._cached_free[block_id]
+                del self._block_of[self._key_of.pop(block_id)]
+                return block_id
+        raise AssertionError("no evictable block although can_allocate said yes")
+
+    def _count_used(self, block_id: int, delta: int) -> None:
+        if block_id < self.num_base_blocks:
+            self.num_used_base += delta
+        else:
+            self.num_used_elastic += delta
+
+    def free(self, block_ids: Iterable[int]) -> None:
+        """Drop one reference to each block. Pass a request's blocks tail first, as vLLM does,
+        so that its last blocks are the first to be evicted from the prefix cache."""
+        for block_id in block_ids:
+            count = self._ref_count[block_id]
+            if count <= 0:
+                raise ValueError(f"block {block_id} freed but not allocated")
+            self._ref_count[block_id] = count - 1
+            if count > 1:
+                continue
+            self._count_used(block_id, -1)
+            if block_id in self._key_of:
+                self._cached_free[block_id] = self._key_of[block_id]
+            elif block_id < self.num_base_blocks:
+                self._free_base.append(block_id)
+            else:
+                self._free_elastic.append(block_id)
+
+    def ref_count(self, block_id: int) -> int:
+        return self._ref_count[block_id]
+
+    # ------------------------------------------------------------ prefix cache
+    def cached_block(self, key: Hashable) -> int | None:
+        """The block holding the content named `key`, if cached and usable right now."""
+        block_id = self._block_of.get(key)
+        if block_id is None:
+            return None
+        if block_id >= self.num_base_blocks and self.elastic_state is not ElasticState.ATTACHED:
+            if self._ref_count[block_id] == 0:
+                return None
+        return block_id
+
+    def touch(self, block_id: int) -> None:
+        """Take a reference to a cached block (a prefix-cache hit)."""
+        if self._ref_count[block_id] == 0:
+            del self._cached_free[block_id]
+            self._count_used(block_id, +1)
+        self._ref_count[block_id] += 1
+
+    def register(self, block_id: int, key: Hashable) -> None:
+        """Name a full, used block by its content key so later requests can share it."""
+        if key in self._block_of or block_id in self._key_of:
+            return
+        self._key_of[block_id] = key
+        self._block_of[key] = block_id
+
+    # ----------------------------------------------------------------- elastic
+    def attach_elastic(self) -> None:
+        if self.num_elastic_blocks == 0:
+            raise ValueError("this pool has no elastic blocks to attach")
+        self.elastic_state = ElasticState.ATTACHED
+
+    def start_draining(self) -> None:
+        if self.elastic_state is ElasticState.ATTACHED:
+            self.elastic_state = ElasticState.DRAINING
+
+    def detach_elastic(self) -> None:
+        if self.num_used_elastic:
+            raise ElasticBusyError(
+                f"cannot detach the elastic region: {self.num_used_elastic} of its blocks are "
+                "still in use; drain them (preempt, wait or migrate) first"
+            )
+        # Content of elastic blocks is undefined once unmapped: forget their cache keys.
+        for block_id in [b for b in self._cached_free if b >= self.num_base_blocks]:
+            del self._cached_free[block_id]
+            del self._block_of[self._key_of.pop(block_id)]
+            self._free_elastic.append(block_id)
+        self.elastic_state = ElasticState.DETACHED
+
+    def elastic_blocks_in_use(self) -> list[int]:
+        return [
+            b for b in range(self.num_base_blocks, self.num_blocks) if self._ref_count[b] > 0
+        ]
+
+    def check_invariants(self) -> None:
+        """Free + used = total, every block in exactly one place. For tests and debugging."""
+        free = self._free_base + self._free_elastic + list(self._cached_free)
+        if len(free) != len(set(free)):
+            raise AssertionError("a block is on two free lists")
+        used = [b for b in range(self.num_blocks) if self._ref_count[b] > 0]
+        if set(used) & set(free):
+            raise AssertionError("a block is both used and free")
+        if len(used) + len(free) != self.num_blocks:
+            raise AssertionError(f"used {len(used)} + free {len(free)} != {self.num_blocks}")
+        if len(used) != self.num_used_blocks:
+            raise AssertionError("used counters out of step with reference counts")
+        if self.elastic_state is ElasticState.DETACHED and self.num_used_elastic:
+            raise AssertionError("elastic blocks in use while detached")

@@ -1,0 +1,124 @@
+"""The elastic controller: when to lend the activation reserve and how to take it back.
+
+It runs at the start of every `Scheduler.schedule()`. Under the elastic policy it attaches
+the elastic region when the coming step is decode-only (no prefill running, none admissible),
+and before a step that would admit a prefill it drains the region (preempt, wait or migrate)
+and detaches it. It also answers, for every step, how much activation memory the step needs
+and how much the KV pool has left unlent, which is how overcommit's OOM is detected.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sim.core.block_pool import BlockPool, ElasticState
+from sim.core.elastic import ActivationFn, DrainStrategy, Policy, ReserveLayout, VmmCostModel
+from sim.core.step import ElasticAction, ElasticActionKind
+
+if TYPE_CHECKING:
+    from sim.core.scheduler import Scheduler
+
+
+class ElasticController:
+    def __init__(
+        self,
+        policy: Policy,
+        layout: ReserveLayout,
+        activation_fn: ActivationFn,
+        vmm: VmmCostModel | None = None,
+        drain: DrainStrategy = DrainStrategy.PREEMPT,
+    ) -> None:
+        self.policy = policy
+        self.layout = layout
+        self.activation_fn = activation_fn
+        self.vmm = vmm or VmmCostModel()
+        self.drain = drain
+
+    # ------------------------------------------------------------- queries
+    def admission_allowed(self, pool: BlockPool) -> bool:
+        """Under the elastic policy a prefill may start only with the reserve detached."""
+        return self.policy is not Policy.ELASTIC or pool.elastic_state is ElasticState.DETACHED
+
+    def max_blocks_per_request(self, pool: BlockPool) -> int:
+        """A prefill runs in base blocks only, unless overcommit lends the reserve for good."""
+        if self.policy is Policy.OVERCOMMIT:
+            return pool.num_blocks
+        return pool.num_base_blocks
+
+    def activation_need(self, pool: BlockPool, num_tokens: int, num_rows: int) -> tuple[int, int]:
+        """(bytes the step's activations need, bytes of the reserve not lent right now)."""
+        needed = self.activation_fn(num_tokens, num_rows) if num_tokens else 0
+        reserve = self.layout.reserve_bytes
+        if self.policy is Policy.OVERCOMMIT:
+            return needed, reserve - pool.num_used_elastic * self.layout.block_bytes
+        if self.policy is Policy.ELASTIC and pool.elastic_state is not ElasticState.DETACHED:
+            return needed, reserve - self.layout.lent_bytes
+        return needed, reserve
+
+    def prefill_wanted(self, sched: Scheduler) -> bool:
+        """Would the next step run a prefill if the elastic region were drained and detached?"""
+        if sched.has_prefill_running():
+            return True
+        needed = sched.head_chunk_blocks()
+        if needed is None:
+            return False
+        free_base = sched.pool.num_free_base_blocks
+        if self.drain is not DrainStrategy.PREEMPT:
+            free_base -= sched.pool.num_used_elastic  # migration or waiting uses base blocks
+        return needed <= free_base
+
+    # ------------------------------------------------------------- actions
+    def before_step(self, sched: Scheduler) -> ElasticAction | None:
+        if self.policy is not Policy.ELASTIC or self.layout.num_elastic_blocks == 0:
+            return None
+        pool = sched.pool
+        wanted = self.prefill_wanted(sched)
+        if pool.elastic_state is ElasticState.DETACHED:
+            if sched.running and not wanted:
+                pool.attach_elastic()
+                duration_s = self.vmm.attach_s(self.layout.lent_bytes)
+                return ElasticAction(ElasticActionKind.ATTACH, self.layout.num_handles, duration_s)
+            return None
+        if not wanted:
+            if pool.elastic_state is ElasticState.DRAINING:
+                pool.attach_elastic()  # the prefill went away (e.g. max_num_seqs): lend again
+            return None
+        if self.drain is DrainStrategy.WAIT and pool.num_used_elastic:
+            if pool.elastic_state is ElasticState.DRAINING:
+                return None
+            pool.start_draining()
+            return ElasticAction(ElasticActionKind.DRAIN_WAIT, 0, 0.0)
+        return self._drain_and_detach(sched)
+
+    def _drain_and_detach(self, sched: Scheduler) -> ElasticAction:
+        pool = sched.pool
+        pool.start_draining()  # allocations from here on land in base blocks only
+        preempted: list[int] = []
+        migrations: list[tuple[int, int]] = []
+        holders = [r for r in sched.running if any(pool.is_elastic(b) for b in r.block_ids)]
+        for req in reversed(holders):  # tail first, as preemption does
+            if self.drain is DrainStrategy.MIGRATE and _migrate(pool, req.block_ids, migrations):
+                continue
+            sched.preempt(req)
+            preempted.append(req.request_id)
+        pool.detach_elastic()
+        duration_s = self.vmm.detach_s(self.layout.lent_bytes)
+        return ElasticAction(
+            ElasticActionKind.DETACH, self.layout.num_handles, duration_s,
+            preempted_ids=tuple(preempted), migrations=tuple(migrations),
+            migrated_bytes=len(migrations) * self.layout.block_bytes,
+        )
+
+
+def _migrate(pool: BlockPool, block_ids: list[int], migrations: list[tuple[int, int]]) -> bool:
+    """Move a request's elastic blocks into free base blocks, in place; False if they do not fit."""
+    positions = [i for i, b in enumerate(block_ids) if pool.is_elastic(b)]
+    targets = pool.allocate(len(positions))
+    if targets is None:
+        return False
+    sources = [block_ids[i] for i in positions]
+    for i, target in zip(positions, targets):
+        block_ids[i] = target
+    pool.free(sources)
+    migrations.extend(zip(sources, targets))
+    return True

@@ -1,0 +1,69 @@
+"""Plain-data contracts between the scheduler and an executor (simulated or real GPU)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledRequest:
+    request_id: int
+    num_computed_tokens: int  # KV already cached before this step: position of the first new token
+    num_new_tokens: int  # tokens computed this step (per step, for a decode run)
+    new_block_ids: tuple[int, ...]  # appended to the request's block table before the step runs
+    is_decode: bool  # exactly one new token that is the latest sampled output
+    samples: bool  # this step reaches the end of the known tokens, so one token is sampled
+
+
+class ElasticActionKind(enum.Enum):
+    ATTACH = "attach"
+    DETACH = "detach"
+    DRAIN_WAIT = "drain_wait"  # stop lending new elastic blocks; detach once they empty
+
+
+@dataclass(frozen=True, slots=True)
+class ElasticAction:
+    kind: ElasticActionKind
+    num_handles: int
+    duration_s: float  # VMM driver time (map + set access, or unmap); migration copy is separate
+    preempted_ids: tuple[int, ...] = ()  # drain victims preempted by recompute
+    migrations: tuple[tuple[int, int], ...] = ()  # (elastic block, base block) copies to run
+    migrated_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class OutOfMemory:
+    """A step whose activations do not fit in what the KV pool left unlent."""
+
+    needed_bytes: int
+    available_bytes: int
+    failed_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerOutput:
+    step_id: int
+    scheduled: tuple[ScheduledRequest, ...]
+    num_steps: int  # > 1 only for a fast-forwarded run of identical decode-only steps
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    prefill_chunks: tuple[tuple[int, int], ...]  # (new tokens, cached prefix tokens) per prefill
+    decode_context_tokens: int  # sum of decode rows' context lengths at the run's first step
+    preempted_ids: tuple[int, ...]
+    elastic: ElasticAction | None
+    oom: OutOfMemory | None
+    activation_bytes: int  # activation peak this step needs
+    activation_available_bytes: int  # reserve not lent to the KV pool at this step
+    num_used_blocks: int
+    num_usable_blocks: int
+    num_lent_blocks: int  # elastic blocks mapped into the KV pool (0 when detached)
+    num_sampled_rows: int = field(default=0)
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_tokens
+
+    @property
+    def is_decode_only(self) -> bool:
+        return self.num_prefill_tokens == 0 and self.num_decode_tokens > 0

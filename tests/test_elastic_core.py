@@ -1,0 +1,175 @@
+"""Elastic controller, block pool invariants and policy behaviour in the pure core."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from core_helpers import make_scheduler, request, run_to_completion
+from sim.core.block_pool import BlockPool, ElasticBusyError, ElasticState
+from sim.core.elastic import DrainStrategy, Policy, VmmCostModel, plan_reserve
+from sim.core.request import RequestStatus
+from sim.core.step import ElasticActionKind
+
+
+def test_pool_prefers_base_and_refuses_detach_with_live_elastic_blocks():
+    pool = BlockPool(4, 4)
+    pool.attach_elastic()
+    first = pool.allocate(4)
+    assert all(not pool.is_elastic(b) for b in first)
+    extra = pool.allocate(2)
+    assert all(pool.is_elastic(b) for b in extra)
+    with pytest.raises(ElasticBusyError, match="2 of its blocks"):
+        pool.detach_elastic()
+    pool.free(extra)
+    pool.detach_elastic()
+    assert pool.num_free_blocks == 0 and pool.allocate(1) is None
+    pool.check_invariants()
+
+
+def test_pool_free_twice_is_an_error():
+    pool = BlockPool(2)
+    (b,) = pool.allocate(1)
+    pool.free([b])
+    with pytest.raises(ValueError, match="freed but not allocated"):
+        pool.free([b])
+
+
+def test_plan_reserve_rounds_to_granules_and_keeps_decode_headroom():
+    mib = 1024**2
+    layout = plan_reserve(Policy.ELASTIC, 1000 * mib, 3 * mib, 512 * mib, 101 * mib)
+    assert layout.lent_bytes == 898 * mib  # 899 MiB rounded down to 2 MiB granules
+    assert layout.num_elastic_blocks == 898 // 3
+    assert layout.num_handles == 2  # 512 MiB + a 386 MiB last handle
+    assert plan_reserve(Policy.STATIC, 1000 * mib, 3 * mib, 512 * mib, 0).num_elastic_blocks == 0
+    assert plan_reserve(Policy.OVERCOMMIT, 1000 * mib, 4 * mib, 512 * mib, 0).lent_bytes == 1000 * mib
+
+
+def test_vmm_cost_is_per_handle():
+    gib = 1024**3
+    small = VmmCostModel(handle_bytes=2 * 1024**2)
+    large = VmmCostModel(handle_bytes=512 * 1024**2)
+    # DESIGN.md: 8 GiB as 2 MiB handles ~100 ms to attach, as 512 MiB handles ~1 ms.
+    assert 0.08 < small.attach_s(8 * gib) < 0.15
+    assert 0.0003 < large.attach_s(8 * gib) < 0.002
+    with pytest.raises(ValueError, match="2 MiB granularity"):
+        VmmCostModel(handle_bytes=3 * 1024**2)
+
+
+def _elastic(drain=DrainStrategy.PREEMPT, base=20, elastic=10, **kw):
+    kw.setdefault("max_num_batched_tokens", 64)
+    kw.setdefault("max_num_seqs", 4)
+    return make_scheduler(base, policy=Policy.ELASTIC, num_elastic_blocks=elastic,
+                          drain=drain, block_size=4, **kw)
+
+
+def test_elastic_attaches_for_decode_and_detaches_before_prefill():
+    sched = _elastic()
+    sched.add_request(request(0, prompt=8, output=40))
+    out = sched.schedule()  # prefill: stays detached
+    assert out.elastic is None and sched.pool.elastic_state is ElasticState.DETACHED
+    sched.update(out, 1.0)
+    out = sched.schedule()  # decode-only: attach
+    assert out.elastic.kind is ElasticActionKind.ATTACH and out.is_decode_only
+    assert out.num_lent_blocks == 10
+    sched.update(out, 2.0)
+    sched.add_request(request(1, prompt=8, output=4))
+    out = sched.schedule()  # a prefill is admissible: detach first, then admit
+    assert out.elastic.kind is ElasticActionKind.DETACH
+    assert any(s.request_id == 1 for s in out.scheduled)
+    assert out.activation_bytes <= out.activation_available_bytes
+
+
+@pytest.mark.parametrize("drain", list(DrainStrategy))
+def test_drain_strategies_finish_everything_and_never_detach_live_blocks(drain):
+    sched = _elastic(drain, base=24, elastic=12)
+    for i in range(8):
+        sched.add_request(request(i, prompt=6 + i, output=30 + 3 * i, arrival_s=i))
+    outputs = run_to_completion(sched)
+    assert all(r.status is RequestStatus.FINISHED for r in sched.requests.values())
+    kinds = [o.elastic.kind for o in outputs if o.elastic]
+    assert ElasticActionKind.ATTACH in kinds
+    for out in outputs:
+        assert out.oom is None
+        assert out.activation_bytes <= out.activation_available_bytes
+        if out.num_prefill_tokens:
+            assert out.num_lent_blocks == 0  # no prefill while the reserve is lent
+    if drain is DrainStrategy.MIGRATE:
+        assert any(o.elastic and o.elastic.migrations for o in outputs)
+
+
+def test_overcommit_reports_oom_when_kv_uses_the_reserve_and_a_prefill_arrives():
+    # Activations cost 10 B per token + 1 B per sampled row: the reserve for a 64-token step
+    # with 4 rows is 644 B, lent as 16 blocks of 40 B (4 tokens of 10 B KV each). Request 0
+    # fills the 8 base blocks and decodes into the reserve. At step 40 request 1's 40-token
+    # prompt arrives: with request 0's decode the step needs 10 x 41 + 2 = 412 B, but its own
+    # 10 new blocks land in the reserve too, leaving 644 - 16 x 40 = 4 B.
+    sched = make_scheduler(8, policy=Policy.OVERCOMMIT, num_elastic_blocks=16, block_size=4,
+                           block_bytes=40, max_num_batched_tokens=64, max_num_seqs=4)
+    sched.add_request(request(0, prompt=16, output=60))
+    outputs = []
+    for step in range(45):
+        if step == 40:
+            sched.add_request(request(1, prompt=40, output=2))
+        out = sched.schedule()
+        sched.update(out, float(step))
+        sched.pool.check_invariants()
+        outputs.append(out)
+    ooms = [(i, o.oom) for i, o in enumerate(outputs) if o.oom]
+    assert len(ooms) == 1
+    step, oom = ooms[0]
+    assert step == 40 and (oom.needed_bytes, oom.available_bytes) == (412, 4)
+    assert sched.requests[1].status is RequestStatus.FAILED_OOM
+    assert all(o.oom is None for o in outputs[:40])
+
+
+def test_static_never_lends_and_never_ooms():
+    sched = make_scheduler(30, block_size=4, max_num_batched_tokens=32, max_num_seqs=8)
+    for i in range(10):
+        sched.add_request(request(i, prompt=5 + 3 * i, output=10 + i))
+    outputs = run_to_completion(sched)
+    assert all(o.num_lent_blocks == 0 and o.oom is None for o in outputs)
+
+
+trace_strategy = st.lists(
+    st.tuples(st.integers(1, 60), st.integers(1, 40), st.integers(0, 3)), min_size=1, max_size=25
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(trace=trace_strategy,
+       policy=st.sampled_from([Policy.STATIC, Policy.ELASTIC]),
+       drain=st.sampled_from(list(DrainStrategy)),
+       decode_run=st.booleans())
+def test_random_traces_conserve_requests_tokens_and_memory(trace, policy, drain, decode_run):
+    elastic = 8 if policy is Policy.ELASTIC else 0
+    sched = make_scheduler(32, policy=policy, num_elastic_blocks=elastic, drain=drain,
+                           block_size=4, max_num_batched_tokens=48, max_num_seqs=6)
+    accepted = 0
+    pending = list(enumerate(trace))
+    now = 0.0
+    steps = 0
+    limit = (lambda b, c, k: k) if decode_run else None
+    while pending or sched.has_unfinished():
+        while pending and pending[0][1][2] <= now:  # arrivals due by now
+            i, (prompt, output, _) = pending.pop(0)
+            accepted += sched.add_request(request(i, prompt, output, arrival_s=now))
+        if not sched.has_unfinished():
+            now = float(pending[0][1][2]) if pending else now
+            continue
+        out = sched.schedule(decode_run_limit=limit)
+        assert out.num_scheduled_tokens <= 48
+        assert out.num_used_blocks <= out.num_usable_blocks
+        assert out.activation_bytes <= out.activation_available_bytes
+        now += out.num_steps
+        sched.update(out, now)
+        sched.pool.check_invariants()
+        steps += 1
+        assert steps < 20_000
+    finished = [r for r in sched.requests.values() if r.status is RequestStatus.FINISHED]
+    assert len(finished) == accepted  # every accepted request finishes exactly once
+    for r in finished:
+        assert r.num_output_tokens == r.max_output_tokens
+        assert r.first_token_s is not None and r.finish_s >= r.first_token_s
+    assert sched.pool.num_used_blocks == 0

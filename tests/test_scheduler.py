@@ -1,0 +1,147 @@
+"""Step-by-step scheduler tests with a fake executor (every step takes one second)."""
+
+from __future__ import annotations
+
+import pytest
+
+from core_helpers import make_scheduler, request, run_to_completion
+from sim.core.request import RequestStatus
+
+
+def test_long_prompt_is_split_into_budget_sized_chunks():
+    sched = make_scheduler(256, max_num_batched_tokens=1000, block_size=16)
+    sched.add_request(request(0, prompt=2500, output=3))
+    chunks = []
+    for _ in range(3):
+        out = sched.schedule()
+        (item,) = out.scheduled
+        chunks.append((item.num_computed_tokens, item.num_new_tokens, item.samples))
+        sched.update(out, 1.0)
+    assert chunks == [(0, 1000, False), (1000, 1000, False), (2000, 500, True)]
+    req = sched.requests[0]
+    assert req.num_output_tokens == 1
+    # 2500 tokens need ceil(2500 / 16) = 157 blocks
+    assert len(req.block_ids) == 157
+
+
+def test_budget_is_shared_running_first_then_waiting_fcfs():
+    sched = make_scheduler(512, max_num_batched_tokens=100, block_size=16)
+    sched.add_request(request(0, prompt=60, output=5))
+    out = sched.schedule()
+    sched.update(out, 1.0)
+    sched.add_request(request(1, prompt=300, output=5))
+    sched.add_request(request(2, prompt=10, output=5))
+    out = sched.schedule()
+    got = [(s.request_id, s.num_new_tokens, s.is_decode) for s in out.scheduled]
+    # request 0 decodes one token, then request 1 gets the remaining 99; request 2 waits.
+    assert got == [(0, 1, True), (1, 99, False)]
+    assert out.num_decode_tokens == 1 and out.num_prefill_tokens == 99
+    assert out.num_scheduled_tokens <= 100
+
+
+def test_max_num_seqs_caps_running_requests():
+    sched = make_scheduler(512, max_num_seqs=2, max_num_batched_tokens=1000)
+    for i in range(3):
+        sched.add_request(request(i, prompt=10, output=4))
+    out = sched.schedule()
+    assert [s.request_id for s in out.scheduled] == [0, 1]
+    assert len(sched.waiting) == 1
+
+
+def test_preemption_takes_the_tail_and_recomputes():
+    # 8 blocks of 4 tokens = 32 slots. Two requests of 12-token prompts use 3 blocks each;
+    # decoding to 16 tokens each would need 8 blocks total, then more: the tail is preempted.
+    sched = make_scheduler(8, block_size=4, max_num_batched_tokens=64)
+    sched.add_request(request(0, prompt=12, output=10))
+    sched.add_request(request(1, prompt=12, output=10))
+    preempted = []
+    now = 0.0
+    while sched.has_unfinished():
+        out = sched.schedule()
+        preempted.extend(out.preempted_ids)
+        now += 1
+        sched.update(out, now)
+        sched.pool.check_invariants()
+        assert now < 1000
+    assert preempted and preempted[0] == 1  # the tail of the running list goes first
+    r1 = sched.requests[1]
+    assert r1.num_preemptions >= 1 and r1.num_recomputed_tokens > 0
+    assert all(r.status is RequestStatus.FINISHED for r in sched.requests.values())
+    assert all(r.num_output_tokens == 10 for r in sched.requests.values())
+
+
+def test_no_admission_in_a_step_that_preempted():
+    sched = make_scheduler(6, block_size=4, max_num_batched_tokens=64)
+    # each request grows to 20 tokens = 5 blocks of 4; together they need 10 of 6 blocks.
+    assert sched.add_request(request(0, prompt=8, output=12))
+    assert sched.add_request(request(1, prompt=8, output=12))
+    for _ in range(30):
+        out = sched.schedule()
+        if out.preempted_ids:
+            admitted = [s for s in out.scheduled if s.num_computed_tokens == 0]
+            assert admitted == []
+            break
+        sched.update(out, 0.0)
+    else:
+        pytest.fail("expected a preemption")
+
+
+def test_decode_only_detection_and_samples_flag():
+    sched = make_scheduler(64, max_num_batched_tokens=64)
+    sched.add_request(request(0, prompt=20, output=3))
+    out = sched.schedule()
+    assert not out.is_decode_only and out.scheduled[0].samples
+    sched.update(out, 1.0)
+    out = sched.schedule()
+    assert out.is_decode_only and out.decode_context_tokens == 21
+
+
+def test_requests_that_can_never_run_are_rejected_with_a_reason():
+    sched = make_scheduler(4, block_size=16, max_model_len=1000)
+    assert not sched.add_request(request(0, prompt=990, output=20))
+    assert "max_model_len" in sched.requests[0].reject_reason
+    assert not sched.add_request(request(1, prompt=100, output=10))  # 7 blocks > pool of 4
+    assert "KV blocks" in sched.requests[1].reject_reason
+    assert not sched.has_unfinished()
+
+
+def test_first_token_and_finish_times_come_from_the_executor():
+    sched = make_scheduler(64, max_num_batched_tokens=10)
+    sched.add_request(request(0, prompt=25, output=3))
+    run_to_completion(sched)
+    req = sched.requests[0]
+    # 3 prefill steps (10 + 10 + 5, the last samples) then 2 decode steps, 1 s each.
+    assert req.first_token_s == 3.0
+    assert req.finish_s == 5.0
+
+
+def test_decode_run_matches_step_by_step():
+    def build():
+        s = make_scheduler(40, block_size=4, max_num_batched_tokens=32)
+        for i, (p, o) in enumerate([(10, 30), (7, 45), (20, 12), (3, 60)]):
+            s.add_request(request(i, prompt=p, output=o))
+        return s
+
+    a, b = build(), build()
+    steps_a = run_to_completion(a)
+    steps_b = run_to_completion(b, decode_run=True)
+    assert sum(o.num_steps for o in steps_b) == len(steps_a)
+    assert len(steps_b) < len(steps_a)
+    for rid in a.requests:
+        ra, rb = a.requests[rid], b.requests[rid]
+        assert (ra.first_token_s, ra.finish_s, ra.num_preemptions) == (
+            rb.first_token_s, rb.finish_s, rb.num_preemptions)
+
+
+def test_prefix_cache_hits_shared_blocks():
+    sched = make_scheduler(256, block_size=16, enable_prefix_caching=True,
+                           hash_block_tokens=64, max_num_batched_tokens=512)
+    sched.add_request(request(0, prompt=200, output=2, hashes=(7, 8, 9, 10)))
+    run_to_completion(sched)
+    sched.add_request(request(1, prompt=150, output=2, hashes=(7, 8, 11)))
+    out = sched.schedule()
+    (item,) = out.scheduled
+    # hashes 7 and 8 name the first 128 tokens = 8 full blocks shared; 11 differs.
+    assert item.num_computed_tokens == 128
+    assert sched.requests[1].num_cached_tokens == 128
+    sched.pool.check_invariants()

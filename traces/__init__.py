@@ -1,0 +1,28 @@
+"""Request traces for the simulator and the GPU backend.
+
+Real traces (Azure 2023/2024, Mooncake, BurstGPT, Vidur) load column-wise into a
+``Trace``; ``synthetic`` draws one from Poisson/Gamma arrivals and length distributions.
+Every file problem raises ``TraceError`` naming the file, line and field.
+"""
+
+from traces.bundled import BUNDLED, bundled
+from traces.cli import add_trace_arguments, trace_from_args
+from traces.errors import TraceError
+from traces.loader import FORMATS, load_trace
+from traces.request import Request
+from traces.synthetic import LengthDist, synthetic
+from traces.trace import Trace
+
+__all__ = [
+    "BUNDLED",
+    "FORMATS",
+    "LengthDist",
+    "Request",
+    "Trace",
+    "TraceError",
+    "add_trace_arguments",
+    "bundled",
+    "load_trace",
+    "synthetic",
+    "trace_from_args",
+]
