@@ -29,9 +29,8 @@ def make_scheduler(
     config = SchedulerConfig(**config_kwargs)
     reserve = linear_activation(config.max_num_batched_tokens, config.max_num_seqs)
     lent = num_elastic_blocks * block_bytes
-    if policy is Policy.ELASTIC:
-        assert reserve - lent >= linear_activation(config.max_num_seqs, config.max_num_seqs)
-    layout = ReserveLayout(reserve, lent, num_elastic_blocks, block_bytes, 1)
+    assert lent <= reserve, "the elastic region cannot exceed the reserve"
+    layout = ReserveLayout(reserve, lent, num_elastic_blocks, block_bytes, 1, granule_bytes=1)
     pool = BlockPool(num_base_blocks, num_elastic_blocks,
                      elastic_attached=policy is Policy.OVERCOMMIT)
     controller = ElasticController(policy, layout, linear_activation, VmmCostModel(), drain)

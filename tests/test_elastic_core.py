@@ -72,6 +72,7 @@ def test_elastic_attaches_for_decode_and_detaches_before_prefill():
     sched.update(out, 1.0)
     out = sched.schedule()  # decode-only: attach
     assert out.elastic.kind is ElasticActionKind.ATTACH and out.is_decode_only
+    # reserve 644 B less one decode row's 11 B leaves 633 B: all 10 blocks of 50 B fit
     assert out.num_lent_blocks == 10
     sched.update(out, 2.0)
     sched.add_request(request(1, prompt=8, output=4))
@@ -173,3 +174,21 @@ def test_random_traces_conserve_requests_tokens_and_memory(trace, policy, drain,
         assert r.num_output_tokens == r.max_output_tokens
         assert r.first_token_s is not None and r.finish_s >= r.first_token_s
     assert sched.pool.num_used_blocks == 0
+
+
+def test_attach_lends_what_the_current_decode_batch_leaves_free():
+    # reserve 644 B; blocks of 63 B; region of 10 blocks (630 B). One decoding request keeps
+    # 10 + 1 = 11 B back (633 B left: 10 blocks); four keep 44 B back (600 B: 9 blocks).
+    def lent_with(num_requests: int) -> int:
+        sched = make_scheduler(64, policy=Policy.ELASTIC, num_elastic_blocks=10, block_bytes=63,
+                               block_size=4, max_num_batched_tokens=64, max_num_seqs=4)
+        for i in range(num_requests):
+            sched.add_request(request(i, prompt=4, output=50))
+        sched.update(sched.schedule(), 1.0)
+        out = sched.schedule()
+        assert out.elastic.kind is ElasticActionKind.ATTACH
+        assert out.activation_bytes <= out.activation_available_bytes
+        return out.num_lent_blocks
+
+    assert lent_with(1) == 10
+    assert lent_with(4) == 9

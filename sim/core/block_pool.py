@@ -49,7 +49,7 @@ class BlockPool:
         self.num_blocks = num_base_blocks + num_elastic_blocks
         # Free lists are stacks popped from the end; reversed so low ids go out first.
         self._free_base = list(range(num_base_blocks - 1, -1, -1))
-        self._free_elastic = list(range(self.num_blocks - 1, num_base_blocks - 1, -1))
+        self._free_elastic: list[int] = []  # attached and free; unattached blocks are nowhere
         self._cached_free: OrderedDict[int, Hashable] = OrderedDict()  # LRU, oldest first
         self._key_of: dict[int, Hashable] = {}
         self._block_of: dict[Hashable, int] = {}
@@ -57,8 +57,9 @@ class BlockPool:
         self.num_used_base = 0
         self.num_used_elastic = 0
         self.elastic_state = ElasticState.DETACHED
+        self.num_attached_elastic = 0
         if elastic_attached and num_elastic_blocks:
-            self.elastic_state = ElasticState.ATTACHED
+            self.attach_elastic()
 
     # ------------------------------------------------------------------ counts
     @property
@@ -76,10 +77,8 @@ class BlockPool:
 
     @property
     def num_usable_blocks(self) -> int:
-        """Blocks the pool holds right now: base plus the elastic region when attached."""
-        if self.elastic_state is ElasticState.DETACHED:
-            return self.num_base_blocks
-        return self.num_blocks
+        """Blocks the pool holds right now: base plus the attached part of the elastic region."""
+        return self.num_base_blocks + self.num_attached_elastic
 
     def _num_free_elastic_usable(self) -> int:
         if self.elastic_state is not ElasticState.ATTACHED:
@@ -186,10 +185,24 @@ class BlockPool:
         self._block_of[key] = block_id
 
     # ----------------------------------------------------------------- elastic
-    def attach_elastic(self) -> None:
+    def attach_elastic(self, num_blocks: int | None = None) -> None:
+        """Map the first `num_blocks` elastic blocks (all when None) into the pool."""
         if self.num_elastic_blocks == 0:
             raise ValueError("this pool has no elastic blocks to attach")
+        if self.elastic_state is not ElasticState.DETACHED:
+            raise ValueError(f"elastic region is {self.elastic_state.value}; detach it first")
+        num = self.num_elastic_blocks if num_blocks is None else num_blocks
+        if not 0 < num <= self.num_elastic_blocks:
+            raise ValueError(f"can attach 1..{self.num_elastic_blocks} elastic blocks, not {num}")
+        first = self.num_base_blocks
+        self._free_elastic = list(range(first + num - 1, first - 1, -1))
+        self.num_attached_elastic = num
         self.elastic_state = ElasticState.ATTACHED
+
+    def resume_lending(self) -> None:
+        """Undo `start_draining`: the prefill that asked for the reserve went away."""
+        if self.elastic_state is ElasticState.DRAINING:
+            self.elastic_state = ElasticState.ATTACHED
 
     def start_draining(self) -> None:
         if self.elastic_state is ElasticState.ATTACHED:
@@ -205,7 +218,8 @@ class BlockPool:
         for block_id in [b for b in self._cached_free if b >= self.num_base_blocks]:
             del self._cached_free[block_id]
             del self._block_of[self._key_of.pop(block_id)]
-            self._free_elastic.append(block_id)
+        self._free_elastic = []
+        self.num_attached_elastic = 0
         self.elastic_state = ElasticState.DETACHED
 
     def elastic_blocks_in_use(self) -> list[int]:
@@ -221,8 +235,12 @@ class BlockPool:
         used = [b for b in range(self.num_blocks) if self._ref_count[b] > 0]
         if set(used) & set(free):
             raise AssertionError("a block is both used and free")
-        if len(used) + len(free) != self.num_blocks:
-            raise AssertionError(f"used {len(used)} + free {len(free)} != {self.num_blocks}")
+        unmapped = self.num_elastic_blocks - self.num_attached_elastic
+        if len(used) + len(free) + unmapped != self.num_blocks:
+            raise AssertionError(
+                f"used {len(used)} + free {len(free)} + unmapped {unmapped} != {self.num_blocks}")
+        if any(b >= self.num_base_blocks + self.num_attached_elastic for b in free + used):
+            raise AssertionError("a block beyond the attached elastic range is in use or free")
         if len(used) != self.num_used_blocks:
             raise AssertionError("used counters out of step with reference counts")
         if self.elastic_state is ElasticState.DETACHED and self.num_used_elastic:

@@ -33,6 +33,8 @@ class ElasticController:
         self.activation_fn = activation_fn
         self.vmm = vmm or VmmCostModel()
         self.drain = drain
+        self.lent_bytes = 0  # bytes of the reserve mapped into the KV pool right now
+        self.lent_handles = 0
 
     # ------------------------------------------------------------- queries
     def admission_allowed(self, pool: BlockPool) -> bool:
@@ -52,7 +54,7 @@ class ElasticController:
         if self.policy is Policy.OVERCOMMIT:
             return needed, reserve - pool.num_used_elastic * self.layout.block_bytes
         if self.policy is Policy.ELASTIC and pool.elastic_state is not ElasticState.DETACHED:
-            return needed, reserve - self.layout.lent_bytes
+            return needed, reserve - self.lent_bytes
         return needed, reserve
 
     def prefill_wanted(self, sched: Scheduler) -> bool:
@@ -75,13 +77,10 @@ class ElasticController:
         wanted = self.prefill_wanted(sched)
         if pool.elastic_state is ElasticState.DETACHED:
             if sched.running and not wanted:
-                pool.attach_elastic()
-                duration_s = self.vmm.attach_s(self.layout.lent_bytes)
-                return ElasticAction(ElasticActionKind.ATTACH, self.layout.num_handles, duration_s)
+                return self._attach(pool, len(sched.running))
             return None
         if not wanted:
-            if pool.elastic_state is ElasticState.DRAINING:
-                pool.attach_elastic()  # the prefill went away (e.g. max_num_seqs): lend again
+            pool.resume_lending()  # a drain was started but the prefill went away
             return None
         if self.drain is DrainStrategy.WAIT and pool.num_used_elastic:
             if pool.elastic_state is ElasticState.DRAINING:
@@ -89,6 +88,25 @@ class ElasticController:
             pool.start_draining()
             return ElasticAction(ElasticActionKind.DRAIN_WAIT, 0, 0.0)
         return self._drain_and_detach(sched)
+
+    def _attach(self, pool: BlockPool, batch_size: int) -> ElasticAction | None:
+        """Lend what the reserve holds beyond the activations of the current decode batch.
+
+        While lent no request is admitted, so the decode batch can only shrink: its activation
+        peak now bounds every step until the next detach.
+        """
+        headroom = self.activation_fn(batch_size, batch_size)
+        lendable = self.layout.reserve_bytes - headroom
+        granule = self.layout.granule_bytes
+        lent_bytes = max(0, lendable) // granule * granule
+        num_blocks = min(lent_bytes // self.layout.block_bytes, self.layout.num_elastic_blocks)
+        if num_blocks == 0:
+            return None
+        pool.attach_elastic(num_blocks)
+        self.lent_bytes = num_blocks * self.layout.block_bytes
+        self.lent_handles = self.vmm.num_handles(self.lent_bytes)
+        return ElasticAction(ElasticActionKind.ATTACH, self.lent_handles,
+                             self.vmm.attach_s(self.lent_bytes))
 
     def _drain_and_detach(self, sched: Scheduler) -> ElasticAction:
         pool = sched.pool
@@ -102,9 +120,10 @@ class ElasticController:
             sched.preempt(req)
             preempted.append(req.request_id)
         pool.detach_elastic()
-        duration_s = self.vmm.detach_s(self.layout.lent_bytes)
+        duration_s = self.vmm.detach_s(self.lent_bytes)
+        handles, self.lent_bytes, self.lent_handles = self.lent_handles, 0, 0
         return ElasticAction(
-            ElasticActionKind.DETACH, self.layout.num_handles, duration_s,
+            ElasticActionKind.DETACH, handles, duration_s,
             preempted_ids=tuple(preempted), migrations=tuple(migrations),
             migrated_bytes=len(migrations) * self.layout.block_bytes,
         )

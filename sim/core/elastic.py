@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 GIB = 1024**3
 MIB = 1024**2
+GRANULE_BYTES = 2 * MIB  # CUDA VMM allocation granularity on Hopper (and Ampere)
 
 
 class Policy(enum.Enum):
@@ -112,6 +113,7 @@ class ReserveLayout:
     num_elastic_blocks: int
     block_bytes: int
     num_handles: int
+    granule_bytes: int = GRANULE_BYTES  # lent sizes are whole granules of the VMM allocator
 
 
 def plan_reserve(
@@ -120,13 +122,14 @@ def plan_reserve(
     block_bytes: int,
     handle_bytes: int,
     decode_headroom_bytes: int,
+    granule_bytes: int = GRANULE_BYTES,
 ) -> ReserveLayout:
     """Size the elastic region: a whole number of 2 MiB granules, then whole KV blocks.
 
     The region is mapped as handles of `handle_bytes` with a smaller last handle, so the
-    handle size changes the attach cost, not the capacity. The elastic policy keeps
-    `decode_headroom_bytes` (the activation peak of the largest decode-only step) out of the
-    loan, so decode steps still fit while the reserve is lent.
+    handle size changes the attach cost, not the capacity. For the elastic policy this is the
+    largest region ever lent: `decode_headroom_bytes` is the activation peak of the smallest
+    decode step (one sequence); each attach lends what the current decode batch leaves free.
     """
     if policy is Policy.STATIC:
         lendable = 0
@@ -134,8 +137,8 @@ def plan_reserve(
         lendable = max(0, reserve_bytes - decode_headroom_bytes)
     else:
         lendable = reserve_bytes
-    granularity = 2 * MIB
-    lent_bytes = lendable // granularity * granularity
+    lent_bytes = lendable // granule_bytes * granule_bytes
     num_blocks = lent_bytes // block_bytes
     num_handles = -(-lent_bytes // handle_bytes)
-    return ReserveLayout(reserve_bytes, lent_bytes, num_blocks, block_bytes, num_handles)
+    return ReserveLayout(reserve_bytes, lent_bytes, num_blocks, block_bytes, num_handles,
+                         granule_bytes)

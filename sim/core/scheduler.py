@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
-from sim.core.block_pool import BlockPool, ElasticState
+from sim.core.block_pool import BlockPool
 from sim.core.controller import ElasticController
 from sim.core.request import RequestState, RequestStatus
 from sim.core.step import ElasticAction, OutOfMemory, ScheduledRequest, SchedulerOutput
@@ -302,7 +302,7 @@ class Scheduler:
         num_rows = sum(1 for s in items if s.samples)
         needed, available = self.controller.activation_need(
             self.pool, num_prefill + num_decode, num_rows)
-        lent = 0 if self.pool.elastic_state is ElasticState.DETACHED else self.pool.num_elastic_blocks
+        lent = self.pool.num_attached_elastic
         return SchedulerOutput(
             step_id=self._step_id, scheduled=items, num_steps=num_steps,
             num_prefill_tokens=num_prefill, num_decode_tokens=num_decode,

@@ -1,0 +1,292 @@
+"""Per-GPU memory plan: how vLLM splits GPU memory into weights, activations and KV cache.
+
+vLLM v1's ``Worker.determine_available_memory`` (gpu_worker.py) loads the weights, runs
+``profile_run`` -- one dummy forward of ``max_num_batched_tokens`` tokens spread over
+``min(max_num_batched_tokens, max_num_seqs)`` requests, then the sampler on one logit row per
+request -- reads torch's caching-allocator peak and the non-torch growth, and gives the KV
+cache what is left of ``total x gpu_memory_utilization``::
+
+    |<---------------------- total x gpu_memory_utilization ---------------------->|
+    | weights | activation reserve (profiled peak) | non-torch | KV pool ........... |
+
+The activation reserve is the memory elastic reclamation lends to the KV pool while only
+decodes run. The CUDA context, created before vLLM's baseline snapshot, is not subtracted:
+it lives in the ``1 - gpu_memory_utilization`` headroom.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from sim.core.catalog import GIB, MIB, GpuSpec, ModelSpec
+
+DEFAULT_MAX_MODEL_LEN = 32768  # used when max_model_len is None (model defaults reach 128k+)
+BLOCK_SIZES = (8, 16, 32, 64, 128)  # vLLM's --block-size choices
+
+# Non-torch memory vLLM subtracts (its "non-torch memory" log line plus the CUDA graph estimate).
+# 0.13 GiB: logged at TP 1 on H100 for Llama-3.1-8B, Qwen3-0.6B and gpt-oss-20b alike
+# (llm-d-benchmark config_explorer/empirical-vllm-memory-results.md): cuBLAS/cuBLASLt
+# workspaces and other allocations made outside torch's allocator during profiling.
+NON_TORCH_BASE_BYTES = int(0.13 * GIB)
+# 0.55 GiB logged at TP 2 for Llama-3.3-70B (same source) -> +0.42 GiB for NCCL communicator
+# buffers and vLLM's custom all-reduce buffers. Ring/NVLS buffers do not grow much with the
+# number of ranks, so we keep it flat for any tp > 1 (unmeasured for TP 4/8).
+NCCL_BYTES = int(0.42 * GIB)
+# vLLM >= 0.21 profiles the CUDA graph pool before sizing the KV cache ("Estimated CUDA graph
+# memory: 0.36 GiB" in vLLM logs, vllm-project issue threads; 0.39 GiB for gpt-oss-20b in the
+# llm-d logs; older "Graph capturing finished ... took 0.5 GiB" lines for 7-8B models).
+CUDA_GRAPH_POOL_BYTES = int(0.5 * GIB)
+# CUDA context + kernel images: 79.18 GiB total vs 78.57 GiB free at vLLM startup on H100
+# (llm-d logs). Reported, not subtracted from the KV pool (see module docstring).
+CUDA_CONTEXT_BYTES = int(0.6 * GIB)
+
+# Bytes the profiled forward holds per token outside the layer temporaries: input ids (int32),
+# positions (int64) and the slot mapping (int64) of vLLM's model runner.
+INPUT_BUFFER_BYTES_PER_TOKEN = 4 + 8 + 8
+# Sampler temporaries per logit in vLLM v1's dummy sampler run (temperature, top-k and top-p
+# all on): fp32 upcast 4, sort values 4 + int64 indices 8, two bool masks 2, softmax of the
+# sorted logits 4, scattered-back logits 4, final softmax 4, exponential noise 4 = 34 bytes.
+# With the model-dtype logits (2) that is 36 B per logit; vLLM's logged peaks (4.76 GiB for
+# Llama-3.1-8B, 5.56 GiB for Qwen3-0.6B at 8192 tokens and 1024 rows on H100) imply ~38.
+SAMPLER_FP32_BYTES_PER_LOGIT = 34
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    model: ModelSpec
+    gpu: GpuSpec
+    tensor_parallel_size: int = 1
+    max_num_batched_tokens: int = 8192
+    gpu_memory_utilization: float = 0.9
+    max_num_seqs: int = 256
+    max_model_len: int | None = None  # None -> DEFAULT_MAX_MODEL_LEN (32768)
+    block_size: int = 16
+    vmm_handle_bytes: int = 512 * MIB  # the elastic reserve is attached in handles of this size
+
+    def __post_init__(self) -> None:
+        tp, model = self.tensor_parallel_size, self.model
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
+        if tp < 1 or tp & (tp - 1):
+            raise ValueError(f"tensor_parallel_size must be a power of two (1, 2, 4, 8), got {tp}")
+        if model.num_attention_heads % tp:
+            raise ValueError(
+                f"tensor_parallel_size {tp} must divide the "
+                f"{model.num_attention_heads} attention heads of {model.name}"
+            )
+        if model.num_kv_heads % tp and tp % model.num_kv_heads:
+            raise ValueError(
+                f"tensor_parallel_size {tp} and the {model.num_kv_heads} KV heads "
+                f"of {model.name} must divide one another"
+            )
+        if self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_batched_tokens (chunk size) must be >= 1")
+        if self.max_num_seqs < 1:
+            raise ValueError("max_num_seqs must be >= 1")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError("max_model_len must be >= 1 (or None for the default)")
+        if self.block_size not in BLOCK_SIZES:
+            raise ValueError(f"block_size must be one of {BLOCK_SIZES}, got {self.block_size}")
+        granularity = self.gpu.vmm_granularity_bytes
+        if self.vmm_handle_bytes < granularity or self.vmm_handle_bytes % granularity:
+            raise ValueError(
+                f"vmm_handle_bytes ({self.vmm_handle_bytes}) must be a positive "
+                f"multiple of the {self.gpu.name} VMM granularity ({granularity} B)"
+            )
+
+    @property
+    def effective_max_model_len(self) -> int:
+        return self.max_model_len if self.max_model_len is not None else DEFAULT_MAX_MODEL_LEN
+
+    @property
+    def num_sample_rows(self) -> int:
+        """Logit rows in vLLM's dummy sampler run: one per dummy request."""
+        return min(self.max_num_batched_tokens, self.max_num_seqs)
+
+
+@dataclass(frozen=True)
+class ActivationProfile:
+    """Calibration measured on a GPU; replaces the analytic activation formula.
+
+    ``fixed_bytes`` covers everything that does not scale with tokens (sampler included).
+    ``non_torch_bytes``, when given, replaces the non-torch constants.
+    """
+
+    bytes_per_token: float
+    fixed_bytes: int
+    non_torch_bytes: int | None = None
+
+
+def _forward_peak_bytes(model: ModelSpec, num_tokens: int, tp: int) -> int:
+    """Peak of the dummy forward. Layers run one after another and free their temporaries,
+    so the peak is the persistent tensors plus the largest single-layer block."""
+    d, h, hd = model.dtype_bytes, model.hidden_size, model.head_dim
+    q_width = model.num_attention_heads * hd // tp
+    kv_width = model.kv_heads_per_gpu(tp) * hd
+    inter = model.intermediate_size // tp
+    # hidden_states + residual: [T, H] each (vLLM's fused add-RMSNorm works in place on them).
+    persistent = 2 * h
+    # Attention block: qkv output [T, q + 2 kv], attention output [T, q], o_proj output [T, H]
+    # (row-parallel output is full width on every rank before the all-reduce).
+    attention = (q_width + 2 * kv_width) + q_width + h
+    # MLP block: gate_up output [T, 2I/tp] (still referenced while down_proj runs), SiLU-and-mul
+    # output [T, I/tp], down_proj output [T, H].
+    mlp = 2 * inter + inter + h
+    per_token = (persistent + max(attention, mlp)) * d + INPUT_BUFFER_BYTES_PER_TOKEN
+    return num_tokens * per_token
+
+
+def _sampler_peak_bytes(model: ModelSpec, num_tokens: int, tp: int, num_rows: int) -> int:
+    """Peak of the dummy sampler run after the forward: the final hidden states [T, H] are
+    still alive; lm_head gives [rows, V/tp] per rank, all-gathered to the full vocabulary
+    [rows, V] on every rank (vLLM v1 all-gathers logits), then the sampler's fp32 temporaries."""
+    d, vocab = model.dtype_bytes, model.vocab_size
+    hidden = num_tokens * model.hidden_size * d
+    if num_rows == 0:
+        return hidden
+    local_logits = num_rows * model.padded_vocab_size(tp) * d
+    gathered_logits = num_rows * vocab * d if tp > 1 else 0
+    temporaries = num_rows * vocab * SAMPLER_FP32_BYTES_PER_LOGIT
+    return hidden + local_logits + gathered_logits + temporaries
+
+
+def activation_bytes(
+    model: ModelSpec,
+    num_tokens: int,
+    *,
+    tp: int = 1,
+    num_sample_rows: int = 0,
+    profile: ActivationProfile | None = None,
+) -> int:
+    """Peak activation bytes on one rank for a step of ``num_tokens`` tokens, as torch's
+    caching allocator would record it in vLLM's profile_run.
+
+    The forward peak is linear in tokens and dominated by the MLP intermediate; the sampler
+    peak (``num_sample_rows`` logit rows) is flat in tokens and does not shrink with tp. The
+    result is the larger of the two, so it is piecewise linear in ``num_tokens``.
+    """
+    if num_tokens < 0 or num_sample_rows < 0:
+        raise ValueError("num_tokens and num_sample_rows must be >= 0")
+    if profile is not None:
+        return int(profile.fixed_bytes + profile.bytes_per_token * num_tokens)
+    return max(
+        _forward_peak_bytes(model, num_tokens, tp),
+        _sampler_peak_bytes(model, num_tokens, tp, num_sample_rows),
+    )
+
+
+def non_torch_bytes(tp: int) -> int:
+    """Non-torch memory vLLM subtracts before sizing the KV cache (see the constants above)."""
+    return NON_TORCH_BASE_BYTES + CUDA_GRAPH_POOL_BYTES + (NCCL_BYTES if tp > 1 else 0)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Per-GPU byte budget. Every ``*_bytes`` is for one rank."""
+
+    total_bytes: int
+    usable_bytes: int  # total x gpu_memory_utilization
+    weights_bytes: int
+    activation_reserve_bytes: int
+    non_torch_bytes: int
+    kv_pool_bytes: int
+    kv_bytes_per_token: int
+    block_bytes: int
+    num_kv_blocks: int
+    kv_capacity_tokens: int
+    reserve_handles: int  # whole VMM handles the reserve holds
+    reserve_blocks: int  # KV blocks those handles hold when lent
+    reserve_share: float  # activation_reserve_bytes / kv_pool_bytes
+    # A decode-only step still runs a forward of up to max_num_seqs tokens and the sampler on
+    # max_num_seqs rows; that peak must stay backed while the reserve is lent.
+    decode_activation_bytes: int
+    lendable_handles: int  # whole handles of (reserve - decode peak)
+    lendable_blocks: int  # KV blocks safely lendable during decode-only steps
+    cuda_context_bytes: int  # informational: lives in the 1 - utilization headroom
+
+    def to_dict(self) -> dict[str, int | float]:
+        return asdict(self)
+
+
+def _gib(num_bytes: float) -> str:
+    return f"{num_bytes / GIB:.2f} GiB"
+
+
+def plan_memory(cfg: MemoryConfig, profile: ActivationProfile | None = None) -> MemoryPlan:
+    """Size the KV pool the way vLLM's worker does; raise ValueError if nothing is left."""
+    tp, model, gpu = cfg.tensor_parallel_size, cfg.model, cfg.gpu
+    total = gpu.memory_bytes
+    if total * cfg.gpu_memory_utilization > total - CUDA_CONTEXT_BYTES:
+        highest = 1 - CUDA_CONTEXT_BYTES / total
+        raise ValueError(
+            f"gpu_memory_utilization {cfg.gpu_memory_utilization} leaves no room for "
+            f"the ~{_gib(CUDA_CONTEXT_BYTES)} CUDA context; use <= {highest:.3f}"
+        )
+    usable = int(total * cfg.gpu_memory_utilization)
+    weights = model.weight_bytes(tp)
+    reserve = activation_bytes(
+        model,
+        cfg.max_num_batched_tokens,
+        tp=tp,
+        num_sample_rows=cfg.num_sample_rows,
+        profile=profile,
+    )
+    if profile is not None and profile.non_torch_bytes is not None:
+        non_torch = profile.non_torch_bytes
+    else:
+        non_torch = non_torch_bytes(tp)
+    kv_pool = usable - weights - reserve - non_torch
+    kv_per_token = model.kv_bytes_per_token(tp)
+    block_bytes = cfg.block_size * kv_per_token
+    if kv_pool < block_bytes:
+        raise ValueError(
+            f"{model.name} at TP {tp} does not fit on {gpu.name}: weights {_gib(weights)} + "
+            f"activation reserve {_gib(reserve)} + non-torch {_gib(non_torch)} + one KV block "
+            f"exceed the usable {_gib(usable)} by {_gib(block_bytes - kv_pool)}; raise "
+            f"--tensor-parallel-size, lower --max-num-batched-tokens or --max-num-seqs, or "
+            f"raise --gpu-memory-utilization"
+        )
+    num_blocks = kv_pool // block_bytes
+    capacity_tokens = num_blocks * cfg.block_size
+    max_len = cfg.effective_max_model_len
+    if capacity_tokens < max_len:
+        raise ValueError(
+            f"the KV pool holds {capacity_tokens} tokens per GPU, fewer than max_model_len "
+            f"{max_len} (vLLM refuses to start); lower --max-model-len or raise "
+            f"--tensor-parallel-size"
+        )
+    handles = reserve // cfg.vmm_handle_bytes
+    decode_peak = activation_bytes(
+        model, cfg.max_num_seqs, tp=tp, num_sample_rows=cfg.max_num_seqs, profile=profile
+    )
+    lendable_handles = max(0, reserve - decode_peak) // cfg.vmm_handle_bytes
+    return MemoryPlan(
+        total_bytes=total,
+        usable_bytes=usable,
+        weights_bytes=weights,
+        activation_reserve_bytes=reserve,
+        non_torch_bytes=non_torch,
+        kv_pool_bytes=kv_pool,
+        kv_bytes_per_token=kv_per_token,
+        block_bytes=block_bytes,
+        num_kv_blocks=num_blocks,
+        kv_capacity_tokens=capacity_tokens,
+        reserve_handles=handles,
+        reserve_blocks=handles * cfg.vmm_handle_bytes // block_bytes,
+        reserve_share=reserve / kv_pool,
+        decode_activation_bytes=decode_peak,
+        lendable_handles=lendable_handles,
+        lendable_blocks=lendable_handles * cfg.vmm_handle_bytes // block_bytes,
+        cuda_context_bytes=CUDA_CONTEXT_BYTES,
+    )
+
+
+def plan_summary(plan: MemoryPlan) -> str:
+    """One-line human summary, for logs."""
+    return (
+        f"KV {_gib(plan.kv_pool_bytes)} = {plan.kv_capacity_tokens} tokens; reserve "
+        f"{_gib(plan.activation_reserve_bytes)} ({plan.reserve_share:.1%} of KV, "
+        f"{plan.lendable_blocks} of {plan.reserve_blocks} blocks safely lendable)"
+    )
