@@ -1,0 +1,138 @@
+"""`python -m sim --trace FILE`: run policies x chunk sizes over one trace and compare them.
+
+    python -m sim --trace azure-conv
+    python -m sim --trace azure-code --policy all --chunk 2048,8192,32768 --out out/ --plot
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from sim.core.catalog import MIB, get_gpu, get_model
+from sim.core.elastic import DrainStrategy, Policy
+from sim.core.engine_config import EngineConfig
+from sim.core.memory_plan import ActivationProfile
+from sim.cost_model import load_efficiency
+from sim.metrics import Slo
+from sim.progress import progress_bar
+from sim.report import print_comparison, write_outputs
+from sim.runner import RunResult, RunSpec, simulate
+from traces import TraceError, add_trace_arguments, trace_from_args
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """Engine flags named as vLLM names them (with --tp and --chunk as short aliases)."""
+    g = parser.add_argument_group("engine")
+    g.add_argument("--model", default="llama-3.1-8b", help="preset name or a config.json path")
+    g.add_argument("--gpu", default="h200", help="GPU preset (h200, h100-80gb, a100-40gb, ...)")
+    g.add_argument("--tensor-parallel-size", "--tp", type=int, default=1, dest="tp")
+    g.add_argument("--max-num-batched-tokens", "--chunk", default=None, dest="chunk",
+                   help="chunk size(s), comma-separated (default: vLLM's for the GPU)")
+    g.add_argument("--max-num-seqs", type=int, default=None,
+                   help="default: vLLM's for the GPU (1024 with >= 70 GiB, else 256)")
+    g.add_argument("--block-size", type=int, default=16)
+    g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--enable-prefix-caching", action="store_true")
+    g.add_argument("--policy", default="static,elastic",
+                   help="static, elastic, overcommit, comma-separated, or all")
+    g.add_argument("--drain", default="preempt", choices=[d.value for d in DrainStrategy])
+    g.add_argument("--vmm-handle-mib", type=int, default=512,
+                   help="VMM handle size for the elastic reserve (multiple of 2 MiB)")
+    g.add_argument("--reclaim", default="remap", choices=["remap", "release"])
+    g.add_argument("--calibration", type=Path, default=None,
+                   help="calibration JSON from `python -m gpu_backend profile`")
+
+
+def engine_configs(args: argparse.Namespace) -> list[EngineConfig]:
+    """One EngineConfig per (policy, chunk) combination named on the command line."""
+    base = EngineConfig(
+        model=get_model(args.model), gpu=get_gpu(args.gpu), tensor_parallel_size=args.tp,
+        max_num_seqs=args.max_num_seqs, gpu_memory_utilization=args.gpu_memory_utilization,
+        max_model_len=args.max_model_len, block_size=args.block_size,
+        drain=DrainStrategy.parse(args.drain), vmm_handle_bytes=args.vmm_handle_mib * MIB,
+        reclaim=args.reclaim, enable_prefix_caching=args.enable_prefix_caching,
+    )
+    policies = parse_policies(args.policy)
+    chunks = parse_int_list(args.chunk, "--max-num-batched-tokens") if args.chunk else [None]
+    return [replace(base, policy=p, max_num_batched_tokens=c) for c in chunks for p in policies]
+
+
+def parse_policies(text: str) -> list[Policy]:
+    if text.strip().lower() == "all":
+        return list(Policy)
+    return [Policy.parse(name) for name in text.split(",") if name.strip()]
+
+
+def parse_int_list(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} takes integers separated by commas, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise ValueError(f"{flag} values must be positive integers, got {text!r}")
+    return values
+
+
+def load_calibration(path: Path | None):
+    """(Efficiency, ActivationProfile) from a calibration JSON, or (None, None)."""
+    if path is None:
+        return None, None
+    efficiency = load_efficiency(path)
+    data = json.loads(path.read_text())
+    activation = data.get("activation")
+    profile = ActivationProfile(**activation) if activation else None
+    return efficiency, profile
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m sim",
+        description="Simulate an LLM serving engine on a request trace and compare static, "
+                    "elastic and overcommitted activation reserves. Subcommands: "
+                    "`python -m sim memory ...`, `python -m sim sweep ...`, `python -m sim plan ...`.",
+    )
+    add_trace_arguments(parser)
+    add_engine_arguments(parser)
+    g = parser.add_argument_group("fleet and output")
+    g.add_argument("--num-replicas", "--replicas", type=int, default=1, dest="replicas")
+    g.add_argument("--router", default="round-robin", choices=["round-robin", "least-tokens"])
+    g.add_argument("--slo-ttft", type=float, default=None, help="TTFT SLO in seconds (goodput)")
+    g.add_argument("--slo-tpot", type=float, default=None, help="TPOT SLO in seconds (goodput)")
+    g.add_argument("--out", type=Path, default=None, help="write summary.json, CSVs (and plots)")
+    g.add_argument("--plot", action="store_true", help="with --out: write PNG plots")
+    g.add_argument("--json", action="store_true", help="print the summaries as JSON")
+    g.add_argument("--no-progress", action="store_true")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        trace = trace_from_args(args)
+        configs = engine_configs(args)
+        efficiency, profile = load_calibration(args.calibration)
+    except (TraceError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    slo = Slo(args.slo_ttft, args.slo_tpot)
+    results: list[RunResult] = []
+    for config in configs:
+        spec = RunSpec(config, args.replicas, args.router, efficiency, profile, slo)
+        try:
+            with progress_bar(spec.label, trace, disabled=args.no_progress) as progress:
+                results.append(simulate(spec, trace, progress))
+        except ValueError as exc:  # a configuration that does not fit the GPU, say
+            print(f"error: {spec.label}: {exc}", file=sys.stderr)
+            return 2
+    if args.json:
+        print(json.dumps([r.summary for r in results], indent=2))
+    else:
+        print_comparison(results, trace)
+    if args.out is not None:
+        write_outputs(args.out, results, trace, plot=args.plot)
+    return 0

@@ -1,0 +1,154 @@
+"""Per-operator step-time model: what one engine step costs on one GPU of a TP group.
+
+Each operator is a roofline: time = max(FLOPs / achieved FLOP/s, bytes / achieved bandwidth),
+with achieved rates = peak x an efficiency. Operators:
+
+    linear     q/k/v/o and MLP matmuls of all layers: 2 x params x tokens FLOPs, weights read
+               once per step (small steps are weight-bandwidth bound, large ones compute bound)
+    attention  prefill chunks: causal FLOPs of a chunk of c tokens on a prefix of p,
+               4 x c x (p + c/2) x heads x head_dim per layer; decode: KV bytes read
+    allreduce  two per layer under TP (after attention and after the MLP), ring algorithm:
+               2 (tp-1)/tp x bytes / link bandwidth + a latency per call
+    logits     lm_head for the rows that sample (weights read once, 2 x hidden x vocab FLOPs)
+    overhead   a fixed per-step cost (scheduling, input preparation, launches) + per sequence
+
+Default efficiencies come from DESIGN.md's H200 measurements: Llama-3.1-8B linear layers cost
+0.58-0.64 us per token per layer at 512-16,384 tokens (2 x 218 M params / 0.6 us = 727 TFLOP/s,
+0.73 of the 989 TFLOP/s datasheet peak) and turn weight-bound below ~256 tokens (1.0 us at 128
+tokens = 436 MB in 128 us = 3.4 TB/s, 0.71 of 4.8 TB/s). A calibration JSON written by
+`python -m gpu_backend profile` replaces them with values fitted on the user's GPU.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import numpy as np
+
+from sim.core.catalog import GpuSpec, ModelSpec
+from sim.core.step import SchedulerOutput
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    linear_compute: float = 0.73  # of peak bf16 FLOP/s, large GEMMs
+    memory: float = 0.71  # of HBM bandwidth, weight and KV streaming
+    attention_compute: float = 0.45  # of peak, causal prefill attention (flash-style kernels)
+    interconnect: float = 0.8  # of the link bandwidth, ring all-reduce
+    allreduce_latency_s: float = 8e-6  # per all-reduce call (NCCL on NVLink, small messages)
+    step_overhead_s: float = 1.0e-3  # per step: scheduler, input preparation, launches
+    per_seq_overhead_s: float = 4e-6  # per scheduled sequence (block tables, metadata)
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value < 0 or (f.name in ("linear_compute", "memory", "attention_compute",
+                                        "interconnect") and not 0 < value <= 1):
+                raise ValueError(f"efficiency {f.name}={value} is out of range")
+
+
+@dataclass(frozen=True, slots=True)
+class StepCost:
+    linear_s: float
+    attention_s: float
+    allreduce_s: float
+    logits_s: float
+    overhead_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.linear_s + self.attention_s + self.allreduce_s + self.logits_s + self.overhead_s
+
+
+class CostModel:
+    def __init__(self, model: ModelSpec, gpu: GpuSpec, tp: int = 1,
+                 efficiency: Efficiency | None = None) -> None:
+        self.model, self.gpu, self.tp = model, gpu, tp
+        self.eff = efficiency or Efficiency()
+        h, vocab = model.hidden_size, model.padded_vocab_size(tp)
+        self._lm_head_flops_per_row = 2.0 * h * vocab
+        self._layer_flops_per_token = model.linear_flops_per_token(tp) - 2.0 * h * model.vocab_size / tp
+        self._layer_weight_bytes = self._layer_flops_per_token / 2.0 * model.dtype_bytes
+        self._lm_head_bytes = float(h * vocab * model.dtype_bytes)
+        self._flops_s = gpu.peak_bf16_flops * self.eff.linear_compute
+        self._attn_flops_s = gpu.peak_bf16_flops * self.eff.attention_compute
+        self._bytes_s = gpu.memory_bandwidth_bytes_s * self.eff.memory
+        heads = model.num_attention_heads // tp
+        self._attn_flops_per_pair = 4.0 * heads * model.head_dim * model.num_layers
+        self._kv_bytes_per_token = float(model.kv_bytes_per_token(tp))
+        self._allreduce_bytes_per_token = float(h * model.dtype_bytes)
+
+    # ------------------------------------------------------------- operators
+    def linear_s(self, num_tokens: int) -> float:
+        compute = num_tokens * self._layer_flops_per_token / self._flops_s
+        return max(compute, self._layer_weight_bytes / self._bytes_s)
+
+    def prefill_attention_s(self, chunks: tuple[tuple[int, int], ...]) -> float:
+        pairs = sum(c * (p + c / 2.0) for c, p in chunks)
+        return pairs * self._attn_flops_per_pair / self._attn_flops_s
+
+    def decode_attention_s(self, context_tokens: int) -> float:
+        return context_tokens * self._kv_bytes_per_token / self._bytes_s
+
+    def allreduce_s(self, num_tokens: int) -> float:
+        if self.tp == 1:
+            return 0.0
+        ring = 2.0 * (self.tp - 1) / self.tp
+        link = self.gpu.interconnect_bytes_s * self.eff.interconnect
+        per_call = ring * num_tokens * self._allreduce_bytes_per_token / link
+        return 2 * self.model.num_layers * (per_call + self.eff.allreduce_latency_s)
+
+    def logits_s(self, num_rows: int) -> float:
+        if num_rows == 0:
+            return 0.0
+        return max(num_rows * self._lm_head_flops_per_row / self._flops_s,
+                   self._lm_head_bytes / self._bytes_s)
+
+    # ----------------------------------------------------------------- steps
+    def step(self, out: SchedulerOutput) -> StepCost:
+        """Cost of one step of `out` (the first step, for a decode run)."""
+        num_tokens = out.num_prefill_tokens + out.num_decode_tokens
+        attention = self.prefill_attention_s(out.prefill_chunks)
+        attention += self.decode_attention_s(out.decode_context_tokens)
+        return StepCost(
+            linear_s=self.linear_s(num_tokens), attention_s=attention,
+            allreduce_s=self.allreduce_s(num_tokens), logits_s=self.logits_s(out.num_sampled_rows),
+            overhead_s=self.eff.step_overhead_s + self.eff.per_seq_overhead_s * len(out.scheduled),
+        )
+
+    def decode_run_s(self, batch_size: int, context_tokens: int, num_steps: int) -> np.ndarray:
+        """Durations of `num_steps` consecutive decode-only steps of `batch_size` sequences
+        whose contexts sum to `context_tokens` at the first step and grow by one each step."""
+        fixed = (self.linear_s(batch_size) + self.allreduce_s(batch_size)
+                 + self.logits_s(batch_size) + self.eff.step_overhead_s
+                 + self.eff.per_seq_overhead_s * batch_size)
+        contexts = context_tokens + batch_size * np.arange(num_steps, dtype=np.float64)
+        return fixed + contexts * (self._kv_bytes_per_token / self._bytes_s)
+
+    def migration_s(self, num_bytes: int) -> float:
+        """Device-to-device copy of migrated KV blocks: read and write each byte once."""
+        return 2.0 * num_bytes / self._bytes_s
+
+
+def load_efficiency(path: str | Path) -> Efficiency:
+    """Read a calibration JSON's "efficiency" object; unknown keys are an error, not ignored."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read calibration JSON: {exc}") from None
+    values = data.get("efficiency")
+    if not isinstance(values, dict):
+        raise ValueError(f"{path}: no \"efficiency\" object; expected one with keys "
+                         f"{', '.join(f.name for f in fields(Efficiency))}")
+    known = {f.name for f in fields(Efficiency)}
+    unknown = set(values) - known
+    if unknown:
+        raise ValueError(f"{path}: unknown efficiency keys {sorted(unknown)}; known: {sorted(known)}")
+    return Efficiency(**values)
+
+
+def efficiency_dict(eff: Efficiency) -> dict[str, float]:
+    return asdict(eff)

@@ -1,0 +1,110 @@
+"""Run one configuration over one trace: build the cores, start the SimPy processes, summarize."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import simpy
+
+from sim.core.engine_config import EngineConfig, EngineCore, build_core
+from sim.core.memory_plan import ActivationProfile
+from sim.cost_model import CostModel, Efficiency
+from sim.engine import Fleet, Replica
+from sim.metrics import ReplicaRecorder, Slo, summarize
+from traces import Trace
+
+ProgressFn = Callable[[float, int], None]
+"""progress(simulated_s, num_finished) called every PROGRESS_EVERY_S of simulated time."""
+
+PROGRESS_EVERY_S = 5.0
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    engine: EngineConfig
+    num_replicas: int = 1
+    router: str = "round-robin"
+    efficiency: Efficiency | None = None
+    profile: ActivationProfile | None = None
+    slo: Slo = field(default_factory=Slo)
+
+    def __post_init__(self) -> None:
+        if self.num_replicas < 1:
+            raise ValueError("num_replicas must be >= 1")
+
+    @property
+    def label(self) -> str:
+        e = self.engine
+        return f"{e.policy.value}/chunk={e.chunk_tokens}"
+
+
+@dataclass
+class RunResult:
+    spec: RunSpec
+    summary: dict
+    recorders: list[ReplicaRecorder]
+    core: EngineCore  # replica 0's core (all replicas share the plan)
+    wall_s: float
+
+
+def simulate(spec: RunSpec, trace: Trace, progress: ProgressFn | None = None) -> RunResult:
+    wall_start = time.perf_counter()
+    env = simpy.Environment()
+    requests = trace.requests()
+    fleet = Fleet(env, requests, spec.router)
+    cores = [build_core(spec.engine, spec.profile) for _ in range(spec.num_replicas)]
+    cost = CostModel(spec.engine.model, spec.engine.gpu, spec.engine.tensor_parallel_size,
+                     spec.efficiency)
+    for replica_id, core in enumerate(cores):
+        fleet.replicas.append(Replica(env, replica_id, core, cost, fleet))
+    env.process(fleet.arrivals(env))
+    for replica in fleet.replicas:
+        env.process(replica.run(env))
+    if progress is not None:
+        env.process(_monitor(env, fleet, progress))
+    env.run(until=_all_done(env, fleet))
+    recorders = [r.recorder for r in fleet.replicas]
+    summary = summarize(recorders, spec.slo)
+    summary.update(_config_fields(spec, cores[0]))
+    wall_s = time.perf_counter() - wall_start
+    summary["sim_wall_s"] = wall_s
+    return RunResult(spec, summary, recorders, cores[0], wall_s)
+
+
+def _all_done(env: simpy.Environment, fleet: Fleet) -> simpy.Event:
+    """An event that fires once every request has arrived and every replica is idle."""
+    done = env.event()
+
+    def watch(env: simpy.Environment):
+        while True:
+            yield env.timeout(PROGRESS_EVERY_S)
+            idle = all(not r.scheduler.has_unfinished() for r in fleet.replicas)
+            if fleet.next_arrival_s is None and idle:
+                done.succeed()
+                return
+
+    env.process(watch(env))
+    return done
+
+
+def _monitor(env: simpy.Environment, fleet: Fleet, progress: ProgressFn):
+    while fleet.next_arrival_s is not None or any(
+            r.scheduler.has_unfinished() for r in fleet.replicas):
+        progress(env.now, sum(r.num_finished for r in fleet.replicas))
+        yield env.timeout(PROGRESS_EVERY_S)
+
+
+def _config_fields(spec: RunSpec, core: EngineCore) -> dict:
+    e, plan = spec.engine, core.plan
+    return {
+        "policy": e.policy.value, "drain": e.drain.value, "chunk": e.chunk_tokens,
+        "model": e.model.name, "gpu": e.gpu.name, "tensor_parallel_size": e.tensor_parallel_size,
+        "num_replicas": spec.num_replicas, "max_num_seqs": e.num_seqs,
+        "block_size": e.block_size, "vmm_handle_bytes": e.vmm_handle_bytes,
+        "kv_capacity_tokens": plan.kv_capacity_tokens,
+        "kv_capacity_lent_tokens": core.kv_capacity_tokens,
+        "activation_reserve_bytes": plan.activation_reserve_bytes,
+        "reserve_share": plan.reserve_share,
+    }
