@@ -8,18 +8,23 @@ Every file problem raises ``TraceError`` naming the file, line and field.
 from traces.bundled import BUNDLED, bundled
 from traces.cli import add_trace_arguments, trace_from_args
 from traces.errors import TraceError
+from traces.lengths import EmpiricalLength, FixedLength, LengthDist, LognormalLength, UniformLength
 from traces.loader import FORMATS, load_trace
 from traces.request import Request
-from traces.synthetic import LengthDist, synthetic
+from traces.synthetic import synthetic
 from traces.trace import Trace
 
 __all__ = [
     "BUNDLED",
     "FORMATS",
+    "EmpiricalLength",
+    "FixedLength",
     "LengthDist",
+    "LognormalLength",
     "Request",
     "Trace",
     "TraceError",
+    "UniformLength",
     "add_trace_arguments",
     "bundled",
     "load_trace",
