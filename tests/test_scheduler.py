@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from core_helpers import make_scheduler, request, run_to_completion
+
 from sim.core.request import RequestStatus
 
 
@@ -145,3 +145,28 @@ def test_prefix_cache_hits_shared_blocks():
     assert item.num_computed_tokens == 128
     assert sched.requests[1].num_cached_tokens == 128
     sched.pool.check_invariants()
+
+
+def test_executor_can_rebuild_block_tables_from_outputs_alone():
+    """Replaying new_table / new_block_ids / preempted_ids reproduces the scheduler's tables."""
+    sched = make_scheduler(10, block_size=4, max_num_batched_tokens=16)
+    for i, (p, o) in enumerate([(9, 14), (6, 20), (13, 9)]):
+        sched.add_request(request(i, prompt=p, output=o))
+    tables: dict[int, list[int]] = {}
+    now = 0.0
+    saw_new_table_after_preemption = False
+    while sched.has_unfinished():
+        out = sched.schedule()
+        for rid in out.preempted_ids:
+            tables.pop(rid, None)
+        for item in out.scheduled:
+            if item.new_table:
+                saw_new_table_after_preemption |= sched.requests[item.request_id].num_preemptions > 0
+                tables[item.request_id] = list(item.new_block_ids)
+            else:
+                tables[item.request_id].extend(item.new_block_ids)
+            assert tables[item.request_id] == sched.requests[item.request_id].block_ids
+        now += 1
+        for req in sched.update(out, now):
+            tables.pop(req.request_id)
+    assert saw_new_table_after_preemption

@@ -166,7 +166,7 @@ class Scheduler:
             req.num_cached_tokens += num_cached
             req.status = RequestStatus.RUNNING
             self.running.append(req)
-            scheduled.append((req, num_new, hits + new_blocks))
+            scheduled.append((req, num_new, req.block_ids))
             budget -= num_new
 
     # ----------------------------------------------------------- prefix cache
@@ -270,7 +270,8 @@ class Scheduler:
             decode = _is_decode(req) and num_new == 1
             samples = req.num_computed_tokens + num_new == req.num_tokens
             items.append(ScheduledRequest(req.request_id, req.num_computed_tokens, num_new,
-                                          tuple(new_blocks), decode, samples))
+                                          tuple(new_blocks), decode, samples,
+                                          new_table=new_blocks is req.block_ids))
             if decode:
                 num_decode += 1
                 decode_context += req.num_tokens
@@ -289,13 +290,23 @@ class Scheduler:
         if needed <= available or not items:
             return None
         failed = tuple(s.request_id for s in items)
-        for request_id in failed:
+        self.fail_oom(failed)
+        return OutOfMemory(needed, available, failed)
+
+    def fail_oom(self, request_ids: tuple[int, ...]) -> None:
+        """The step holding these requests ran out of memory: drop them as failed.
+
+        Called by `schedule()` when the activation model predicts the OOM, and by a real
+        executor when the GPU raises one the model did not predict.
+        """
+        for request_id in request_ids:
             req = self.requests[request_id]
+            if req.status is not RequestStatus.RUNNING:
+                continue
             self.running.remove(req)
             self.pool.free(reversed(req.block_ids))
             req.block_ids = []
             req.status = RequestStatus.FAILED_OOM
-        return OutOfMemory(needed, available, failed)
 
     def _output(self, items, num_steps, num_prefill, num_decode, prefill_chunks,
                 decode_context, preempted, action, oom) -> SchedulerOutput:

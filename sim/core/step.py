@@ -14,6 +14,7 @@ class ScheduledRequest:
     new_block_ids: tuple[int, ...]  # appended to the request's block table before the step runs
     is_decode: bool  # exactly one new token that is the latest sampled output
     samples: bool  # this step reaches the end of the known tokens, so one token is sampled
+    new_table: bool = False  # admitted this step: new_block_ids is the whole block table
 
 
 class ElasticActionKind(enum.Enum):
