@@ -113,7 +113,10 @@ class ElasticController:
         pool.start_draining()  # allocations from here on land in base blocks only
         preempted: list[int] = []
         migrations: list[tuple[int, int]] = []
-        holders = [r for r in sched.running if any(pool.is_elastic(b) for b in r.block_ids)]
+        holders = []
+        if pool.num_used_elastic:  # elastic ids are the highest, so max() finds a holder
+            first_elastic = pool.num_base_blocks
+            holders = [r for r in sched.running if r.block_ids and max(r.block_ids) >= first_elastic]
         for req in reversed(holders):  # tail first, as preemption does
             if self.drain is DrainStrategy.MIGRATE and _migrate(pool, req.block_ids, migrations):
                 continue
