@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from core_helpers import make_scheduler, request, run_to_completion
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core_helpers import make_scheduler, request, run_to_completion
 from sim.core.block_pool import BlockPool, ElasticBusyError, ElasticState
 from sim.core.elastic import DrainStrategy, Policy, VmmCostModel, plan_reserve
 from sim.core.request import RequestStatus

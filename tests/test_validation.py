@@ -1,0 +1,153 @@
+"""Validation math without a GPU: relative errors, gains, targets, step tables, divergence."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from validation.compare import (
+    RunPair,
+    check_targets,
+    compare_metrics,
+    gains,
+    metric_values,
+    relative_error,
+)
+from validation.divergence import find_divergence, first_difference
+from validation.runs import trace_slice
+from validation.steps import StepTable, chunk_pairs, parse_chunks, read_steps_csv
+
+
+def summary(ttft_p50: float, throughput: float, kv: int, preemptions: int = 0) -> dict:
+    return {"ttft_s": {"p50": ttft_p50, "p99": 2 * ttft_p50}, "tpot_s": {"p50": 0.01, "p99": 0.02},
+            "e2e_s": {"p50": 1.0}, "throughput_tok_s": throughput, "kv_capacity_tokens": kv,
+            "kv_capacity_lent_tokens": kv, "num_preemptions": preemptions, "num_attach": 0,
+            "attach_time_s": 0.0, "num_detach": 0, "detach_time_s": 0.0}
+
+
+# ------------------------------------------------------------------ errors, gains, targets
+def test_relative_error_signs_zeros_and_missing():
+    assert relative_error(110.0, 100.0) == pytest.approx(0.10)
+    assert relative_error(90.0, 100.0) == pytest.approx(-0.10)
+    assert relative_error(0.0, 0.0) == 0.0
+    assert relative_error(3.0, 0.0) is None  # no relative error against a zero measurement
+    assert relative_error(None, 1.0) is None and relative_error(1.0, None) is None
+
+
+def test_compare_metrics_on_hand_made_summaries():
+    predicted = metric_values(summary(0.2, 1100.0, 1000))
+    measured = metric_values(summary(0.25, 1000.0, 1010), measured_kv_tokens=980.0)
+    rows = compare_metrics(predicted, measured)
+    assert rows["ttft_p50_s"]["relative_error"] == pytest.approx(-0.2)
+    assert rows["ttft_p99_s"]["relative_error"] == pytest.approx(-0.2)
+    assert rows["throughput_tok_s"]["relative_error"] == pytest.approx(0.1)
+    assert rows["kv_capacity_tokens"]["measured"] == 980.0  # the measured blocks win
+    assert rows["kv_capacity_tokens"]["difference"] == pytest.approx(20.0)
+
+
+def test_gains_of_elastic_over_static_same_and_smaller_chunk():
+    def pair(policy, chunk, p_thr, m_thr, p_ttft, m_ttft):
+        return RunPair(policy, chunk, metric_values(summary(p_ttft, p_thr, 1000)),
+                       metric_values(summary(m_ttft, m_thr, 1000)))
+
+    runs = [pair("static", 2048, 1000, 1000, 0.30, 0.30),
+            pair("static", 8192, 900, 950, 0.20, 0.25),
+            pair("elastic", 8192, 1080, 1045, 0.22, 0.24)]
+    rows = {(g["run"], g["baseline"]): g["metrics"] for g in gains(runs)}
+    assert set(rows) == {("elastic/chunk=8192", "static/chunk=8192"),
+                         ("elastic/chunk=8192", "static/chunk=2048")}
+    same = rows[("elastic/chunk=8192", "static/chunk=8192")]["throughput_tok_s"]
+    assert same["predicted_gain"] == pytest.approx(0.2)
+    assert same["measured_gain"] == pytest.approx(0.1)
+    assert same["gain_error"] == pytest.approx(0.1)
+    assert same["same_direction"] is True
+    ttft = rows[("elastic/chunk=8192", "static/chunk=8192")]["ttft_p50_s"]
+    assert ttft["predicted_gain"] == pytest.approx(0.1)
+    assert ttft["measured_gain"] == pytest.approx(-0.04)
+    assert ttft["same_direction"] is False  # predicted worse, measured better: wrong decision
+    smaller = rows[("elastic/chunk=8192", "static/chunk=2048")]["throughput_tok_s"]
+    assert smaller["predicted_gain"] == pytest.approx(0.08)
+    assert smaller["measured_gain"] == pytest.approx(0.045)
+
+
+def test_targets_use_median_or_max_and_fail_without_values():
+    def run(ttft_err, kv_err):
+        rows = {m: {"relative_error": 0.0} for m in
+                ("ttft_p50_s", "tpot_p50_s", "throughput_tok_s", "ttft_p99_s")}
+        rows["ttft_p50_s"] = {"relative_error": ttft_err}
+        rows["kv_capacity_tokens"] = {"relative_error": kv_err}
+        return rows
+
+    results = {t["metric"]: t for t in check_targets([run(0.01, 0.0), run(-0.04, 0.0),
+                                                      run(0.30, 0.03)])}
+    assert results["ttft_p50_s"]["value"] == pytest.approx(0.04)  # median of 1%, 4%, 30%
+    assert results["ttft_p50_s"]["passed"]
+    assert results["kv_capacity_tokens"]["value"] == pytest.approx(0.03)  # max
+    assert not results["kv_capacity_tokens"]["passed"]
+    missing = {t["metric"]: t for t in check_targets([run(None, None)])}
+    assert not missing["ttft_p50_s"]["passed"]
+
+
+# --------------------------------------------------------------------------- step tables
+def test_chunk_parsing_and_pairs():
+    assert parse_chunks("512:0;512:512") == [(512, 0), (512, 512)]
+    assert parse_chunks("[[3, 4]]") == [(3, 4)]
+    assert parse_chunks("") == []
+    assert chunk_pairs([(2, 0), (4, 10)]) == pytest.approx(2 * 1 + 4 * 12)
+
+
+def test_reads_gpu_backend_steps_csv_without_chunk_details(tmp_path):
+    path = tmp_path / "steps.csv"
+    path.write_text("step_id,start_s,num_prefill_tokens,num_decode_tokens,decode_context_tokens,"
+                    "num_seqs,measured_s,graph,lent_blocks,mapped_elastic_bytes,oom\n"
+                    "1,0.0,100,0,0,1,0.01,0,0,0,0\n2,0.01,0,1,101,1,0.005,1,7,0,0\n")
+    table = read_steps_csv(path)
+    assert len(table) == 2 and not table.chunks_exact
+    assert table.prefill_pairs[0] == pytest.approx(100 * 50)  # one chunk, no prefix assumed
+    assert list(table.num_sampled_rows) == [1, 1]
+    assert list(table.start_s) == [0.0, 0.01]
+    assert table.extra["lent_blocks"][1] == 7
+
+
+def test_trace_slice_from_gpu_summary_infers_head_and_checks_count():
+    ts = trace_slice({"trace": "/gpu/box/traces/data/AzureLLMInferenceTrace_conv.csv",
+                      "num_trace_requests": 25})
+    assert ts.limit == 25
+    assert len(ts.load()) == 25  # the GPU machine's path maps to the bundled file
+    with pytest.raises(ValueError, match="replayed 26"):
+        trace_slice({"trace": "azure-conv", "window_s": [0, 1e9], "num_trace_requests": 26,
+                     "limit": 25}).load()
+    with pytest.raises(ValueError, match="does not record its trace"):
+        trace_slice({})
+
+
+# ----------------------------------------------------------------------------- divergence
+def steps(rows: list[tuple[int, int, int, int]], starts: list[float],
+          durations: list[float]) -> StepTable:
+    a = np.array(rows, dtype=np.int64).T
+    return StepTable(a[0], a[1], a[3], a[2], a[1], np.zeros(len(rows)),
+                     np.array(durations), extra={"start_s": np.array(starts)})
+
+
+def test_divergence_at_known_step_explained_by_an_arrival():
+    # (prefill, decode, seqs, context); step 2 admits request 1 in the GPU run only, because
+    # its steps ran slower and request 1 (arriving at 0.25 s) was there when step 2 began.
+    sim = steps([(100, 0, 1, 0), (0, 1, 1, 101), (0, 1, 1, 102)], [0.0, 0.1, 0.2],
+                [0.1, 0.1, 0.1])
+    gpu = steps([(100, 0, 1, 0), (0, 1, 1, 101), (50, 1, 2, 102)], [0.0, 0.13, 0.26],
+                [0.13, 0.13, 0.2])
+    arrivals = np.array([0.0, 0.25])
+    assert first_difference(sim, gpu) == 2
+    d = find_divergence(sim, gpu, arrivals)
+    assert d.diverged and d.step_index == 2 and d.num_matching_steps == 2
+    assert d.cause == "arrival_timing"
+    assert "request(s) 1" in d.explanation and "simulated run" in d.explanation
+    assert d.aligned_step_error["median_abs"] == pytest.approx(1 - 0.1 / 0.13)
+
+
+def test_no_divergence_and_length_divergence():
+    a = steps([(100, 0, 1, 0), (0, 1, 1, 101)], [0.0, 0.1], [0.1, 0.1])
+    assert not find_divergence(a, a, np.array([0.0])).diverged
+    shorter = a.take(slice(0, 1))
+    d = find_divergence(shorter, a, np.array([0.0]))
+    assert d.diverged and d.step_index == 1 and d.cause == "length"

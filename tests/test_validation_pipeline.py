@@ -1,0 +1,117 @@
+"""The whole comparison on synthetic "measurements": the simulator run with known, perturbed
+efficiencies and written as GPU replay folders. Compared with the true efficiencies every
+error must vanish; fitted from the defaults, the efficiencies must come back."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+import numpy as np
+import pytest
+
+from sim.core.catalog import get_gpu, get_model
+from sim.core.elastic import Policy
+from sim.core.engine_config import EngineConfig
+from sim.cost_model import CostModel, Efficiency
+from sim.runner import RunSpec
+from traces import load_trace
+from validation.calibrate import FIT_PARAMETERS, calibrate, concat, split_tail, usable_steps
+from validation.cli import main
+from validation.pipeline import validate
+from validation.runs import TraceSlice, find_runs, load_run
+from validation.simside import simulate_logged
+from validation.steps import predict_step_times
+from validation.synthetic import write_calibration_json, write_gpu_style_run
+
+LLAMA_8B, H200 = get_model("llama-3.1-8b"), get_gpu("h200")
+TRUE = Efficiency(linear_compute=0.61, memory=0.79, attention_compute=0.33,
+                  step_overhead_s=1.7e-3, per_seq_overhead_s=7e-6)
+SLICE = TraceSlice("azure-code", limit=120)
+
+
+def config(policy: Policy, chunk: int) -> EngineConfig:
+    return EngineConfig(LLAMA_8B, H200, policy=policy, max_num_batched_tokens=chunk)
+
+
+@pytest.fixture(scope="module")
+def gpu_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu")
+    for policy in (Policy.STATIC, Policy.ELASTIC):
+        for chunk in (1024, 4096):
+            write_gpu_style_run(out, RunSpec(config(policy, chunk), efficiency=TRUE), SLICE)
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(gpu_dir):
+    return [load_run(folder) for folder in find_runs(gpu_dir)]
+
+
+def test_step_prediction_equals_the_simulators_step_times():
+    trace = load_trace("azure-code").head(60)
+    result, recorder = simulate_logged(RunSpec(config(Policy.ELASTIC, 1024), efficiency=TRUE),
+                                       trace)
+    table = recorder.table()
+    assert len(table) == result.summary["num_engine_steps"]
+    predicted = predict_step_times(CostModel(LLAMA_8B, H200, 1, TRUE), table)
+    np.testing.assert_allclose(predicted, table.duration_s, rtol=1e-9)
+
+
+def test_compare_with_true_efficiencies_reports_no_error(runs):
+    v = validate(runs, TRUE, None, "true", fit=False, log=lambda _: None)
+    assert len(v.runs) == 4
+    for run in v.runs:
+        for name, row in run.metrics.items():
+            if row["relative_error"] is not None:
+                assert abs(row["relative_error"]) < 1e-9, (run.label, name)
+        assert run.step_error["all"]["median_abs"] < 1e-9
+        assert not run.divergence.diverged
+    assert all(t["passed"] for t in v.targets)
+    assert len(v.gains) == 3  # elastic@1024 over static@1024; elastic@4096 over both
+
+
+def test_compare_with_default_efficiencies_reports_the_perturbation(runs):
+    v = validate(runs, None, None, "defaults", fit=False, log=lambda _: None)
+    errors = [r.step_error["all"]["median_abs"] for r in v.runs]
+    assert min(errors) > 0.03  # the defaults are off by 10-30% per efficiency
+    assert all(r.divergence.diverged and r.divergence.cause == "arrival_timing" for r in v.runs)
+
+
+def test_fit_recovers_perturbed_efficiencies_on_held_out_steps(runs):
+    splits = [split_tail(usable_steps(r.steps), 0.5) for r in runs]
+    fit, holdout = concat([s[0] for s in splits]), concat([s[1] for s in splits])
+    result = calibrate(LLAMA_8B, H200, 1, fit, holdout, Efficiency())
+    assert result.holdout_before["median_abs"] > 0.03
+    assert result.holdout_after["median_abs"] < 1e-3
+    assert result.holdout_after["p99_abs"] < 1e-2
+    for name, _, _ in FIT_PARAMETERS:
+        assert getattr(result.efficiency, name) == pytest.approx(getattr(TRUE, name), rel=0.02), name
+
+
+def test_cli_compare_writes_report_files_and_calibration(gpu_dir, tmp_path):
+    calibration = write_calibration_json(tmp_path / "true.json", TRUE)
+    out = tmp_path / "report"
+    fitted = tmp_path / "fitted.json"
+    assert main(["compare", "--gpu-dir", str(gpu_dir), "--calibration", str(calibration),
+                 "--out", str(out), "--save-calibration", str(fitted)]) == 0
+    for name in ("report.md", "report.json", "ttft_cdf.png", "step_time.png", "kv_usage.png"):
+        assert (out / name).stat().st_size > 0, name
+    report = json.loads((out / "report.json").read_text())
+    assert {r["label"] for r in report["runs"]} == {
+        "static/chunk=1024", "elastic/chunk=1024", "static/chunk=4096", "elastic/chunk=4096"}
+    assert all(t["passed"] for t in report["targets"])
+    assert "PASS" in (out / "report.md").read_text()
+    saved = json.loads(fitted.read_text())
+    assert saved["efficiency"].keys() == asdict(TRUE).keys()  # sim.cli.load_calibration reads it
+
+
+def test_cli_fit_on_one_set_judged_on_another(gpu_dir, tmp_path):
+    other = tmp_path / "other"
+    other_slice = TraceSlice("azure-conv", limit=80)
+    write_gpu_style_run(other, RunSpec(config(Policy.STATIC, 2048), efficiency=TRUE), other_slice)
+    out = tmp_path / "cal.json"
+    assert main(["fit", "--gpu-dir", str(gpu_dir), "--test-dir", str(other),
+                 "--out", str(out)]) == 0
+    fit = json.loads(out.read_text())["fit"]
+    assert fit["holdout_after"]["median_abs"] < 1e-3

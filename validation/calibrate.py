@@ -1,0 +1,133 @@
+"""Fit the cost model's efficiencies to measured step times, judged on held-out steps only.
+
+The fit minimises the relative error of `predict_step_times` against `measured_s` over the
+fit steps with `scipy.optimize.least_squares` (soft-L1 loss, so a few outliers such as a
+first-step warm-up do not steer it). Five `Efficiency` fields are free; interconnect and
+all-reduce latency stay as given (a TP-1 run cannot see them). Held out by default: the
+second half of every run's steps, so the report's error is on steps the fit never saw.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from sim.core.catalog import GpuSpec, ModelSpec
+from sim.core.memory_plan import ActivationProfile
+from sim.cost_model import CostModel, Efficiency
+from validation.steps import StepTable, error_stats, predict_step_times, relative_errors
+
+# Free parameter, bounds, and the unit the optimiser works in (so all are of order one).
+FIT_PARAMETERS = (
+    ("linear_compute", (0.05, 1.0), 1.0),
+    ("memory", (0.05, 1.0), 1.0),
+    ("attention_compute", (0.02, 1.0), 1.0),
+    ("step_overhead_s", (0.0, 0.05), 1e-3),
+    ("per_seq_overhead_s", (0.0, 1e-3), 1e-6),
+)
+DEFAULT_HOLDOUT_FRACTION = 0.5
+
+
+@dataclass(frozen=True)
+class FitResult:
+    efficiency: Efficiency
+    initial: Efficiency
+    num_fit_steps: int
+    num_holdout_steps: int
+    fit_error: dict  # error_stats on the fit steps, fitted efficiency
+    holdout_before: dict  # error_stats on the held-out steps, initial efficiency
+    holdout_after: dict  # error_stats on the held-out steps, fitted efficiency
+    success: bool
+    message: str
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["efficiency"] = asdict(self.efficiency)
+        data["initial"] = asdict(self.initial)
+        return data
+
+
+def usable_steps(table: StepTable) -> StepTable:
+    """Steps that computed tokens and have a positive measured time."""
+    return table.take((table.num_tokens > 0) & (table.duration_s > 0))
+
+
+def split_tail(table: StepTable, holdout_fraction: float) -> tuple[StepTable, StepTable]:
+    """(first 1 - fraction of the steps, the rest): fit on the past, test on the future."""
+    if not 0.0 < holdout_fraction < 1.0:
+        raise ValueError(f"holdout fraction must be in (0, 1), got {holdout_fraction}")
+    cut = int(round(len(table) * (1.0 - holdout_fraction)))
+    return table.take(slice(0, cut)), table.take(slice(cut, None))
+
+
+def concat(tables: list[StepTable]) -> StepTable:
+    first = tables[0]
+    arrays = {name: np.concatenate([getattr(t, name) for t in tables])
+              for name in ("num_prefill_tokens", "num_decode_tokens", "decode_context_tokens",
+                           "num_seqs", "num_sampled_rows", "prefill_pairs", "duration_s")}
+    common = set.intersection(*(set(t.extra) for t in tables))
+    extra = {k: np.concatenate([t.extra[k] for t in tables]) for k in sorted(common)}
+    return replace(first, **arrays, chunks_exact=all(t.chunks_exact for t in tables), extra=extra)
+
+
+def step_errors(model: ModelSpec, gpu: GpuSpec, tp: int, eff: Efficiency,
+                table: StepTable) -> np.ndarray:
+    predicted = predict_step_times(CostModel(model, gpu, tp, eff), table)
+    return relative_errors(predicted, table.duration_s)
+
+
+def fit_efficiency(model: ModelSpec, gpu: GpuSpec, tp: int, fit: StepTable,
+                   initial: Efficiency | None = None) -> tuple[Efficiency, bool, str]:
+    """Least-squares efficiencies for the steps in `fit` (relative error, soft-L1 loss)."""
+    initial = initial or Efficiency()
+    fit = usable_steps(fit)
+    if len(fit) < len(FIT_PARAMETERS):
+        raise ValueError(f"{len(fit)} usable steps cannot fit {len(FIT_PARAMETERS)} parameters")
+    lower = np.array([b[0] / unit for _, b, unit in FIT_PARAMETERS])
+    upper = np.array([b[1] / unit for _, b, unit in FIT_PARAMETERS])
+    start = np.array([getattr(initial, name) / unit for name, _, unit in FIT_PARAMETERS])
+    start = np.clip(start, lower + 1e-6 * (upper - lower), upper - 1e-6 * (upper - lower))
+
+    def efficiency(x: np.ndarray) -> Efficiency:
+        values = {name: float(v) * unit for (name, _, unit), v in zip(FIT_PARAMETERS, x)}
+        return replace(initial, **values)
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        return step_errors(model, gpu, tp, efficiency(x), fit)
+
+    solution = least_squares(residuals, start, bounds=(lower, upper), loss="soft_l1",
+                             f_scale=0.05, diff_step=1e-3, x_scale=1.0)
+    return efficiency(solution.x), bool(solution.success), str(solution.message)
+
+
+def calibrate(model: ModelSpec, gpu: GpuSpec, tp: int, fit: StepTable, holdout: StepTable,
+              initial: Efficiency | None = None) -> FitResult:
+    """Fit on `fit`, then report the error on `holdout` before and after."""
+    initial = initial or Efficiency()
+    fitted, success, message = fit_efficiency(model, gpu, tp, fit, initial)
+    fit, holdout = usable_steps(fit), usable_steps(holdout)
+    return FitResult(
+        efficiency=fitted, initial=initial, num_fit_steps=len(fit),
+        num_holdout_steps=len(holdout),
+        fit_error=error_stats(step_errors(model, gpu, tp, fitted, fit)),
+        holdout_before=error_stats(step_errors(model, gpu, tp, initial, holdout)),
+        holdout_after=error_stats(step_errors(model, gpu, tp, fitted, holdout)),
+        success=success, message=message,
+    )
+
+
+def write_calibration(path: Path, result: FitResult, profile: ActivationProfile | None,
+                      provenance: dict) -> None:
+    """A calibration JSON that `python -m sim --calibration FILE` loads."""
+    data: dict = {"efficiency": asdict(result.efficiency)}
+    if profile is not None:
+        data["activation"] = asdict(profile)
+    data["fit"] = {**provenance, "num_fit_steps": result.num_fit_steps,
+                   "num_holdout_steps": result.num_holdout_steps,
+                   "holdout_before": result.holdout_before, "holdout_after": result.holdout_after}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2))

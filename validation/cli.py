@@ -1,0 +1,99 @@
+"""`python -m validation {run,compare,fit,fake-gpu}`: simulator predictions vs GPU measurements.
+
+    # on a GPU machine (with `pip install simpy` there), everything in one command:
+    python -m validation run --trace azure-conv --limit 400 --model llama-3.1-8b \\
+        --policies static,elastic --chunks 2048,8192 --out validation_out/
+    # GPU replays already produced (one folder per run): simulate here and write the report
+    python -m validation compare --gpu-dir gpu_runs/ --out validation/reports/h200-llama8b/
+    # fit the cost model on one set of runs, judge it on another
+    python -m validation fit --gpu-dir runs_conv/ --test-dir runs_code/ --out calibration.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from traces import TraceError, add_trace_arguments
+
+
+def _add_slice_arguments(parser: argparse.ArgumentParser, *, required: bool) -> None:
+    add_trace_arguments(parser, required=required)
+
+
+def _add_compare_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("comparison")
+    g.add_argument("--calibration", type=Path, default=None,
+                   help="calibration JSON for the simulator (efficiency, activation)")
+    g.add_argument("--gpu", default=None,
+                   help="GPU preset for the simulator (default: the one the runs recorded)")
+    g.add_argument("--holdout", type=float, default=0.5,
+                   help="fraction of each run's steps held out of the calibration fit")
+    g.add_argument("--no-fit", action="store_true", help="skip the calibration fit")
+    g.add_argument("--resimulate-fitted", action="store_true",
+                   help="also re-run the simulations with the fitted efficiencies")
+    g.add_argument("--save-calibration", type=Path, default=None,
+                   help="write the fitted efficiencies as a calibration JSON")
+    g.add_argument("--no-plots", action="store_true")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m validation", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    compare = commands.add_parser("compare", help="simulate GPU runs' configs; write the report")
+    compare.add_argument("--gpu-dir", type=Path, required=True,
+                         help="folder of GPU replay outputs, one subfolder per run")
+    compare.add_argument("--out", type=Path, required=True, help="report folder")
+    _add_slice_arguments(compare, required=False)
+    _add_compare_arguments(compare)
+
+    run = commands.add_parser("run", help="GPU replays + simulations + report (GPU machine)")
+    _add_slice_arguments(run, required=True)
+    run.add_argument("--model", required=True, help="model preset or config.json path")
+    run.add_argument("--policies", default="static,elastic")
+    run.add_argument("--chunks", default="2048,8192", help="chunk sizes, comma-separated")
+    run.add_argument("--out", type=Path, required=True,
+                     help="OUT/gpu/<run>/ for the replays, OUT/report/ for the report")
+    run.add_argument("--replay-args", default="",
+                     help="extra flags for `python -m gpu_backend replay`, quoted")
+    run.add_argument("--gpu-only", action="store_true",
+                     help="run the GPU replays only (no simpy needed); compare later")
+    _add_compare_arguments(run)
+
+    fit = commands.add_parser("fit", help="fit cost-model efficiencies to measured step times")
+    fit.add_argument("--gpu-dir", type=Path, required=True)
+    fit.add_argument("--test-dir", type=Path, default=None,
+                     help="judge the fit on these runs (all steps) instead of a held-out tail")
+    fit.add_argument("--holdout", type=float, default=0.5)
+    fit.add_argument("--calibration", type=Path, default=None, help="starting point")
+    fit.add_argument("--gpu", default=None)
+    fit.add_argument("--out", type=Path, required=True, help="calibration JSON to write")
+
+    fake = commands.add_parser("fake-gpu", help="GPU-style run folders from the simulator "
+                                                "(perturbed efficiencies), for dry runs")
+    _add_slice_arguments(fake, required=True)
+    fake.add_argument("--model", default="llama-3.1-8b")
+    fake.add_argument("--gpu", default="h200")
+    fake.add_argument("--policies", default="static,elastic")
+    fake.add_argument("--chunks", default="2048,8192")
+    fake.add_argument("--efficiency", default="linear_compute=0.62,memory=0.78",
+                      help="Efficiency fields of the fake GPU, NAME=VALUE,...")
+    fake.add_argument("--noise", type=float, default=0.02, help="relative step-time noise")
+    fake.add_argument("--out", type=Path, required=True)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from validation import commands
+
+    handler = {"compare": commands.compare, "run": commands.run, "fit": commands.fit,
+               "fake-gpu": commands.fake_gpu}[args.command]
+    try:
+        return handler(args)
+    except (TraceError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,192 @@
+"""The subcommands behind `python -m validation`. Imports that need simpy or scipy stay inside
+the commands that use them: the GPU machine may have neither, and `run --gpu-only` needs none."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from sim.core.elastic import Policy
+from validation.runs import GpuRun, TraceSlice, engine_config, find_runs, load_run
+
+
+def parse_policies(text: str) -> list[Policy]:
+    if text.strip().lower() == "all":
+        return list(Policy)
+    return [Policy.parse(name) for name in text.split(",") if name.strip()]
+
+
+def parse_int_list(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} takes integers separated by commas, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise ValueError(f"{flag} values must be positive integers, got {text!r}")
+    return values
+
+
+def slice_from_args(args: argparse.Namespace) -> TraceSlice | None:
+    if getattr(args, "trace", None) is None:
+        return None
+    return TraceSlice(args.trace, args.format, args.limit, args.window, args.rate_scale)
+
+
+def load_runs(gpu_dir: Path) -> list[GpuRun]:
+    runs = [load_run(folder) for folder in find_runs(gpu_dir)]
+    return sorted(runs, key=lambda r: (r.chunk, r.policy))
+
+
+def print_targets(targets: list[dict], title: str = "targets") -> None:
+    print(f"{title}:")
+    for t in targets:
+        value = "n/a" if t["value"] is None else f"{t['value']:.1%}"
+        verdict = "PASS" if t["passed"] else "FAIL"
+        print(f"  {verdict}  {t['metric']:<20} {t['aggregate']} |error| {value:>7} "
+              f"(target <= {t['limit']:.0%}) {t['note']}")
+
+
+def compare(args: argparse.Namespace) -> int:
+    from sim.cli import load_calibration
+    from validation.calibrate import write_calibration
+    from validation.pipeline import validate
+    from validation.report import write_report
+
+    efficiency, profile = load_calibration(args.calibration)
+    source = str(args.calibration) if args.calibration else "simulator defaults (uncalibrated)"
+    runs = load_runs(args.gpu_dir)
+    v = validate(runs, efficiency, profile, source, slice_override=slice_from_args(args),
+                 gpu_name=args.gpu, holdout_fraction=args.holdout, fit=not args.no_fit,
+                 resimulate_fitted=args.resimulate_fitted)
+    paths = write_report(args.out, v, plots=not args.no_plots)
+    print_targets(v.targets)
+    if v.refit_targets:
+        print_targets(v.refit_targets, "targets after re-simulating with the fitted efficiencies")
+    if v.fit is not None:
+        after = v.fit.holdout_after["median_abs"]
+        print(f"calibration fit: held-out step-time median |error| "
+              f"{v.fit.holdout_before['median_abs']:.1%} -> {after:.1%}")
+        if args.save_calibration:
+            write_calibration(args.save_calibration, v.fit, profile,
+                              {"gpu_dir": str(args.gpu_dir), "holdout_fraction": args.holdout})
+            print(f"wrote {args.save_calibration}")
+    print(f"wrote {', '.join(str(p) for p in paths)}")
+    return 0
+
+
+def _replay_command(args: argparse.Namespace, policy: str, chunk: int, out: Path) -> list[str]:
+    cmd = [sys.executable, "-m", "gpu_backend", "replay", "--trace", args.trace,
+           "--model", args.model, "--policy", policy, "--chunk", str(chunk), "--no-wait",
+           "--out", str(out)]
+    if args.format:
+        cmd += ["--format", args.format]
+    if args.sort:
+        cmd += ["--sort"]
+    if args.window:
+        cmd += ["--window", f"{args.window[0]:g}:{args.window[1]:g}"]
+    if args.limit is not None:
+        cmd += ["--limit", str(args.limit)]
+    if args.rate_scale != 1.0:
+        cmd += ["--rate-scale", f"{args.rate_scale:g}"]
+    return cmd + shlex.split(args.replay_args)
+
+
+def run(args: argparse.Namespace) -> int:
+    gpu_dir = args.out / "gpu"
+    for chunk in parse_int_list(args.chunks, "--chunks"):
+        for policy in parse_policies(args.policies):
+            folder = gpu_dir / f"{policy.value}_chunk_{chunk}"
+            cmd = _replay_command(args, policy.value, chunk, folder)
+            print("$ " + shlex.join(cmd), flush=True)
+            code = subprocess.run(cmd).returncode
+            if code != 0:
+                print(f"error: the GPU replay failed (exit {code}); nothing compared",
+                      file=sys.stderr)
+                return code
+    compare_hint = (f"python -m validation compare --gpu-dir {gpu_dir} --out {args.out}/report")
+    if args.gpu_only:
+        print(f"GPU replays written to {gpu_dir}; compare them with:\n  {compare_hint}")
+        return 0
+    try:
+        import simpy  # noqa: F401
+    except ImportError:
+        print(f"the simulator side needs simpy, which this machine lacks: `pip install simpy`, "
+              f"or copy {gpu_dir} to a machine with the project installed and run:\n"
+              f"  {compare_hint}", file=sys.stderr)
+        return 3
+    args.gpu_dir = gpu_dir
+    args.out = args.out / "report"
+    return compare(args)
+
+
+def fit(args: argparse.Namespace) -> int:
+    from sim.cli import load_calibration
+    from validation.calibrate import calibrate, concat, split_tail, usable_steps, write_calibration
+
+    efficiency, profile = load_calibration(args.calibration)
+    runs = load_runs(args.gpu_dir)
+    test_runs = load_runs(args.test_dir) if args.test_dir else []
+    configs = [engine_config(r.summary, args.gpu) for r in runs + test_runs]
+    hardware = {(c.model.name, c.gpu.name, c.tensor_parallel_size) for c in configs}
+    if len(hardware) != 1:
+        raise ValueError(f"the runs mix model/GPU/TP combinations {sorted(hardware)}; "
+                         "fit one combination at a time")
+    if test_runs:
+        fit_table = concat([usable_steps(r.steps) for r in runs])
+        holdout_table = concat([usable_steps(r.steps) for r in test_runs])
+    else:
+        splits = [split_tail(usable_steps(r.steps), args.holdout) for r in runs]
+        fit_table, holdout_table = concat([s[0] for s in splits]), concat([s[1] for s in splits])
+    config = configs[0]
+    result = calibrate(config.model, config.gpu, config.tensor_parallel_size, fit_table,
+                       holdout_table, efficiency)
+    provenance = {"gpu_dir": str(args.gpu_dir), "test_dir": str(args.test_dir or ""),
+                  "holdout_fraction": None if test_runs else args.holdout,
+                  "model": config.model.name, "gpu": config.gpu.name,
+                  "tensor_parallel_size": config.tensor_parallel_size}
+    write_calibration(args.out, result, profile, provenance)
+    b, a = result.holdout_before, result.holdout_after
+    print(f"fit on {result.num_fit_steps} steps, judged on {result.num_holdout_steps} held-out "
+          f"steps: median |error| {b['median_abs']:.1%} -> {a['median_abs']:.1%}, "
+          f"p90 {b['p90_abs']:.1%} -> {a['p90_abs']:.1%}")
+    print(f"wrote {args.out} (use it with --calibration)")
+    return 0
+
+
+def parse_efficiency(text: str):
+    from dataclasses import fields
+
+    from sim.cost_model import Efficiency
+
+    known = {f.name for f in fields(Efficiency)}
+    values = {}
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        name, _, value = item.partition("=")
+        if name not in known:
+            raise ValueError(f"unknown efficiency field {name!r}; known: {sorted(known)}")
+        values[name] = float(value)
+    return Efficiency(**values)
+
+
+def fake_gpu(args: argparse.Namespace) -> int:
+    from sim.core.catalog import get_gpu, get_model
+    from sim.core.engine_config import EngineConfig
+    from sim.runner import RunSpec
+    from validation.synthetic import write_gpu_style_run
+
+    efficiency = parse_efficiency(args.efficiency)
+    ts = slice_from_args(args)
+    assert ts is not None
+    seed = 0
+    for chunk in parse_int_list(args.chunks, "--chunks"):
+        for policy in parse_policies(args.policies):
+            config = EngineConfig(get_model(args.model), get_gpu(args.gpu), policy=policy,
+                                  max_num_batched_tokens=chunk)
+            folder = write_gpu_style_run(args.out, RunSpec(config, efficiency=efficiency), ts,
+                                         noise_rel=args.noise, seed=seed)
+            seed += 1
+            print(f"wrote {folder}")
+    return 0

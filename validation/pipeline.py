@@ -1,0 +1,146 @@
+"""Compare GPU replays with simulations of the same trace slice and configuration.
+
+For every GPU run folder: rebuild its EngineConfig and trace slice, simulate it (one replica,
+same scheduler, same memory-plan inputs), and put side by side the summary metrics, every
+measured step's time against the cost model's price of the same composition, and the
+step-by-step alignment of the two runs. Then fit the cost model on part of the measured
+steps and report the error on the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sim.core.memory_plan import ActivationProfile
+from sim.cost_model import CostModel, Efficiency
+from sim.runner import RunResult, RunSpec
+from validation.calibrate import (
+    DEFAULT_HOLDOUT_FRACTION,
+    FitResult,
+    calibrate,
+    concat,
+    split_tail,
+    usable_steps,
+)
+from validation.compare import RunPair, check_targets, compare_metrics, gains, metric_values
+from validation.divergence import Divergence, find_divergence
+from validation.runs import GpuRun, TraceSlice, engine_config, trace_slice
+from validation.simside import simulate_logged
+from validation.steps import StepTable, error_stats, predict_step_times, relative_errors
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class RunComparison:
+    gpu: GpuRun
+    sim: RunResult
+    sim_steps: StepTable
+    trace_slice: TraceSlice
+    arrival_s: np.ndarray
+    metrics: dict[str, dict]
+    step_predicted_s: np.ndarray  # cost model on each measured step's composition
+    step_error: dict[str, dict]  # error_stats: all, prefill (with prefill tokens), decode-only
+    divergence: Divergence
+
+    @property
+    def label(self) -> str:
+        return self.gpu.label
+
+    def pair(self) -> RunPair:
+        return RunPair(self.gpu.policy, self.gpu.chunk,
+                       {k: v["predicted"] for k, v in self.metrics.items()},
+                       {k: v["measured"] for k, v in self.metrics.items()})
+
+
+@dataclass
+class Validation:
+    runs: list[RunComparison]
+    efficiency: Efficiency
+    calibration_source: str
+    targets: list[dict] = field(default_factory=list)
+    gains: list[dict] = field(default_factory=list)
+    fit: FitResult | None = None
+    fit_note: str = ""
+    refit_runs: list[RunComparison] = field(default_factory=list)
+    refit_targets: list[dict] = field(default_factory=list)
+
+
+def compare_run(gpu: GpuRun, efficiency: Efficiency | None, profile: ActivationProfile | None,
+                slice_override: TraceSlice | None = None, gpu_name: str | None = None
+                ) -> RunComparison:
+    config = engine_config(gpu.summary, gpu_name)
+    ts = trace_slice(gpu.summary, slice_override)
+    trace = ts.load()
+    result, recorder = simulate_logged(RunSpec(config, efficiency=efficiency, profile=profile),
+                                       trace)
+    predicted = metric_values(result.summary)
+    measured = metric_values(gpu.summary, gpu.measured_kv_capacity_tokens())
+    cost = CostModel(config.model, config.gpu, config.tensor_parallel_size, efficiency)
+    step_predicted = predict_step_times(cost, gpu.steps)
+    sim_steps = recorder.table()
+    return RunComparison(
+        gpu=gpu, sim=result, sim_steps=sim_steps, trace_slice=ts, arrival_s=trace.arrival_s,
+        metrics=compare_metrics(predicted, measured), step_predicted_s=step_predicted,
+        step_error=step_error_breakdown(step_predicted, gpu.steps),
+        divergence=find_divergence(sim_steps, gpu.steps, trace.arrival_s),
+    )
+
+
+def step_error_breakdown(predicted: np.ndarray, measured: StepTable) -> dict[str, dict]:
+    errors = relative_errors(predicted, measured.duration_s)
+    ran = measured.num_tokens > 0
+    return {
+        "all": error_stats(errors[ran]),
+        "with_prefill": error_stats(errors[ran & measured.has_prefill]),
+        "decode_only": error_stats(errors[ran & ~measured.has_prefill]),
+    }
+
+
+def validate(gpu_runs: Sequence[GpuRun], efficiency: Efficiency | None,
+             profile: ActivationProfile | None, calibration_source: str, *,
+             slice_override: TraceSlice | None = None, gpu_name: str | None = None,
+             holdout_fraction: float = DEFAULT_HOLDOUT_FRACTION, fit: bool = True,
+             resimulate_fitted: bool = False, log: Log = print) -> Validation:
+    runs = []
+    for gpu in gpu_runs:
+        log(f"simulating {gpu.label} ({gpu.path.name}) ...")
+        runs.append(compare_run(gpu, efficiency, profile, slice_override, gpu_name))
+    result = Validation(runs, efficiency or Efficiency(), calibration_source)
+    result.targets = check_targets([r.metrics for r in runs])
+    result.gains = gains([r.pair() for r in runs])
+    if fit:
+        result.fit, result.fit_note = fit_on_runs(runs, result.efficiency, holdout_fraction)
+    if resimulate_fitted and result.fit is not None:
+        for gpu in gpu_runs:
+            log(f"re-simulating {gpu.label} with the fitted efficiency ...")
+            result.refit_runs.append(
+                compare_run(gpu, result.fit.efficiency, profile, slice_override, gpu_name))
+        result.refit_targets = check_targets([r.metrics for r in result.refit_runs])
+    return result
+
+
+def fit_on_runs(runs: Sequence[RunComparison], initial: Efficiency,
+                holdout_fraction: float) -> tuple[FitResult | None, str]:
+    """Fit on the first part of every run's measured steps; test on the rest of each."""
+    hardware = {(r.sim.spec.engine.model.name, r.sim.spec.engine.gpu.name,
+                 r.sim.spec.engine.tensor_parallel_size) for r in runs}
+    if len(hardware) != 1:
+        return None, (f"not fitted: the runs mix {len(hardware)} model/GPU/TP combinations; "
+                      "fit each with `python -m validation fit`")
+    splits = [split_tail(usable_steps(r.gpu.steps), holdout_fraction) for r in runs]
+    fit_table = concat([s[0] for s in splits])
+    holdout_table = concat([s[1] for s in splits])
+    engine = runs[0].sim.spec.engine
+    try:
+        fitted = calibrate(engine.model, engine.gpu, engine.tensor_parallel_size, fit_table,
+                           holdout_table, initial)
+    except ValueError as exc:
+        return None, f"not fitted: {exc}"
+    note = (f"fitted on the first {1 - holdout_fraction:.0%} of each run's steps "
+            f"({fitted.num_fit_steps} steps); errors below are on the last "
+            f"{holdout_fraction:.0%} ({fitted.num_holdout_steps} steps), never seen by the fit")
+    return fitted, note

@@ -1,0 +1,183 @@
+"""report.json (every number) and report.md (the tables a reader checks) for a validation."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict
+from pathlib import Path
+
+from validation.compare import METRICS
+from validation.pipeline import RunComparison, Validation
+
+REFERENCES = ("Vidur reports ~9% latency error; LLMServingSim 2.0 reports 2-14%.")
+
+
+def run_dict(run: RunComparison) -> dict:
+    return {
+        "label": run.label, "gpu_folder": str(run.gpu.path), "policy": run.gpu.policy,
+        "chunk": run.gpu.chunk, "trace_slice": run.trace_slice.to_dict(),
+        "config": {k: run.sim.summary.get(k) for k in (
+            "model", "gpu", "tensor_parallel_size", "max_num_seqs", "block_size", "drain",
+            "vmm_handle_bytes")},
+        "metrics": run.metrics, "step_time": run.step_error,
+        "steps_chunks_exact": run.gpu.steps.chunks_exact,
+        "num_measured_steps": len(run.gpu.steps), "num_simulated_steps": len(run.sim_steps),
+        "divergence": run.divergence.to_dict(),
+    }
+
+
+def report_dict(v: Validation) -> dict:
+    data = {
+        "calibration": v.calibration_source, "efficiency": asdict(v.efficiency),
+        "runs": [run_dict(r) for r in v.runs], "targets": v.targets, "gains": v.gains,
+        "fit": v.fit.to_dict() if v.fit else None, "fit_note": v.fit_note,
+    }
+    if v.refit_runs:
+        data["after_fit"] = {"runs": [run_dict(r) for r in v.refit_runs],
+                             "targets": v.refit_targets}
+    return data
+
+
+def write_report(out_dir: Path, v: Validation, *, plots: bool = True) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / "report.json", out_dir / "report.md"]
+    paths[0].write_text(json.dumps(_finite(report_dict(v)), indent=2))
+    images = []
+    if plots:
+        from validation.plots import plot_all
+
+        images = plot_all(out_dir, v.runs)
+    paths[1].write_text(markdown(v, [p.name for p in images]))
+    return paths + images
+
+
+def _finite(value):
+    """JSON without NaN/inf (they become null), so any JSON reader accepts the report."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(x) for k, x in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(x) for x in value]
+    return value
+
+
+def _num(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value == 0 or 1e-2 <= abs(value) < 1e6:
+        return f"{value:,.4g}" if abs(value) < 1e3 else f"{value:,.0f}"
+    return f"{value:.3g}"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.1%}"
+
+
+def _abs(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def _targets_table(targets: list[dict]) -> list[str]:
+    lines = ["| metric | over runs | \\|error\\| | target | result |", "|---|---|---|---|---|"]
+    for t in targets:
+        value = "-" if t["value"] is None else f"{t['value']:.1%}"
+        verdict = "PASS" if t["passed"] else "FAIL"
+        note = f" ({t['note']})" if t["note"] else ""
+        lines.append(f"| {t['metric']} | {t['aggregate']} | {value} | <= {t['limit']:.0%} | "
+                     f"**{verdict}**{note} |")
+    return lines
+
+
+def _metrics_table(runs: list[RunComparison]) -> list[str]:
+    header = "| metric | " + " | ".join(r.label for r in runs) + " |"
+    lines = [header, "|---|" + "---|" * len(runs)]
+    for name, *_rest, unit in METRICS:
+        cells = []
+        for r in runs:
+            m = r.metrics[name]
+            cells.append(f"{_num(m['predicted'])} / {_num(m['measured'])} "
+                         f"({_pct(m['relative_error'])})")
+        lines.append(f"| {name} {f'({unit})' if unit else ''} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _gains_table(gains: list[dict]) -> list[str]:
+    if not gains:
+        return ["(needs a static and an elastic run)"]
+    lines = ["| elastic run | over | metric | predicted gain | measured gain | error (points) "
+             "| same decision |", "|---|---|---|---|---|---|---|"]
+    for g in gains:
+        for name, m in g["metrics"].items():
+            err = "-" if m["gain_error"] is None else f"{m['gain_error'] * 100:+.1f}"
+            same = {True: "yes", False: "**no**", None: "-"}[m["same_direction"]]
+            lines.append(f"| {g['run']} | {g['baseline']} | {name} | {_pct(m['predicted_gain'])} "
+                         f"| {_pct(m['measured_gain'])} | {err} | {same} |")
+    return lines
+
+
+def _steps_table(runs: list[RunComparison]) -> list[str]:
+    lines = ["| run | steps | median \\|err\\| | p90 \\|err\\| | bias | prefill steps median "
+             "| decode steps median | chunk prefixes known |", "|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        a, p, d = (r.step_error[k] for k in ("all", "with_prefill", "decode_only"))
+        lines.append(f"| {r.label} | {a['count']} | {_abs(a['median_abs'])} | "
+                     f"{_abs(a['p90_abs'])} | {_pct(a['bias'])} | {_abs(p['median_abs'])} | "
+                     f"{_abs(d['median_abs'])} | {'yes' if r.gpu.steps.chunks_exact else 'no'} |")
+    return lines
+
+
+def _divergence_lines(runs: list[RunComparison]) -> list[str]:
+    lines = []
+    for r in runs:
+        d = r.divergence
+        aligned = d.aligned_step_error
+        lines.append(f"- **{r.label}**: {d.num_matching_steps} of {d.num_gpu_steps} measured "
+                     f"steps match the simulated sequence (aligned-step time error median "
+                     f"{_abs(aligned['median_abs'])}). {d.explanation}.")
+    return lines
+
+
+def _fit_lines(v: Validation) -> list[str]:
+    if v.fit is None:
+        return [v.fit_note or "not fitted"]
+    f = v.fit
+    lines = [v.fit_note + ".", "",
+             "| efficiency | start | fitted |", "|---|---|---|"]
+    for name, value in asdict(f.efficiency).items():
+        lines.append(f"| {name} | {getattr(f.initial, name):.4g} | {value:.4g} |")
+    b, a = f.holdout_before, f.holdout_after
+    lines += ["", "| held-out steps | median \\|err\\| | p90 \\|err\\| | bias |", "|---|---|---|---|",
+              f"| before the fit | {_abs(b['median_abs'])} | {_abs(b['p90_abs'])} | "
+              f"{_pct(b['bias'])} |",
+              f"| after the fit | {_abs(a['median_abs'])} | {_abs(a['p90_abs'])} | "
+              f"{_pct(a['bias'])} |"]
+    return lines
+
+
+def markdown(v: Validation, images: list[str]) -> str:
+    first = v.runs[0]
+    ts = first.trace_slice
+    out = ["# Simulator vs GPU: validation report", "",
+           f"Model {first.sim.summary['model']} on {first.sim.summary['gpu']}, TP "
+           f"{first.sim.summary['tensor_parallel_size']}; trace {ts.trace} (limit {ts.limit}, "
+           f"window {ts.window_s}, rate x{ts.rate_scale:g}); cost model efficiencies: "
+           f"{v.calibration_source}.", "",
+           "## Targets", "", *_targets_table(v.targets), "",
+           f"Reference: {REFERENCES}", "",
+           "## Predicted / measured (relative error), per run", "", *_metrics_table(v.runs), "",
+           "## Gains: what a user decides on", "",
+           "Gain = (run - baseline) / baseline; decisions compare directions, a gain under 1% "
+           "counting as no change.", "", *_gains_table(v.gains), "",
+           "## Step times: the cost model on every measured step's composition", "",
+           *_steps_table(v.runs), "",
+           "## Step-by-step alignment", "", *_divergence_lines(v.runs), "",
+           "## Calibration (held-out steps only)", "", *_fit_lines(v), ""]
+    if v.refit_runs:
+        out += ["## After the fit: simulation re-run with the fitted efficiencies", "",
+                "The fit saw the first part of these same runs' steps; a fit on another trace "
+                "(`python -m validation fit`, then `compare --calibration`) is the stricter test.",
+                "", *_targets_table(v.refit_targets), "", *_metrics_table(v.refit_runs), ""]
+    out += ["## Plots", ""] + [f"![{name}]({name})" for name in images]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,246 @@
+"""GPU replay outputs, one folder per run, and the simulator configuration they imply.
+
+A folder written by `python -m gpu_backend replay --out DIR` holds:
+
+    summary.json       the simulator's summary keys for the run, plus the run's configuration
+                       (policy, chunk, model, gpu, tensor_parallel_size, max_num_seqs, ...), the
+                       trace slice (trace, limit, window, rate_scale) and measured memory fields.
+                       Either one summary object or the simulator's {"trace", "runs": [one]}.
+    steps.csv          one row per executed step (see validation.steps)
+    timeline*.csv      the simulator's timeline columns (optional)
+    requests*.csv      the simulator's request columns (optional)
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from sim.core.catalog import GPUS, get_gpu, get_model
+from sim.core.elastic import DrainStrategy, Policy
+from sim.core.engine_config import EngineConfig
+from traces import Trace, load_trace
+from traces.bundled import BUNDLED
+from validation.steps import StepTable, read_steps_csv
+
+# Where the measured KV capacity may sit in a GPU summary, most specific first.
+MEASURED_KV_KEYS = ("measured_kv_capacity_tokens", "kv_capacity_tokens_measured",
+                    "kv_capacity_tokens")
+MEASURED_KV_BLOCK_KEYS = ("measured_num_kv_blocks", "num_kv_blocks_allocated", "num_kv_blocks")
+
+
+@dataclass
+class TraceSlice:
+    """Which requests of which trace a run replayed (the GPU summary records it)."""
+
+    trace: str
+    format: str | None = None
+    limit: int | None = None
+    window_s: tuple[float, float] | None = None
+    rate_scale: float = 1.0
+    num_requests: int | None = None  # what the GPU run replayed, to check the slice against
+
+    def load(self) -> Trace:
+        trace = load_trace(_resolve_trace(self.trace), self.format, window_s=self.window_s,
+                           limit=self.limit, rate_scale=self.rate_scale)
+        if self.num_requests is not None and len(trace) != self.num_requests:
+            raise ValueError(
+                f"the trace slice ({self.describe()}) has {len(trace)} requests but the GPU run "
+                f"replayed {self.num_requests}; pass the replay's --trace/--limit/--window/"
+                f"--rate-scale to compare")
+        return trace
+
+    def describe(self) -> str:
+        return (f"{self.trace}, limit {self.limit}, window {self.window_s}, "
+                f"rate x{self.rate_scale:g}")
+
+    def to_dict(self) -> dict:
+        return {"trace": self.trace, "format": self.format, "limit": self.limit,
+                "window_s": list(self.window_s) if self.window_s else None,
+                "rate_scale": self.rate_scale, "num_requests": self.num_requests}
+
+
+@dataclass
+class GpuRun:
+    path: Path
+    summary: dict
+    steps: StepTable
+    timeline: dict[str, np.ndarray] | None
+    requests: dict[str, np.ndarray] | None
+
+    @property
+    def policy(self) -> str:
+        return str(self.summary.get("policy", "static"))
+
+    @property
+    def chunk(self) -> int:
+        return int(self.summary["chunk"])
+
+    @property
+    def label(self) -> str:
+        return f"{self.policy}/chunk={self.chunk}"
+
+    def measured_kv_capacity_tokens(self) -> float | None:
+        nested = self.summary.get("measured")
+        if isinstance(nested, dict) and nested.get("kv_tokens") is not None:
+            return float(nested["kv_tokens"])  # gpu_backend: the blocks actually allocated
+        for key in MEASURED_KV_KEYS:
+            if self.summary.get(key) is not None:
+                return float(self.summary[key])
+        block_size = int(self.summary.get("block_size", 16))
+        for key in MEASURED_KV_BLOCK_KEYS:
+            if self.summary.get(key) is not None:
+                return float(self.summary[key]) * block_size
+        return None
+
+
+def find_runs(gpu_dir: Path) -> list[Path]:
+    """Every folder under `gpu_dir` (itself included) that holds a summary.json."""
+    folders = sorted({p.parent for p in gpu_dir.rglob("summary.json")})
+    if not folders:
+        raise ValueError(f"{gpu_dir}: no summary.json found; expected one folder per GPU run "
+                         "written by `python -m gpu_backend replay --out DIR`")
+    return folders
+
+
+def load_run(folder: Path) -> GpuRun:
+    data = json.loads((folder / "summary.json").read_text())
+    summary = dict(data)
+    if isinstance(data.get("runs"), list):
+        if len(data["runs"]) != 1:
+            raise ValueError(f"{folder}/summary.json holds {len(data['runs'])} runs; "
+                             "validation expects one run per folder")
+        summary = {**{k: v for k, v in data.items() if k != "runs"}, **data["runs"][0]}
+    if "chunk" not in summary:
+        raise ValueError(f"{folder}/summary.json has no 'chunk': the run's config is missing")
+    steps_path = folder / "steps.csv"
+    if not steps_path.is_file():
+        raise ValueError(f"{folder}: no steps.csv (per-step measured times)")
+    steps = read_steps_csv(steps_path)
+    timeline = _read_numeric_csv(_first(folder, "timeline*.csv"))
+    return GpuRun(folder, summary, _with_timeline(steps, timeline), timeline,
+                  _read_csv_columns(_first(folder, "requests*.csv")))
+
+
+def _with_timeline(steps: StepTable, timeline: dict[str, np.ndarray] | None) -> StepTable:
+    """Take KV use, preemptions and lent blocks from the timeline when steps.csv lacks them:
+    the GPU engine writes one timeline row per step, so the rows line up."""
+    extra = dict(steps.extra)
+    if "lent_blocks" in extra and "reserve_lent_blocks" not in extra:
+        extra["reserve_lent_blocks"] = extra.pop("lent_blocks")
+    if timeline is not None and len(timeline.get("start_s", ())) == len(steps):
+        if np.all(timeline.get("num_steps", np.ones(len(steps))) == 1):
+            for name in ("start_s", "kv_blocks_used", "kv_blocks_usable", "num_preempted",
+                         "reserve_lent_blocks"):
+                if name in timeline and name not in extra:
+                    extra[name] = timeline[name]
+    return replace(steps, extra=extra)
+
+
+def engine_config(summary: dict, gpu_name: str | None = None) -> EngineConfig:
+    """The EngineConfig a GPU run used, from the configuration fields in its summary."""
+    def get(key: str, default=None):
+        value = summary.get(key)
+        return default if value is None else value
+
+    return EngineConfig(
+        model=get_model(str(summary["model"])),
+        gpu=_gpu(gpu_name or str(get("gpu", "h200"))),
+        tensor_parallel_size=int(get("tensor_parallel_size", 1)),
+        max_num_batched_tokens=int(summary["chunk"]),
+        max_num_seqs=get("max_num_seqs"),
+        gpu_memory_utilization=float(get("gpu_memory_utilization", 0.9)),
+        max_model_len=get("max_model_len"),
+        block_size=int(get("block_size", 16)),
+        policy=Policy.parse(str(get("policy", "static"))),
+        drain=DrainStrategy.parse(str(get("drain", "preempt"))),
+        vmm_handle_bytes=int(get("vmm_handle_bytes", 512 * 1024**2)),
+        reclaim=str(get("reclaim", _default_reclaim(summary))),
+        enable_prefix_caching=bool(get("enable_prefix_caching", False)),
+    )
+
+
+def _default_reclaim(summary: dict) -> str:
+    """gpu_backend replays release the reserve's handles (its engine_config says so) but do
+    not record it; the simulator's default is remap."""
+    return "release" if summary.get("executor") == "gpu" else "remap"
+
+
+def trace_slice(summary: dict, override: TraceSlice | None = None) -> TraceSlice:
+    """The trace slice recorded in a GPU summary; `override` (from flags) wins if given."""
+    expected = summary.get("num_trace_requests")
+    expected = int(expected) if expected is not None else None
+    if override is not None:
+        return replace(override, num_requests=expected)
+    trace = summary.get("trace_path") or summary.get("trace")
+    if not trace:
+        raise ValueError("the GPU summary does not record its trace; pass --trace (and "
+                         "--limit/--window/--rate-scale as used for the replay)")
+    window = summary.get("window_s") or summary.get("window")
+    if isinstance(window, str):
+        start, _, end = window.partition(":")
+        window = (float(start or 0), float(end or "inf"))
+    limit = summary.get("limit", summary.get("trace_limit"))
+    rate_scale = float(summary.get("rate_scale") or 1.0)
+    if limit is None and not window and "rate_scale" not in summary and expected is not None:
+        # gpu_backend records only the trace file and its request count; a run of the first
+        # N requests (--limit N) is the one slice that count pins down, checked on load.
+        limit = expected
+    return TraceSlice(str(trace), summary.get("trace_format") or summary.get("format"),
+                      int(limit) if limit is not None else None,
+                      tuple(window) if window else None, rate_scale, expected)
+
+
+def _gpu(name: str):
+    """A GPU preset from a preset name or a device name such as 'NVIDIA H200'."""
+    try:
+        return get_gpu(name)
+    except ValueError:
+        lowered = name.lower().replace(" ", "-")
+        for preset in sorted(GPUS, key=len, reverse=True):
+            if preset.split("-")[0] in lowered:
+                return GPUS[preset]
+        raise
+
+
+def _resolve_trace(name: str) -> str:
+    """A recorded trace path that exists here, else the bundled trace with that file name."""
+    if Path(name).is_file() or name.strip().lower() in BUNDLED:
+        return name
+    for bundled_name, path in BUNDLED.items():
+        if Path(name).name == path.name:
+            return bundled_name
+    return name  # load_trace says plainly that it is missing
+
+
+def _first(folder: Path, pattern: str) -> Path | None:
+    matches = sorted(folder.glob(pattern))
+    return matches[0] if matches else None
+
+
+def _read_numeric_csv(path: Path | None) -> dict[str, np.ndarray] | None:
+    if path is None:
+        return None
+    data = np.genfromtxt(path, delimiter=",", names=True, ndmin=1)
+    return {name: np.atleast_1d(data[name]).astype(np.float64) for name in data.dtype.names}
+
+
+def _read_csv_columns(path: Path | None) -> dict[str, np.ndarray] | None:
+    if path is None:
+        return None
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        return None
+    columns: dict[str, np.ndarray] = {}
+    for name in rows[0]:
+        values = [r[name] for r in rows]
+        try:
+            columns[name] = np.array([float(v) for v in values])
+        except ValueError:
+            columns[name] = np.array(values)
+    return columns

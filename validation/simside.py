@@ -1,0 +1,84 @@
+"""The simulator side of a validation: `sim.runner.simulate` plus a per-step log.
+
+The simulator advances predictable stretches of decode steps as one event (a "decode run");
+the GPU engine executes every step. To compare them step by step, the recorder here expands
+each run into its steps (same rows, context growing by one token per row per step) and keeps
+what the cost model needs to price a step, which the summary timeline does not.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import simpy
+
+from sim.core.engine_config import build_core
+from sim.core.step import SchedulerOutput
+from sim.cost_model import CostModel
+from sim.engine import Fleet, Replica
+from sim.metrics import ReplicaRecorder, summarize
+from sim.runner import RunResult, RunSpec, _all_done, _config_fields
+from traces import Trace
+from validation.steps import StepTable, chunk_pairs, format_chunks
+
+# (start_s, prefill, decode, context, seqs, rows, pairs, duration, preempted, used, usable, lent)
+_ROW_FIELDS = 12
+
+
+class StepLogRecorder(ReplicaRecorder):
+    """A `ReplicaRecorder` that also logs every step's composition, runs expanded."""
+
+    def __init__(self, replica_id: int, block_size: int) -> None:
+        super().__init__(replica_id, block_size)
+        self.step_rows: list[tuple] = []
+        self.step_chunks: list[str] = []
+
+    def step(self, start_s: float, out: SchedulerOutput, durations: np.ndarray) -> None:
+        super().step(start_s, out, durations)
+        chunks = format_chunks(list(out.prefill_chunks))
+        pairs = chunk_pairs(list(out.prefill_chunks))
+        seqs, decode = len(out.scheduled), out.num_decode_tokens
+        starts = start_s + np.concatenate(([0.0], np.cumsum(durations[:-1])))
+        for i in range(out.num_steps):
+            first = i == 0  # preemptions are recorded on the first step of a run
+            self.step_rows.append((
+                float(starts[i]), out.num_prefill_tokens, decode,
+                out.decode_context_tokens + i * decode, seqs, out.num_sampled_rows, pairs,
+                float(durations[i]), len(out.preempted_ids) if first else 0,
+                out.num_used_blocks, out.num_usable_blocks, out.num_lent_blocks,
+            ))
+            self.step_chunks.append(chunks)
+
+    def table(self) -> StepTable:
+        rows = np.array(self.step_rows, dtype=np.float64).reshape(-1, _ROW_FIELDS)
+        ints = rows[:, 1:6].astype(np.int64).T
+        extra = {"start_s": rows[:, 0], "num_preempted": rows[:, 8],
+                 "kv_blocks_used": rows[:, 9], "kv_blocks_usable": rows[:, 10],
+                 "reserve_lent_blocks": rows[:, 11]}
+        return StepTable(ints[0], ints[1], ints[2], ints[3], ints[4], rows[:, 6], rows[:, 7],
+                         True, extra)
+
+
+def simulate_logged(spec: RunSpec, trace: Trace) -> tuple[RunResult, StepLogRecorder]:
+    """`sim.runner.simulate` for one replica, with a `StepLogRecorder` on the replica."""
+    if spec.num_replicas != 1:
+        raise ValueError("validation compares one engine: num_replicas must be 1")
+    wall_start = time.perf_counter()
+    env = simpy.Environment()
+    fleet = Fleet(env, trace.requests(), spec.router)
+    core = build_core(spec.engine, spec.profile)
+    cost = CostModel(spec.engine.model, spec.engine.gpu, spec.engine.tensor_parallel_size,
+                     spec.efficiency)
+    replica = Replica(env, 0, core, cost, fleet)
+    recorder = StepLogRecorder(0, core.config.block_size)
+    replica.recorder = recorder
+    fleet.replicas.append(replica)
+    env.process(fleet.arrivals(env))
+    env.process(replica.run(env))
+    env.run(until=_all_done(env, fleet))
+    summary = summarize([recorder], spec.slo)
+    summary.update(_config_fields(spec, core))
+    wall_s = time.perf_counter() - wall_start
+    summary["sim_wall_s"] = wall_s
+    return RunResult(spec, summary, [recorder], core, wall_s), recorder

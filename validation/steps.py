@@ -1,0 +1,185 @@
+"""Per-step compositions and times, and the cost model's prediction of each step.
+
+A `StepTable` holds one row per engine step (never a fast-forwarded run of steps): what the
+step computed (prefill tokens and chunks, decode rows and their context) and how long it took,
+measured on the GPU (`steps.csv`) or predicted by the simulator. `predict_step_times` prices
+every row with `sim.cost_model.CostModel`, vectorised so a calibration fit can call it
+thousands of times; it equals `CostModel.step(out).total_s` for the same composition.
+
+steps.csv columns read (GPU engine; extra columns are ignored):
+
+    step_id, num_prefill_tokens, num_decode_tokens, decode_context_tokens, num_seqs,
+    measured_s                                    required
+    prefill_chunks                                "new:prefix;new:prefix" per prefill chunk
+                                                  (or a JSON list of pairs); without it the
+                                                  prefill is priced as one chunk, no prefix
+    num_sampled_rows, start_s, num_preempted,
+    kv_blocks_used, kv_blocks_usable,
+    reserve_lent_blocks                           optional
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+
+import numpy as np
+
+from sim.cost_model import CostModel
+
+REQUIRED_COLUMNS = ("num_prefill_tokens", "num_decode_tokens", "decode_context_tokens",
+                    "num_seqs")
+DURATION_COLUMNS = ("measured_s", "duration_s", "step_s")
+OPTIONAL_COLUMNS = ("start_s", "num_preempted", "kv_blocks_used", "kv_blocks_usable",
+                    "reserve_lent_blocks", "lent_blocks", "oom")
+
+
+@dataclass(frozen=True)
+class StepTable:
+    """Column arrays, one element per engine step, in execution order."""
+
+    num_prefill_tokens: np.ndarray  # int64 [S]
+    num_decode_tokens: np.ndarray  # int64 [S]
+    decode_context_tokens: np.ndarray  # int64 [S]: sum of decode rows' context lengths
+    num_seqs: np.ndarray  # int64 [S]: scheduled requests
+    num_sampled_rows: np.ndarray  # int64 [S]: rows that reach lm_head and sample
+    prefill_pairs: np.ndarray  # float64 [S]: sum over chunks of new x (prefix + new / 2)
+    duration_s: np.ndarray  # float64 [S]: measured (GPU) or predicted (simulator)
+    chunks_exact: bool = True  # False: prefill chunk prefixes were unknown (priced as 0)
+    extra: dict[str, np.ndarray] = field(default_factory=dict)  # OPTIONAL_COLUMNS present
+
+    def __len__(self) -> int:
+        return int(self.duration_s.shape[0])
+
+    @property
+    def num_tokens(self) -> np.ndarray:
+        return self.num_prefill_tokens + self.num_decode_tokens
+
+    @property
+    def has_prefill(self) -> np.ndarray:
+        return self.num_prefill_tokens > 0
+
+    @property
+    def start_s(self) -> np.ndarray | None:
+        return self.extra.get("start_s")
+
+    def take(self, index: np.ndarray | slice) -> StepTable:
+        """The rows picked by `index` (a slice, bool mask or positions)."""
+        arrays = {f.name: getattr(self, f.name)[index] for f in fields(self)
+                  if isinstance(getattr(self, f.name), np.ndarray)}
+        extra = {k: v[index] for k, v in self.extra.items()}
+        return replace(self, **arrays, extra=extra)
+
+    def with_durations(self, duration_s: np.ndarray) -> StepTable:
+        return replace(self, duration_s=np.asarray(duration_s, dtype=np.float64))
+
+
+def chunk_pairs(chunks: list[tuple[int, int]]) -> float:
+    """Attention (query, key) pairs of causal prefill chunks, as the cost model counts them."""
+    return float(sum(c * (p + c / 2.0) for c, p in chunks))
+
+
+def parse_chunks(text: str) -> list[tuple[int, int]]:
+    """`"512:0;512:512"` or `"[[512, 0], [512, 512]]"` -> [(512, 0), (512, 512)]."""
+    text = text.strip()
+    if not text:
+        return []
+    if text.startswith("["):
+        return [(int(c), int(p)) for c, p in json.loads(text)]
+    pairs = []
+    for item in text.replace("|", ";").split(";"):
+        if item.strip():
+            new, _, prefix = item.partition(":")
+            pairs.append((int(new), int(prefix or 0)))
+    return pairs
+
+
+def format_chunks(chunks: list[tuple[int, int]]) -> str:
+    return ";".join(f"{c}:{p}" for c, p in chunks)
+
+
+def read_steps_csv(path: Path) -> StepTable:
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    header = set(rows[0]) if rows else set()
+    missing = [c for c in REQUIRED_COLUMNS if c not in header]
+    duration = next((c for c in DURATION_COLUMNS if c in header), None)
+    if rows and (missing or duration is None):
+        raise ValueError(f"{path}: missing columns {missing or list(DURATION_COLUMNS[:1])}; "
+                         f"has {sorted(header)}")
+
+    def ints(name: str) -> np.ndarray:
+        return np.array([int(float(r[name])) for r in rows], dtype=np.int64)
+
+    if not rows:
+        empty = np.zeros(0, dtype=np.int64)
+        return StepTable(empty, empty, empty, empty, empty, np.zeros(0), np.zeros(0))
+    prefill, decode = ints("num_prefill_tokens"), ints("num_decode_tokens")
+    exact = "prefill_chunks" in header
+    if exact:
+        chunk_lists = [parse_chunks(r["prefill_chunks"] or "") for r in rows]
+        pairs = np.array([chunk_pairs(c) for c in chunk_lists])
+        num_chunks = np.array([len(c) for c in chunk_lists], dtype=np.int64)
+    else:
+        pairs = prefill * (prefill / 2.0)
+        num_chunks = (prefill > 0).astype(np.int64)
+    rows_sampled = ints("num_sampled_rows") if "num_sampled_rows" in header else decode + num_chunks
+    extra = {c: np.array([float(r[c]) for r in rows]) for c in OPTIONAL_COLUMNS if c in header}
+    return StepTable(prefill, decode, ints("decode_context_tokens"), ints("num_seqs"),
+                     rows_sampled, pairs.astype(np.float64),
+                     np.array([float(r[duration]) for r in rows]), exact, extra)
+
+
+def write_steps_csv(path: Path, table: StepTable, chunks: list[str] | None = None) -> None:
+    """Write a table in the GPU engine's steps.csv layout (`chunks`: formatted per row)."""
+    columns = ["step_id", *REQUIRED_COLUMNS, "num_sampled_rows", "measured_s", *table.extra]
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(columns + (["prefill_chunks"] if chunks is not None else []))
+        for i in range(len(table)):
+            row = [i + 1, int(table.num_prefill_tokens[i]), int(table.num_decode_tokens[i]),
+                   int(table.decode_context_tokens[i]), int(table.num_seqs[i]),
+                   int(table.num_sampled_rows[i]), repr(float(table.duration_s[i]))]
+            row += [repr(float(v[i])) for v in table.extra.values()]
+            writer.writerow(row + ([chunks[i]] if chunks is not None else []))
+
+
+def _per_unique(values: np.ndarray, fn) -> np.ndarray:
+    unique, inverse = np.unique(values, return_inverse=True)
+    return np.array([fn(int(v)) for v in unique], dtype=np.float64)[inverse]
+
+
+def predict_step_times(cost: CostModel, table: StepTable) -> np.ndarray:
+    """Cost-model time of every step from its composition alone (no scheduling, no clock)."""
+    if len(table) == 0:
+        return np.zeros(0)
+    tokens = table.num_tokens
+    # Prefill attention and decode KV reads are linear in pairs and context tokens.
+    per_pair_s = cost.prefill_attention_s(((2, 0),)) / 2.0  # a 2-token chunk is 2 pairs
+    per_context_token_s = cost.decode_attention_s(1)
+    total = (_per_unique(tokens, cost.linear_s) + _per_unique(tokens, cost.allreduce_s)
+             + _per_unique(table.num_sampled_rows, cost.logits_s)
+             + table.prefill_pairs * per_pair_s + table.decode_context_tokens * per_context_token_s
+             + cost.eff.step_overhead_s + cost.eff.per_seq_overhead_s * table.num_seqs)
+    # A step that scheduled nothing (an OOM the engine dropped) costs the fixed overhead only.
+    return np.where(tokens > 0, total, cost.eff.step_overhead_s)
+
+
+def relative_errors(predicted: np.ndarray, measured: np.ndarray) -> np.ndarray:
+    """(predicted - measured) / measured, NaN where nothing was measured."""
+    measured = np.asarray(measured, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(measured > 0, (np.asarray(predicted) - measured) / measured, np.nan)
+
+
+def error_stats(rel_err: np.ndarray) -> dict[str, float | int | None]:
+    """Median, p90 and p99 of |relative error|, mean signed error (bias), count."""
+    values = rel_err[np.isfinite(rel_err)]
+    if values.size == 0:
+        return {"count": 0, "median_abs": None, "p90_abs": None, "p99_abs": None, "bias": None}
+    absolute = np.abs(values)
+    p50, p90, p99 = np.percentile(absolute, [50, 90, 99])
+    return {"count": int(values.size), "median_abs": float(p50), "p90_abs": float(p90),
+            "p99_abs": float(p99), "bias": float(values.mean())}
