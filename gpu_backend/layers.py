@@ -1,0 +1,109 @@
+"""Building blocks of a Llama-family decoder: norm, rotary, MLP activation, paged attention.
+
+Plain torch ops except attention, which runs the Triton paged-attention kernels (or their
+float32 torch references on CPU). Nothing here syncs with the host, so a decode step
+built from these layers can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from gpu_backend.kernels import (
+    paged_attention,
+    paged_attention_ref,
+    store_kvcache,
+    store_kvcache_ref,
+)
+
+if TYPE_CHECKING:
+    from gpu_backend.model import ForwardBatch
+
+AttentionBackend = Literal["triton", "torch"]
+ATTENTION_BACKENDS = ("triton", "torch")
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm with an optional fused residual add (returns the new residual too)."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-5, dtype: torch.dtype | None = None):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype))
+
+    def _norm(self, x: Tensor) -> Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return x32.to(x.dtype) * self.weight
+
+    def forward(self, x: Tensor, residual: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """x, residual: [T, hidden] -> (normed, x + residual)."""
+        if residual is not None:
+            x = x + residual
+        return self._norm(x), x
+
+
+class RotaryEmbedding(nn.Module):
+    """Neox-style rotary embedding with a precomputed cos/sin table gathered by position."""
+
+    def __init__(self, head_dim: int, max_position: int, theta: float):
+        super().__init__()
+        self.head_dim, self.max_position, self.theta = head_dim, max_position, theta
+        self.register_buffer("cos_sin", self._table(torch.device("cpu")), persistent=False)
+
+    def _table(self, device: torch.device) -> Tensor:
+        half = self.head_dim // 2
+        inv_freq = 1.0 / self.theta ** (torch.arange(half, device=device).float() / half)
+        angles = torch.outer(torch.arange(self.max_position, device=device).float(), inv_freq)
+        return torch.cat([angles.cos(), angles.sin()], dim=-1)  # [max_position, head_dim]
+
+    def reset_table(self) -> None:
+        """Recompute the table in place (after the module was moved off the meta device)."""
+        self.cos_sin = self._table(self.cos_sin.device)
+
+    def forward(self, positions: Tensor, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """positions: [T]; q: [T, H, D]; k: [T, KVH, D] -> rotated (q, k)."""
+        cos, sin = self.cos_sin[positions].to(q.dtype).chunk(2, dim=-1)  # [T, D/2] each
+        cos, sin = cos[:, None, :], sin[:, None, :]
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)  # [T, n, D/2] each
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def silu_and_mul(gate_up: Tensor) -> Tensor:
+    """gate_up: [T, 2 * I] -> silu(gate) * up: [T, I]."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+class PagedAttention(nn.Module):
+    """Stores the step's K/V into the paged cache, then attends over it (no weights)."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int,
+                 backend: AttentionBackend = "triton"):
+        super().__init__()
+        if backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention backend {backend!r}: use one of {ATTENTION_BACKENDS}")
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.scale = head_dim ** -0.5
+        self.backend = backend
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,
+                batch: ForwardBatch) -> Tensor:
+        """q: [T, H, D]; k, v: [T, KVH, D]; caches: [num_blocks, block_size, KVH, D].
+        Returns [T, H, D]."""
+        if self.backend == "torch":
+            store_kvcache_ref(k, v, k_cache, v_cache, batch.slot_mapping)
+            return paged_attention_ref(q, k_cache, v_cache, batch.block_tables, batch.seq_lens,
+                                       batch.query_start_loc, self.scale)
+        store_kvcache(k, v, k_cache, v_cache, batch.slot_mapping)
+        return paged_attention(q, k_cache, v_cache, batch.block_tables, batch.seq_lens,
+                               batch.query_start_loc, self.scale,
+                               max_query_len=batch.max_query_len, max_seq_len=batch.max_seq_len)

@@ -1,0 +1,162 @@
+"""A Llama-family decoder (Llama-3.x, Qwen2.5, Mistral) over a paged KV cache.
+
+Random bf16 weights: step time and memory do not depend on weight values, so nothing is
+downloaded. The shape spec is any object with the attributes of
+`sim.core.catalog.ModelSpec` (num_layers, hidden_size, intermediate_size,
+num_attention_heads, num_kv_heads, head_dim, vocab_size, tie_word_embeddings).
+
+`forward` takes plain tensors (`ForwardBatch`) and the per-layer caches, syncs nothing
+with the host and branches only on Python ints, so the engine can capture decode steps
+in CUDA graphs around it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from gpu_backend.layers import (
+    AttentionBackend,
+    PagedAttention,
+    RMSNorm,
+    RotaryEmbedding,
+    silu_and_mul,
+)
+
+KVCaches = list[tuple[Tensor, Tensor]]  # per layer (k_cache, v_cache)
+INIT_STD = 0.02
+
+
+class ModelShape(Protocol):
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    tie_word_embeddings: bool
+
+
+@dataclass
+class ForwardBatch:
+    """One engine step, flattened over sequences (built from the scheduler's output)."""
+
+    input_ids: Tensor  # [T] int64
+    positions: Tensor  # [T] int64
+    slot_mapping: Tensor  # [T] int64 cache slot of each token (block_id * block_size + off)
+    block_tables: Tensor  # [S, max_blocks] int32
+    seq_lens: Tensor  # [S] int32 context length after this step
+    query_start_loc: Tensor  # [S+1] int32 offsets of each sequence's tokens in T
+    logits_indices: Tensor  # [R] int64 rows of T that sample
+    max_query_len: int
+    max_seq_len: int
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, spec: ModelShape, qkv_bias: bool, rotary: RotaryEmbedding,
+                 backend: AttentionBackend, dtype: torch.dtype, rms_eps: float):
+        super().__init__()
+        heads, kv_heads, head_dim = spec.num_attention_heads, spec.num_kv_heads, spec.head_dim
+        self.q_size, self.kv_size = heads * head_dim, kv_heads * head_dim
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        hidden, inter = spec.hidden_size, spec.intermediate_size
+        self.input_layernorm = RMSNorm(hidden, rms_eps, dtype)
+        self.qkv_proj = nn.Linear(hidden, self.q_size + 2 * self.kv_size, bias=qkv_bias,
+                                  dtype=dtype)
+        self.o_proj = nn.Linear(self.q_size, hidden, bias=False, dtype=dtype)
+        self.post_attention_layernorm = RMSNorm(hidden, rms_eps, dtype)
+        self.gate_up_proj = nn.Linear(hidden, 2 * inter, bias=False, dtype=dtype)
+        self.down_proj = nn.Linear(inter, hidden, bias=False, dtype=dtype)
+        self.rotary = rotary  # shared by all layers
+        self.attn = PagedAttention(heads, kv_heads, head_dim, backend)
+
+    def forward(self, batch: ForwardBatch, hidden: Tensor, residual: Tensor | None,
+                k_cache: Tensor, v_cache: Tensor) -> tuple[Tensor, Tensor]:
+        """hidden, residual: [T, hidden] -> (layer output, residual stream)."""
+        hidden, residual = self.input_layernorm(hidden, residual)
+        num_tokens = hidden.shape[0]
+        qkv = self.qkv_proj(hidden)  # [T, (H + 2 KVH) * D]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(num_tokens, self.heads, self.head_dim)  # [T, H, D]
+        k = k.view(num_tokens, self.kv_heads, self.head_dim)  # [T, KVH, D]
+        v = v.view(num_tokens, self.kv_heads, self.head_dim)  # strided view of qkv
+        q, k = self.rotary(batch.positions, q, k)
+        attn = self.attn(q, k, v, k_cache, v_cache, batch)  # [T, H, D]
+        hidden = self.o_proj(attn.view(num_tokens, self.q_size))
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        hidden = self.down_proj(silu_and_mul(self.gate_up_proj(hidden)))  # [T, hidden]
+        return hidden, residual
+
+
+class Model(nn.Module):
+    def __init__(self, spec: ModelShape, qkv_bias: bool = False, rope_theta: float = 500000.0,
+                 dtype: torch.dtype = torch.bfloat16, attention_backend: AttentionBackend = "triton",
+                 max_position: int = 131072, rms_eps: float = 1e-5):
+        super().__init__()
+        self.spec = spec
+        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size, dtype=dtype)
+        self.rotary = RotaryEmbedding(spec.head_dim, max_position, rope_theta)
+        self.layers = nn.ModuleList(
+            DecoderLayer(spec, qkv_bias, self.rotary, attention_backend, dtype, rms_eps)
+            for _ in range(spec.num_layers)
+        )
+        self.norm = RMSNorm(spec.hidden_size, rms_eps, dtype)
+        self.lm_head = (None if spec.tie_word_embeddings else
+                        nn.Linear(spec.hidden_size, spec.vocab_size, bias=False, dtype=dtype))
+
+    def num_params(self) -> int:
+        """Distinct parameters (a tied lm_head counts once)."""
+        return sum(p.numel() for p in self.parameters())
+
+    @torch.no_grad()
+    def init_weights(self, seed: int) -> None:
+        """Small random normal weights (finite activations), unit norms, zero biases."""
+        device = next(self.parameters()).device
+        gen = torch.Generator(device=device).manual_seed(seed)
+        for name, param in self.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            elif name.endswith(".bias"):
+                param.zero_()
+            else:
+                param.normal_(0.0, INIT_STD, generator=gen)
+        self.rotary.reset_table()
+
+    @torch.no_grad()
+    def compute_logits(self, batch: ForwardBatch, kv_caches: KVCaches) -> Tensor:
+        """Logits [R, vocab] of the rows in batch.logits_indices."""
+        if len(kv_caches) != len(self.layers):
+            raise ValueError(f"got {len(kv_caches)} KV caches for {len(self.layers)} layers")
+        hidden = self.embed_tokens(batch.input_ids)  # [T, hidden]
+        residual = None
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
+            hidden, residual = layer(batch, hidden, residual, k_cache, v_cache)
+        hidden = (hidden + residual)[batch.logits_indices]  # [R, hidden]: only sampling rows
+        hidden, _ = self.norm(hidden)
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight)  # [R, vocab]
+
+    @torch.no_grad()
+    def forward(self, batch: ForwardBatch, kv_caches: KVCaches) -> Tensor:
+        """Greedy next-token ids [R] for the rows in batch.logits_indices."""
+        return self.compute_logits(batch, kv_caches).argmax(dim=-1)
+
+
+def build_model(spec: ModelShape, device: torch.device | str = "cuda",
+                dtype: torch.dtype = torch.bfloat16, qkv_bias: bool = False,
+                rope_theta: float = 500000.0, seed: int = 0,
+                attention_backend: AttentionBackend = "triton",
+                max_position: int = 131072) -> Model:
+    """Build on the meta device, then allocate once on `device` and fill randomly
+    (no full-precision host copy of an 8B model)."""
+    with torch.device("meta"):
+        model = Model(spec, qkv_bias=qkv_bias, rope_theta=rope_theta, dtype=dtype,
+                      attention_backend=attention_backend, max_position=max_position)
+    model.to_empty(device=device)
+    model.init_weights(seed)
+    return model.requires_grad_(False).eval()
