@@ -1,0 +1,168 @@
+"""Plain-data descriptions of one simulation: which trace, which engine, which rate.
+
+A `Case` is small and picklable so that it, not a loaded trace, travels to worker
+processes or Ray tasks; each worker rebuilds the trace from its `TraceSpec` (cached per
+process) and the engine from the case's fields.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+from sim.core.catalog import MIB, get_gpu, get_model
+from sim.core.elastic import DrainStrategy, Policy
+from sim.core.engine_config import EngineConfig
+from sim.core.memory_plan import ActivationProfile
+from sim.cost_model import Efficiency
+from sim.metrics import Slo
+from sim.runner import RunSpec
+from traces import LengthDist, Trace, load_trace, synthetic
+from traces.lengths import FixedLength, LognormalLength, UniformLength
+
+
+@dataclass(frozen=True)
+class SyntheticSpec:
+    """Arguments of `traces.synthetic`, kept as data."""
+
+    num_requests: int
+    rate_per_s: float
+    prompt: LengthDist
+    output: LengthDist
+    arrival: str = "poisson"
+    cv: float = 1.0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class TraceSpec:
+    """Either a trace file / bundled name with loading options, or a synthetic trace."""
+
+    source: str | None = None
+    format: str | None = None
+    window_s: tuple[float, float] | None = None
+    limit: int | None = None
+    sort: bool = False
+    synthetic: SyntheticSpec | None = None
+
+    def __post_init__(self) -> None:
+        if (self.source is None) == (self.synthetic is None):
+            raise ValueError("a trace spec needs exactly one of a file/bundled name or synthetic")
+
+    @property
+    def label(self) -> str:
+        if self.synthetic is None:
+            window = "" if self.window_s is None else f"[{self.window_s[0]:g}:{self.window_s[1]:g}]"
+            return f"{self.source}{window}"
+        s = self.synthetic
+        return f"synthetic:{s.arrival},n={s.num_requests},rate={s.rate_per_s:g}/s,seed={s.seed}"
+
+    @property
+    def prompt_label(self) -> str:
+        return "" if self.synthetic is None else length_label(self.synthetic.prompt)
+
+
+@functools.lru_cache(maxsize=8)
+def build_trace(spec: TraceSpec) -> Trace:
+    """The trace a spec names (cached per process: a sweep reuses it across cases)."""
+    if spec.synthetic is not None:
+        s = spec.synthetic
+        return synthetic(s.num_requests, s.rate_per_s, arrival=s.arrival, cv=s.cv,
+                         prompt=s.prompt, output=s.output, seed=s.seed)
+    assert spec.source is not None
+    return load_trace(spec.source, spec.format, sort=spec.sort, window_s=spec.window_s,
+                      limit=spec.limit)
+
+
+def parse_length(data: dict | int) -> LengthDist:
+    """A length distribution from YAML: 1024, {kind: fixed, value: 1024},
+    {kind: uniform, low: 64, high: 512} or {kind: lognormal, median: 1000, sigma: 1.0}."""
+    if isinstance(data, int):
+        return LengthDist.fixed(data)
+    if not isinstance(data, dict) or "kind" not in data:
+        raise ValueError(f"a length distribution is an integer or a mapping with 'kind', got {data!r}")
+    args = {k: v for k, v in data.items() if k != "kind"}
+    kind = data["kind"]
+    makers = {"fixed": LengthDist.fixed, "uniform": LengthDist.uniform,
+              "lognormal": LengthDist.lognormal}
+    if kind not in makers:
+        raise ValueError(f"length kind must be one of {sorted(makers)}, got {kind!r}")
+    try:
+        return makers[kind](**args)
+    except TypeError as exc:
+        raise ValueError(f"bad arguments for a {kind} length: {args!r} ({exc})") from None
+
+
+def length_label(dist: LengthDist) -> str:
+    if isinstance(dist, FixedLength):
+        return f"fixed({dist.value})"
+    if isinstance(dist, UniformLength):
+        return f"uniform({dist.low},{dist.high})"
+    if isinstance(dist, LognormalLength):
+        return f"lognormal(median={dist.median:g},sigma={dist.sigma:g})"
+    return dist.kind
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """Engine settings a sweep holds fixed (vLLM names; None means vLLM's default)."""
+
+    max_num_seqs: int | None = None
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int | None = None
+    block_size: int = 16
+    drain: str = "preempt"
+    vmm_handle_mib: int = 512
+    reclaim: str = "remap"
+    enable_prefix_caching: bool = False
+
+
+@dataclass(frozen=True)
+class Case:
+    """One point of a grid: engine axes, the rate scale and the trace."""
+
+    model: str
+    gpu: str
+    tp: int
+    chunk: int
+    policy: str
+    trace: TraceSpec
+    rate_scale: float = 1.0
+    options: EngineOptions = field(default_factory=EngineOptions)
+    slo: Slo = field(default_factory=Slo)
+    num_replicas: int = 1
+    efficiency: Efficiency | None = None
+    profile: ActivationProfile | None = None
+
+    def engine(self) -> EngineConfig:
+        """The engine config; raises ValueError for unknown names or invalid shapes."""
+        o = self.options
+        return EngineConfig(
+            model=get_model(self.model), gpu=get_gpu(self.gpu), tensor_parallel_size=self.tp,
+            max_num_batched_tokens=self.chunk, max_num_seqs=o.max_num_seqs,
+            gpu_memory_utilization=o.gpu_memory_utilization, max_model_len=o.max_model_len,
+            block_size=o.block_size, policy=Policy.parse(self.policy),
+            drain=DrainStrategy.parse(o.drain), vmm_handle_bytes=o.vmm_handle_mib * MIB,
+            reclaim=o.reclaim, enable_prefix_caching=o.enable_prefix_caching,
+        )
+
+    def run_spec(self) -> RunSpec:
+        return RunSpec(self.engine(), self.num_replicas, efficiency=self.efficiency,
+                       profile=self.profile, slo=self.slo)
+
+    def scaled_trace(self) -> Trace:
+        return build_trace(self.trace).scaled(self.rate_scale)
+
+    def input_fields(self) -> dict:
+        """The case's inputs as table columns (the same whether or not it fits)."""
+        o = self.options
+        return {
+            "model": self.model, "gpu": self.gpu, "tensor_parallel_size": self.tp,
+            "chunk": self.chunk, "policy": self.policy, "rate_scale": self.rate_scale,
+            "trace": self.trace.label, "prompt": self.trace.prompt_label,
+            "max_num_seqs": o.max_num_seqs, "gpu_memory_utilization": o.gpu_memory_utilization,
+            "max_model_len": o.max_model_len, "block_size": o.block_size, "drain": o.drain,
+            "vmm_handle_mib": o.vmm_handle_mib, "reclaim": o.reclaim,
+            "enable_prefix_caching": o.enable_prefix_caching, "num_replicas": self.num_replicas,
+            "slo_ttft_s": self.slo.ttft_s, "slo_tpot_s": self.slo.tpot_s,
+        }

@@ -1,0 +1,165 @@
+"""The map: elastic's gain over the best static chunk across model x prompt length x TP.
+
+Each cell is one (model, prompt length, TP degree) on one GPU. Its workload is a small
+synthetic trace: ``num_requests`` Poisson arrivals (fewer for long prompts, see
+``num_requests_for``), every prompt ``prompt_tokens`` long,
+outputs uniform in ``OUTPUT_TOKENS``, at a rate that stresses the KV pool (``stress_rate``:
+``load`` x the rate at which, by Little's law, the requests in flight would just fill the
+static KV pool). Static and elastic run at every chunk size of the map; the cell's gain is
+elastic's best goodput over static's best (both by the `plan` pick rule), in percent, and
+"pays" means a gain of at least ``pays_pct``. ``max_model_len`` is set to the longest
+request, so a cell whose KV pool cannot hold one request does not fit.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from sim.core.catalog import get_gpu, get_model
+from sim.core.memory_plan import plan_memory
+from sim.cost_model import CostModel
+from sim.metrics import Slo
+from sim.planning.cases import Case, EngineOptions, SyntheticSpec, TraceSpec
+from sim.planning.parallel import Executor, run_parallel
+from sim.planning.plan import pick
+from sim.planning.sweep import fit_error, fit_status, run_case
+from traces import LengthDist
+
+DEFAULT_MODELS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "qwen2.5-14b", "qwen2.5-32b",
+                  "qwen2.5-72b", "llama-3.2-1b", "llama-3.2-3b", "llama-3.1-8b",
+                  "llama-3.1-70b")
+DEFAULT_PROMPTS = (1024, 4096, 16384, 65536, 131072)
+DEFAULT_TPS = (1, 2, 4, 8)
+DEFAULT_MAP_CHUNKS = (2048, 8192, 32768)
+OUTPUT_TOKENS = (128, 512)  # uniform, inclusive
+# Per-cell work cap: long-prompt cells get fewer requests (prompt tokens per cell <= budget).
+PROMPT_TOKEN_BUDGET = 1_600_000
+MIN_REQUESTS = 48
+
+
+@dataclass(frozen=True)
+class MapQuery:
+    gpu: str = "h200"
+    models: tuple[str, ...] = DEFAULT_MODELS
+    prompts: tuple[int, ...] = DEFAULT_PROMPTS
+    tps: tuple[int, ...] = DEFAULT_TPS
+    chunks: tuple[int, ...] = DEFAULT_MAP_CHUNKS
+    num_requests: int = 200
+    load: float = 1.5
+    pays_pct: float = 5.0
+    tie_pct: float = 1.0
+    slo: Slo = field(default_factory=Slo)
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Cell:
+    model: str
+    prompt_tokens: int
+    tp: int
+    status: str  # "ok", "does not fit", "invalid"
+    reason: str = ""
+    static_chunk: int | None = None
+    static_goodput_req_s: float | None = None
+    elastic_chunk: int | None = None
+    elastic_goodput_req_s: float | None = None
+    gain_pct: float | None = None
+    pays: bool = False
+    rate_per_s: float | None = None
+
+
+def cell_cases(query: MapQuery, model: str, prompt_tokens: int, tp: int) -> list[Case]:
+    """Static and elastic cases of one cell (empty when the cell cannot run at all)."""
+    options = EngineOptions(max_model_len=prompt_tokens + OUTPUT_TOKENS[1])
+    probe = [Case(model, query.gpu, tp, c, "static", _trace(query, prompt_tokens, 1.0), 1.0,
+                  options) for c in query.chunks]
+    fitting = [c for c in probe if fit_error(c) is None]
+    if not fitting:
+        return []
+    rate = stress_rate(fitting[-1], prompt_tokens, query.load)
+    trace = _trace(query, prompt_tokens, rate)
+    return [Case(model, query.gpu, tp, c, p, trace, 1.0, options, query.slo)
+            for p in ("static", "elastic") for c in query.chunks]
+
+
+def num_requests_for(query: MapQuery, prompt_tokens: int) -> int:
+    """``num_requests``, capped so a cell simulates at most PROMPT_TOKEN_BUDGET prompt tokens
+    (but never fewer than MIN_REQUESTS requests)."""
+    capped = max(MIN_REQUESTS, PROMPT_TOKEN_BUDGET // prompt_tokens)
+    return min(query.num_requests, capped)
+
+
+def _trace(query: MapQuery, prompt_tokens: int, rate_per_s: float) -> TraceSpec:
+    spec = SyntheticSpec(num_requests_for(query, prompt_tokens), rate_per_s, LengthDist.fixed(prompt_tokens),
+                         LengthDist.uniform(*OUTPUT_TOKENS), seed=query.seed)
+    return TraceSpec(synthetic=spec)
+
+
+def stress_rate(case: Case, prompt_tokens: int, load: float) -> float:
+    """``load`` x the arrival rate whose requests in flight would just fill the static KV pool.
+
+    A request holds prompt + half its output on average while decoding, so the pool holds
+    ``concurrency = kv_tokens / (prompt + output/2)`` of them (at most max_num_seqs); each
+    lives one prefill plus ``output`` decode steps of a batch that size; Little's law gives
+    rate = concurrency / lifetime.
+    """
+    engine = case.engine()
+    plan = plan_memory(engine.memory_config())
+    cost = CostModel(engine.model, engine.gpu, engine.tensor_parallel_size)
+    output_mean = sum(OUTPUT_TOKENS) / 2
+    held = prompt_tokens + output_mean / 2
+    concurrency = max(1, min(engine.num_seqs, int(plan.kv_capacity_tokens // held)))
+    decode_step_s = float(cost.decode_run_s(concurrency, int(concurrency * held), 1)[0])
+    prefill_s = cost.linear_s(prompt_tokens) + cost.prefill_attention_s(((prompt_tokens, 0),))
+    lifetime_s = prefill_s + output_mean * decode_step_s
+    return load * concurrency / lifetime_s
+
+
+def run_map(query: MapQuery, executor: Executor | None = None) -> tuple[list[Cell], list[dict]]:
+    """Cells in (model, prompt, tp) order, and every simulated row (for the table)."""
+    keys = list(itertools.product(query.models, query.prompts, query.tps))
+    per_cell = [cell_cases(query, *key) for key in keys]
+    flat = [case for cases in per_cell for case in cases]
+    rows = run_parallel(run_case, flat, executor or Executor(), label="map")
+    cells, start = [], 0
+    for key, cases in zip(keys, per_cell):
+        cell_rows = rows[start:start + len(cases)]
+        start += len(cases)
+        cells.append(_cell(query, key, cases, cell_rows))
+    return cells, rows
+
+
+def _cell(query: MapQuery, key: tuple[str, int, int], cases: list[Case],
+          rows: list[dict]) -> Cell:
+    model, prompt_tokens, tp = key
+    if not rows:
+        reason = _first_reason(query, model, prompt_tokens, tp)
+        status = fit_status(reason)
+        return Cell(model, prompt_tokens, tp, status, reason)
+    static = pick([r for r in rows if r["policy"] == "static"], query.tie_pct)
+    elastic = pick([r for r in rows if r["policy"] == "elastic"], query.tie_pct)
+    assert static is not None and elastic is not None  # both policies share the base plan
+    base, value = static["goodput_req_s"], elastic["goodput_req_s"]
+    gain = 100.0 * (value / base - 1.0) if base else None
+    return Cell(model, prompt_tokens, tp, "ok", "", static["chunk"], base, elastic["chunk"],
+                value, gain, gain is not None and gain >= query.pays_pct,
+                cases[0].trace.synthetic.rate_per_s if cases[0].trace.synthetic else None)
+
+
+def _first_reason(query: MapQuery, model: str, prompt_tokens: int, tp: int) -> str:
+    options = EngineOptions(max_model_len=prompt_tokens + OUTPUT_TOKENS[1])
+    case = Case(model, query.gpu, tp, min(query.chunks), "static",
+                _trace(query, prompt_tokens, 1.0), 1.0, options)
+    return fit_error(case) or ""
+
+
+def cell_row(cell: Cell) -> dict:
+    return dict(cell.__dict__)
+
+
+def check_names(query: MapQuery) -> None:
+    """Fail early on unknown model or GPU names (a typo should not read as 'does not fit')."""
+    get_gpu(query.gpu)
+    for model in query.models:
+        get_model(model)

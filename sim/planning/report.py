@@ -1,0 +1,129 @@
+"""Rich tables for `sweep`, `plan`, `plan map` and `plan reserve`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from sim.planning.gain_map import Cell, MapQuery
+from sim.planning.plan import PlanResult
+from sim.planning.reserve import PUBLISHED_NOTE
+from sim.planning.sweep import fit_status
+
+# (header, row key, format)
+PLAN_COLUMNS = (
+    ("policy", "policy", "{}"),
+    ("chunk", "chunk", "{:,}"),
+    ("KV tokens", "kv_capacity_tokens", "{:,}"),
+    ("KV lent", "kv_capacity_lent_tokens", "{:,}"),
+    ("tok/s", "throughput_tok_s", "{:,.1f}"),
+    ("goodput req/s", "goodput_req_s", "{:.3f}"),
+    ("TTFT p99 s", "ttft_s_p99", "{:.3f}"),
+    ("TPOT p99 s", "tpot_s_p99", "{:.4f}"),
+    ("preempt", "num_preemptions", "{:,}"),
+    ("max rate req/s", "max_rate_req_s", "{:.2f}"),
+)
+SWEEP_COLUMNS = (
+    ("model", "model", "{}"), ("gpu", "gpu", "{}"), ("tp", "tensor_parallel_size", "{}"),
+    ("chunk", "chunk", "{:,}"), ("policy", "policy", "{}"), ("rate x", "rate_scale", "{:g}"),
+    ("prompt", "prompt", "{}"), ("KV tokens", "kv_capacity_tokens", "{:,}"),
+    ("goodput req/s", "goodput_req_s", "{:.3f}"), ("TTFT p99 s", "ttft_s_p99", "{:.3f}"),
+    ("preempt", "num_preemptions", "{:,}"),
+)
+MAX_SWEEP_ROWS_SHOWN = 60
+
+
+def _cell(row: dict, key: str, fmt: str) -> str:
+    value = row.get(key)
+    if value is None:
+        return "-"
+    if key == "max_rate_req_s" and row.get("max_rate_above_range"):
+        return ">" + fmt.format(value)
+    return fmt.format(value)
+
+
+def _table(title: str, rows: Sequence[dict], spec) -> Table:
+    table = Table(title=title)
+    for header, _, _ in spec:
+        table.add_column(header, justify="right")
+    for row in rows:
+        if not row.get("fits", True):
+            first = [_cell(row, key, fmt) for _, key, fmt in spec[:2]]
+            table.add_row(*first, fit_status(row.get("fit_error")), *[""] * (len(spec) - 3))
+            continue
+        table.add_row(*[_cell(row, key, fmt) for _, key, fmt in spec])
+    return table
+
+
+def print_sweep(rows: Sequence[dict], console: Console | None = None) -> None:
+    console = console or Console(width=max(Console().width, 130))
+    shown = rows[:MAX_SWEEP_ROWS_SHOWN]
+    console.print(_table(f"sweep: {len(rows)} configurations", shown, SWEEP_COLUMNS))
+    if len(rows) > len(shown):
+        console.print(f"({len(rows) - len(shown)} more rows in the table file)")
+
+
+def print_plan(result: PlanResult, console: Console | None = None) -> None:
+    console = console or Console(width=max(Console().width, 140))
+    q = result.query
+    title = f"{q.model} on {q.gpu} x TP {q.tp}, trace {q.trace.label}"
+    console.print(_table(title, result.rows, PLAN_COLUMNS))
+    for name, rule in result.rules.items():
+        console.print(f"[bold]{name}[/]: {rule}")
+    if result.static_pick is None:
+        console.print("no static chunk size fits this GPU; see the rows above")
+        return
+    s = result.static_pick
+    console.print(f"[bold]pick chunk {s['chunk']:,}[/] (static): goodput "
+                  f"{s['goodput_req_s']:.3f} req/s, TTFT p99 {_fmt(s.get('ttft_s_p99'), '.3f')} s")
+    e = result.elastic_pick
+    if e is not None:
+        gains = ", ".join(f"{k} {_fmt(v, '+.1f')}%" for k, v in result.gains_pct.items())
+        verdict = "pays" if result.elastic_pays else "does not pay"
+        console.print(f"elastic (its pick: chunk {e['chunk']:,}) {verdict}: {gains}")
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def print_map(cells: Sequence[Cell], query: MapQuery, console: Console | None = None) -> None:
+    console = console or Console(width=max(Console().width, 120))
+    for tp in query.tps:
+        table = Table(title=f"elastic goodput gain over best static, %, {query.gpu}, TP {tp} "
+                            f"(* pays: >= {query.pays_pct:g}%)")
+        table.add_column("model")
+        for prompt in query.prompts:
+            table.add_column(f"{prompt:,} tok", justify="right")
+        index = {(c.model, c.prompt_tokens): c for c in cells if c.tp == tp}
+        for model in query.models:
+            table.add_row(model, *[_map_text(index[(model, p)]) for p in query.prompts])
+        console.print(table)
+
+
+def _map_text(cell: Cell) -> str:
+    if cell.status != "ok":
+        return cell.status
+    if cell.gain_pct is None:
+        return "-"
+    return f"{cell.gain_pct:+.1f}{' *' if cell.pays else ''} (c{cell.static_chunk // 1024}k)"
+
+
+def print_reserve(rows: Sequence[dict], console: Console | None = None) -> None:
+    console = console or Console(width=max(Console().width, 110))
+    table = Table(title="activation reserve as a share of the KV pool")
+    for header in ("model", "TP", "chunk", "reserve GiB", "KV pool GiB", "reserve share",
+                   "forward-only share", "published"):
+        table.add_column(header, justify="right")
+    for r in rows:
+        head = (r["model"], str(r["tensor_parallel_size"]), f"{r['chunk']:,}")
+        if not r["fits"]:
+            table.add_row(*head, r["status"], "", "", "", "")
+            continue
+        published = "" if r["published_share"] is None else f"{r['published_share']:.1%}"
+        table.add_row(*head, f"{r['reserve_gib']:.2f}", f"{r['kv_pool_gib']:.1f}",
+                      f"{r['reserve_share']:.1%}", f"{r['forward_only_share']:.1%}", published)
+    console.print(table)
+    console.print(f"note: {PUBLISHED_NOTE}")
