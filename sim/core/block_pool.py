@@ -51,6 +51,7 @@ class BlockPool:
         self._free_base = list(range(num_base_blocks - 1, -1, -1))
         self._free_elastic: list[int] = []  # attached and free; unattached blocks are nowhere
         self._cached_free: OrderedDict[int, Hashable] = OrderedDict()  # LRU, oldest first
+        self._num_cached_free_base = 0  # how many of _cached_free are base blocks
         self._key_of: dict[int, Hashable] = {}
         self._block_of: dict[Hashable, int] = {}
         self._ref_count = [0] * self.num_blocks
@@ -73,7 +74,7 @@ class BlockPool:
 
     @property
     def num_free_base_blocks(self) -> int:
-        return len(self._free_base) + sum(1 for b in self._cached_free if b < self.num_base_blocks)
+        return len(self._free_base) + self._num_cached_free_base
 
     @property
     def num_usable_blocks(self) -> int:
@@ -83,7 +84,7 @@ class BlockPool:
     def _num_free_elastic_usable(self) -> int:
         if self.elastic_state is not ElasticState.ATTACHED:
             return 0
-        cached = sum(1 for b in self._cached_free if b >= self.num_base_blocks)
+        cached = len(self._cached_free) - self._num_cached_free_base
         return len(self._free_elastic) + cached
 
     def is_elastic(self, block_id: int) -> bool:
@@ -127,7 +128,7 @@ class BlockPool:
     def _evict_lru(self) -> int:
         for block_id in self._cached_free:
             if block_id < self.num_base_blocks or self.elastic_state is ElasticState.ATTACHED:
-                del self._cached_free[block_id]
+                self._drop_cached_free(block_id)
                 del self._block_of[self._key_of.pop(block_id)]
                 return block_id
         raise AssertionError("no evictable block although can_allocate said yes")
@@ -151,6 +152,7 @@ class BlockPool:
             self._count_used(block_id, -1)
             if block_id in self._key_of:
                 self._cached_free[block_id] = self._key_of[block_id]
+                self._num_cached_free_base += block_id < self.num_base_blocks
             elif block_id < self.num_base_blocks:
                 self._free_base.append(block_id)
             else:
@@ -173,9 +175,13 @@ class BlockPool:
     def touch(self, block_id: int) -> None:
         """Take a reference to a cached block (a prefix-cache hit)."""
         if self._ref_count[block_id] == 0:
-            del self._cached_free[block_id]
+            self._drop_cached_free(block_id)
             self._count_used(block_id, +1)
         self._ref_count[block_id] += 1
+
+    def _drop_cached_free(self, block_id: int) -> None:
+        del self._cached_free[block_id]
+        self._num_cached_free_base -= block_id < self.num_base_blocks
 
     def register(self, block_id: int, key: Hashable) -> None:
         """Name a full, used block by its content key so later requests can share it."""
@@ -243,5 +249,7 @@ class BlockPool:
             raise AssertionError("a block beyond the attached elastic range is in use or free")
         if len(used) != self.num_used_blocks:
             raise AssertionError("used counters out of step with reference counts")
+        if self._num_cached_free_base != sum(1 for b in self._cached_free if b < self.num_base_blocks):
+            raise AssertionError("cached-free base counter out of step")
         if self.elastic_state is ElasticState.DETACHED and self.num_used_elastic:
             raise AssertionError("elastic blocks in use while detached")

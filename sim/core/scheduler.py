@@ -63,6 +63,7 @@ class Scheduler:
         self.running: list[RequestState] = []
         self.requests: dict[int, RequestState] = {}
         self._block_keys: dict[int, list[Hashable]] = {}
+        self._num_registered: dict[int, int] = {}  # prompt blocks already named, per request
         self._step_id = 0
 
     # -------------------------------------------------------------- requests
@@ -94,6 +95,7 @@ class Scheduler:
         req.num_computed_tokens = 0
         req.num_preemptions += 1
         req.status = RequestStatus.WAITING
+        self._num_registered.pop(req.request_id, None)
         self.waiting.appendleft(req)
 
     # ------------------------------------------------------------ predicates
@@ -154,7 +156,9 @@ class Scheduler:
             num_cached = len(hits) * block_size
             num_new = min(req.num_tokens - num_cached, budget)
             needed = -(-(num_cached + num_new) // block_size) - len(hits)
-            if not self.pool.can_allocate(needed):
+            # A hit sitting free in the cache stops being free once touched.
+            free_hits = sum(1 for b in hits if self.pool.ref_count(b) == 0)
+            if not self.pool.can_allocate(needed + free_hits):
                 break
             for block_id in hits:
                 self.pool.touch(block_id)
@@ -163,7 +167,8 @@ class Scheduler:
             self.waiting.popleft()
             req.block_ids = hits + new_blocks
             req.num_computed_tokens = num_cached
-            req.num_cached_tokens += num_cached
+            if req.num_preemptions == 0:  # as vLLM: counted at the first admission only
+                req.num_cached_tokens = num_cached
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             scheduled.append((req, num_new, req.block_ids))
@@ -201,10 +206,13 @@ class Scheduler:
         return hits
 
     def _register_full_blocks(self, req: RequestState) -> None:
+        """Name the prompt blocks this step filled (those before were named already)."""
         keys = self._keys(req)
         num_full = min(len(keys), req.num_computed_tokens // self.config.block_size)
-        for index in range(num_full):
+        first = self._num_registered.get(req.request_id, 0)
+        for index in range(first, num_full):
             self.pool.register(req.block_ids[index], keys[index])
+        self._num_registered[req.request_id] = max(first, num_full)
 
     # ------------------------------------------------------------- decode run
     def _decode_run(self, limit: DecodeRunLimit) -> SchedulerOutput | None:
@@ -307,6 +315,7 @@ class Scheduler:
             self.pool.free(reversed(req.block_ids))
             req.block_ids = []
             req.status = RequestStatus.FAILED_OOM
+            self._num_registered.pop(request_id, None)
 
     def _output(self, items, num_steps, num_prefill, num_decode, prefill_chunks,
                 decode_context, preempted, action, oom) -> SchedulerOutput:
@@ -334,9 +343,7 @@ class Scheduler:
             if req.status is not RequestStatus.RUNNING:
                 continue
             req.num_computed_tokens += item.num_new_tokens * out.num_steps
-            if self._block_keys.get(req.request_id) or (
-                self.config.enable_prefix_caching and req.block_hashes and not item.is_decode
-            ):
+            if self.config.enable_prefix_caching and req.block_hashes and not item.is_decode:
                 self._register_full_blocks(req)
             if not item.samples:
                 continue
@@ -355,6 +362,7 @@ class Scheduler:
         self.pool.free(reversed(req.block_ids))
         req.block_ids = []
         self._block_keys.pop(req.request_id, None)
+        self._num_registered.pop(req.request_id, None)
 
 
 def _is_decode(req: RequestState) -> bool:

@@ -1,0 +1,112 @@
+"""`python -m sim`: a bundled-trace slice end to end, the files it writes, and bad input."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+import sim.__main__
+from sim.cli import main
+
+LIMIT = 60
+POLICIES = ("static", "elastic")
+SUMMARY_KEYS = ("num_requests", "num_finished", "kv_capacity_tokens", "ttft_s", "tpot_s",
+                "throughput_tok_s", "num_preemptions", "num_oom")
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sim_cli")
+    code = main(["--trace", "azure-conv", "--limit", str(LIMIT), "--policy", ",".join(POLICIES),
+                 "--chunk", "2048", "--out", str(out), "--plot", "--no-progress"])
+    assert code == 0
+    return out
+
+
+def read_csv(path) -> list[dict[str, str]]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_summary_json_has_one_run_per_policy_with_the_metrics(run_dir):
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["num_trace_requests"] == LIMIT
+    assert [r["policy"] for r in summary["runs"]] == list(POLICIES)
+    for run in summary["runs"]:
+        for key in SUMMARY_KEYS:
+            assert key in run, key
+        for key in ("ttft_s", "tpot_s"):
+            assert set(run[key]) >= {"p50", "p90", "p99"}
+            assert 0 < run[key]["p50"] <= run[key]["p90"] <= run[key]["p99"]
+        assert run["num_requests"] == run["num_finished"] == LIMIT
+        assert run["chunk"] == 2048 and run["kv_capacity_tokens"] > 0
+        assert run["throughput_tok_s"] > 0 and run["num_oom"] == 0
+
+
+def test_csvs_have_one_row_per_request_and_per_timeline_entry(run_dir):
+    summary = json.loads((run_dir / "summary.json").read_text())
+    for policy, run in zip(POLICIES, summary["runs"]):
+        requests = read_csv(run_dir / f"requests_{policy}_chunk_2048.csv")
+        assert len(requests) == LIMIT
+        assert sorted(int(r["request_id"]) for r in requests) == list(range(LIMIT))
+        assert {r["status"] for r in requests} == {"finished"}
+        timeline = read_csv(run_dir / f"timeline_{policy}_chunk_2048.csv")
+        assert timeline, "empty timeline"
+        assert sum(int(float(r["num_steps"])) for r in timeline) == run["num_engine_steps"]
+        busy_s = sum(float(r["duration_s"]) for r in timeline)
+        assert busy_s == pytest.approx(run["busy_s"], rel=1e-6)
+
+
+def test_plots_are_written(run_dir):
+    pngs = sorted(p.name for p in run_dir.glob("*.png"))
+    assert pngs == ["kv_usage.png", "latency_cdfs.png"]
+    for name in pngs:
+        assert (run_dir / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_json_flag_prints_the_summaries(capsys):
+    code = sim.__main__.main(["--trace", "azure-code", "--limit", "20", "--policy", "static",
+                              "--json", "--no-progress"])
+    assert code == 0
+    (run,) = json.loads(capsys.readouterr().out)
+    assert run["num_requests"] == 20 and run["policy"] == "static"
+
+
+def test_table_names_the_runs(capsys):
+    code = sim.__main__.main(["--trace", "azure-conv", "--limit", "10", "--no-progress"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "static/chunk=8192" in out and "elastic/chunk=8192" in out
+    assert "KV capacity" in out and "TTFT p50" in out
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--model", "llama-9000"], "unknown model 'llama-9000'"),
+    (["--gpu", "rtx-1"], "unknown GPU 'rtx-1'"),
+    (["--chunk", "abc"], "--max-num-batched-tokens takes integers"),
+    (["--chunk", "0,2048"], "--max-num-batched-tokens values must be positive"),
+    (["--policy", "greedy"], "unknown policy 'greedy'"),
+    (["--trace", "no/such/trace.csv"], "file not found"),
+    (["--model", "llama-3.1-70b", "--gpu", "a100-40gb"], "does not fit on a100-40gb"),
+    (["--calibration", "no/such/calibration.json"], "cannot read calibration JSON"),
+])
+def test_bad_input_exits_2_with_one_line_naming_the_problem(capsys, args, named):
+    argv = ["--trace", "azure-conv", "--limit", "5", "--no-progress", *args]
+    if args[0] == "--trace":
+        argv = [*args, "--limit", "5", "--no-progress"]
+    code = sim.__main__.main(argv)
+    captured = capsys.readouterr()
+    assert code == 2
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith("error: ") and named in lines[0]
+    assert "Traceback" not in captured.err + captured.out
+
+
+def test_argparse_type_errors_exit_2(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--trace", "azure-conv", "--tp", "two"])
+    assert info.value.code == 2
+    assert "--tensor-parallel-size" in capsys.readouterr().err
