@@ -128,27 +128,36 @@ class ElasticKVPool:
         assert self._activation_address is not None
         return self._activation_address
 
-    def _create_elastic(self, undo: list[Callable[[], None]]) -> None:
-        for chunk in self._elastic:
+    def _create_elastic(self, undo: list[Callable[[], None]],
+                        chunks: Sequence[Chunk] | None = None) -> None:
+        for chunk in self._elastic if chunks is None else chunks:
             if chunk.handle is None:
                 chunk.handle = self._create(chunk.size_bytes)
                 undo.append(partial(self._release_chunk, chunk))
 
-    def _map_elastic(self, region_address: int, undo: list[Callable[[], None]]) -> None:
+    def _map_elastic(self, region_address: int, undo: list[Callable[[], None]],
+                     chunks: Sequence[Chunk] | None = None) -> None:
+        """Map `chunks` (consecutive; all by default) at their offsets in the region."""
         drv, base = self._driver, self.plan.base_bytes
-        for chunk in self._elastic:
+        chunks = self._elastic if chunks is None else chunks
+        for chunk in chunks:
             address = region_address + chunk.offset_bytes - base
             drv.map(address, chunk.size_bytes, chunk.handle)
             chunk.mapped_at = address
             undo.append(partial(self._unmap_chunk, chunk))
-        drv.set_access(region_address, self.plan.elastic_bytes)
+        if chunks:
+            drv.set_access(region_address + chunks[0].offset_bytes - base,
+                           sum(c.size_bytes for c in chunks))
 
     def _unmap_elastic(self, region_address: int, undo: list[Callable[[], None]]) -> None:
-        """Unmap every elastic chunk; on rollback re-map them and restore access last."""
-        undo.append(partial(self._driver.set_access, region_address, self.plan.elastic_bytes))
-        for chunk in self._elastic:
+        """Unmap every mapped elastic chunk (a prefix after a partial attach); on rollback
+        re-map them and restore access last."""
+        mapped = [c for c in self._elastic if c.mapped_at is not None]
+        undo.append(partial(self._driver.set_access, region_address,
+                            sum(c.size_bytes for c in mapped)))
+        for chunk in mapped:
             address = chunk.mapped_at
-            assert address is not None, "every elastic chunk is mapped before an unmap"
+            assert address is not None
             self._unmap_chunk(chunk)
             undo.append(partial(self._remap_chunk, chunk, address))
 
@@ -181,19 +190,41 @@ class ElasticKVPool:
     def attached(self) -> bool:
         return self._location is ElasticLocation.KV
 
-    def attach(self) -> None:
-        """Map the elastic handles into the top of the KV range (no-op when attached)."""
+    @property
+    def num_mapped_handles(self) -> int:
+        """Elastic handles mapped into the KV range now (a prefix of the reserve's handles)."""
+        if not self.attached:
+            return 0
+        return sum(c.mapped_at is not None for c in self._elastic)
+
+    def attach(self, num_handles: int | None = None) -> None:
+        """Map the first `num_handles` elastic handles (all by default) into the top of the
+        KV range. Called again with a larger count it maps the next handles (incremental
+        attach, e.g. on first use under overcommit); a count already mapped is a no-op.
+
+        Partial attach needs reclaim="release": in remap mode the unmapped rest would leave
+        holes in the activation arena.
+        """
         with self._lock:
             self._check_open()
-            if self.attached:
+            total = len(self._elastic)
+            target = total if num_handles is None else num_handles
+            if not 0 <= target <= total:
+                raise ValueError(f"can attach 0..{total} elastic handles, not {target}")
+            if target < total and self.reclaim is Reclaim.REMAP:
+                raise ValueError("partial attach needs reclaim='release' (remap mode moves the "
+                                 "whole reserve between the KV range and the activation arena)")
+            first = self.num_mapped_handles
+            if target <= first:
                 return
             start = time.perf_counter()
             with undo_on_error() as undo:
                 if self._location is ElasticLocation.ACTIVATIONS:
                     self._sync()  # activation kernels may still use the arena
                     self._unmap_elastic(self._elastic_base(ElasticLocation.ACTIVATIONS), undo)
-                self._create_elastic(undo)
-                self._map_elastic(self._elastic_base(ElasticLocation.KV), undo)
+                chunks = self._elastic[first:target]
+                self._create_elastic(undo, chunks)
+                self._map_elastic(self._elastic_base(ElasticLocation.KV), undo, chunks)
             self._location = ElasticLocation.KV
             self._timer.record_attach(time.perf_counter() - start)
 

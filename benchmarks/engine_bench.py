@@ -1,0 +1,187 @@
+"""Engine step times on one CUDA GPU, each printed next to its roofline.
+
+Run from the repository root on the GPU machine (under ~3 minutes for Llama-3.1-8B)::
+
+    python benchmarks/engine_bench.py [--model llama-3.1-8b] [--out PATH] [--quick]
+
+1. decode step, batch 64, context 1,024 (CUDA graph): against the memory roofline, weights +
+   KV bytes over the bandwidth of a large device-to-device copy (target: within 1.5x);
+2. a 16,384-token prefill at chunk 16,384: achieved FLOP/s against a large torch.matmul's
+   bf16 throughput (target: >= 50%);
+3. the chunk-size curve: TTFT of a 16k and a 32k prompt prefilled at chunks 512 .. 16,384,
+   alone and with 64 concurrent decodes in every step (the published study finds it flat
+   within ~1%; an attention kernel with a chunking penalty would show a slope here).
+Steps are timed as the engine times them: host arrays -> device -> forward -> ids on host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from gpu_backend.engine.calibrate import versions  # noqa: E402
+from gpu_backend.engine.memory import dummy_store, kv_caches_of  # noqa: E402
+from gpu_backend.engine.runner import DecodeGraphs, ModelRunner  # noqa: E402
+from gpu_backend.engine.setup import load_model  # noqa: E402
+from gpu_backend.engine.shapes import (  # noqa: E402
+    decode_shape,
+    host_batch,
+    mixed_shape,
+    prefill_shape,
+)
+from sim.core.catalog import get_gpu, get_model  # noqa: E402
+from sim.core.engine_config import EngineConfig  # noqa: E402
+
+CHUNKS = (512, 1024, 2048, 4096, 8192, 16384)
+PROMPTS = (16384, 32768)
+DECODE_BATCH, DECODE_CONTEXT = 64, 1024
+
+
+def timed(fn, repeat: int = 5, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def copy_bandwidth_bytes_s() -> float:
+    src = torch.empty(4 * 2**30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    seconds = timed(lambda: dst.copy_(src), repeat=10)
+    torch.cuda.empty_cache()  # src and dst are freed when the function returns
+    return 2 * 4 * 2**30 / seconds
+
+
+def matmul_flops_s() -> float:
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    seconds = timed(lambda: a @ b, repeat=20, warmup=5)
+    return 2 * 8192**3 / seconds
+
+
+def bench_decode(runner, spec, num_blocks, bs, weights_bytes, bandwidth) -> dict:
+    batch = host_batch(decode_shape(DECODE_BATCH, DECODE_CONTEXT), bs, num_blocks)
+    seconds = timed(lambda: runner.execute(batch), repeat=20, warmup=3)
+    kv_bytes = DECODE_BATCH * DECODE_CONTEXT * spec.kv_bytes_per_token()
+    roofline = (weights_bytes + kv_bytes) / bandwidth
+    return {"batch": DECODE_BATCH, "context": DECODE_CONTEXT, "measured_s": seconds,
+            "roofline_s": roofline, "ratio_to_roofline": seconds / roofline,
+            "target_ratio_max": 1.5, "graph": True}
+
+
+def bench_prefill(runner, spec, num_blocks, bs, matmul_peak, tokens: int) -> dict:
+    batch = host_batch(prefill_shape(tokens), bs, num_blocks)
+    seconds = timed(lambda: runner.execute(batch), repeat=3, warmup=1)
+    lm_head = 2.0 * spec.hidden_size * spec.vocab_size  # one sampled row, not every token
+    linear = (spec.linear_flops_per_token() - lm_head) * tokens + lm_head
+    attention = 4.0 * tokens * (tokens / 2) * spec.num_attention_heads * spec.head_dim \
+        * spec.num_layers
+    achieved = (linear + attention) / seconds
+    return {"tokens": tokens, "measured_s": seconds, "flops": linear + attention,
+            "achieved_flops_s": achieved, "matmul_flops_s": matmul_peak,
+            "fraction_of_matmul": achieved / matmul_peak, "target_fraction_min": 0.5}
+
+
+def ttft(runner, bs, num_blocks, prompt: int, chunk: int, num_decodes: int) -> float:
+    """Sum of the step times of a prompt prefilled chunk by chunk (+ decodes in each step)."""
+    batches = []
+    for prefix in range(0, prompt, chunk):
+        new = min(chunk, prompt - prefix)
+        shape = (mixed_shape(new, prefix, num_decodes, DECODE_CONTEXT) if num_decodes
+                 else prefill_shape(new, prefix))
+        batches.append(host_batch(shape, bs, num_blocks))
+
+    def run_all() -> None:
+        for batch in batches:
+            runner.execute(batch)
+
+    return timed(run_all, repeat=2, warmup=1)
+
+
+def bench_chunks(runner, bs, num_blocks, prompts, chunks) -> list[dict]:
+    rows = []
+    for prompt in prompts:
+        for num_decodes in (0, DECODE_BATCH):
+            base = None
+            for chunk in chunks:
+                seconds = ttft(runner, bs, num_blocks, prompt, chunk, num_decodes)
+                base = base or seconds
+                rows.append({"prompt": prompt, "chunk": chunk, "num_decodes": num_decodes,
+                             "ttft_s": seconds, "ratio_to_first_chunk": seconds / base})
+    return rows
+
+
+def print_report(res: dict) -> None:
+    d, p = res["decode"], res["prefill"]
+    print(f"GPU {res['env']['gpu']}, model {res['model']}")
+    print(f"copy bandwidth {res['copy_bandwidth_bytes_s'] / 1e9:.0f} GB/s, "
+          f"matmul {res['matmul_flops_s'] / 1e12:.0f} TFLOP/s")
+    print(f"decode b={d['batch']} ctx={d['context']}: {d['measured_s'] * 1e3:.3f} ms vs roofline "
+          f"{d['roofline_s'] * 1e3:.3f} ms -> {d['ratio_to_roofline']:.2f}x (target <= 1.5x)")
+    print(f"prefill {p['tokens']} tokens: {p['measured_s'] * 1e3:.1f} ms, "
+          f"{p['achieved_flops_s'] / 1e12:.0f} TFLOP/s = {p['fraction_of_matmul']:.0%} of matmul "
+          f"(target >= 50%)")
+    print(f"{'prompt':>7} {'decodes':>7} {'chunk':>6} {'TTFT ms':>9} {'vs first':>8}")
+    for r in res["chunk_curve"]:
+        print(f"{r['prompt']:>7} {r['num_decodes']:>7} {r['chunk']:>6} {r['ttft_s'] * 1e3:>9.1f} "
+              f"{r['ratio_to_first_chunk']:>8.3f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="llama-3.1-8b")
+    parser.add_argument("--gpu", default="h200")
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--quick", action="store_true", help="16k prompt, three chunk sizes")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("engine_bench needs a CUDA GPU")
+    spec, bs = get_model(args.model), args.block_size
+    prompts = PROMPTS[:1] if args.quick else PROMPTS
+    chunks = (512, 4096, 16384) if args.quick else CHUNKS
+    max_len = max(prompts) + bs
+    config = EngineConfig(spec, get_gpu(args.gpu), max_model_len=max_len, block_size=bs)
+    bandwidth, matmul_peak = copy_bandwidth_bytes_s(), matmul_flops_s()
+    allocated = torch.cuda.memory_allocated()
+    model = load_model(config, torch.device("cuda"), seed=0)
+    weights_bytes = torch.cuda.memory_allocated() - allocated
+    num_blocks = 1 + max(prompts) // bs + DECODE_BATCH * (DECODE_CONTEXT // bs + 1)
+    store = dummy_store(spec, num_blocks, bs, torch.device("cuda"))
+    caches = kv_caches_of(store, spec.num_layers)
+    graphs = DecodeGraphs(model, caches, DECODE_BATCH, max_len, bs, torch.device("cuda"),
+                          (DECODE_BATCH,))
+    graphs.capture()
+    runner = ModelRunner(model, caches, torch.device("cuda"), graphs)
+    res = {"env": {"gpu": torch.cuda.get_device_name(), **versions()}, "model": spec.name,
+           "copy_bandwidth_bytes_s": bandwidth, "matmul_flops_s": matmul_peak,
+           "weights_bytes": weights_bytes,
+           "decode": bench_decode(runner, spec, num_blocks, bs, weights_bytes, bandwidth),
+           "prefill": bench_prefill(runner, spec, num_blocks, bs, matmul_peak, 16384),
+           "chunk_curve": bench_chunks(runner, bs, num_blocks, prompts, chunks)}
+    print_report(res)
+    slug = re.sub(r"[^a-z0-9]+", "-", f"{res['env']['gpu']}_{spec.name}".lower()).strip("-")
+    out = args.out or ROOT / "benchmarks" / "results" / f"engine_{slug}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

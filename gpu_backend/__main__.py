@@ -1,0 +1,138 @@
+"""`python -m gpu_backend replay|profile`: the real-GPU engine's command line.
+
+    python -m gpu_backend replay --trace azure-conv --limit 300 --model qwen2.5-0.5b \
+        --policy elastic --chunk 2048 --no-wait --out out/gpu_elastic
+    python -m gpu_backend profile --model llama-3.1-8b --out calib_llama8b.json
+
+`replay` runs one policy per process (each builds its own memory plan and pool); `profile`
+writes the calibration JSON the simulator reads with `--calibration`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from sim.core.catalog import MIB, get_gpu, get_model
+from sim.core.elastic import DrainStrategy, Policy
+from sim.core.engine_config import EngineConfig
+from traces import TraceError, add_trace_arguments, trace_from_args
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("engine")
+    g.add_argument("--model", default="qwen2.5-0.5b", help="preset name or a config.json path")
+    g.add_argument("--gpu", default="h200", help="GPU preset for peak rates (memory is measured)")
+    g.add_argument("--max-num-batched-tokens", "--chunk", type=int, default=None, dest="chunk")
+    g.add_argument("--max-num-seqs", type=int, default=256)
+    g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--block-size", type=int, default=16)
+    g.add_argument("--vmm-handle-mib", type=int, default=512)
+    g.add_argument("--seed", type=int, default=0)
+
+
+def engine_config(args: argparse.Namespace, policy: Policy) -> EngineConfig:
+    return EngineConfig(
+        model=get_model(args.model), gpu=get_gpu(args.gpu), max_num_batched_tokens=args.chunk,
+        max_num_seqs=args.max_num_seqs, gpu_memory_utilization=args.gpu_memory_utilization,
+        max_model_len=args.max_model_len, block_size=args.block_size, policy=policy,
+        drain=DrainStrategy.parse(getattr(args, "drain", "preempt")),
+        vmm_handle_bytes=args.vmm_handle_mib * MIB, reclaim="release")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m gpu_backend",
+                                     description="Real-GPU paged-KV engine with an elastic reserve.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    rp = sub.add_parser("replay", help="replay a trace through the engine (one policy)")
+    add_trace_arguments(rp)
+    add_engine_arguments(rp)
+    rp.add_argument("--policy", default="static", choices=[p.value for p in Policy])
+    rp.add_argument("--drain", default="preempt", choices=[d.value for d in DrainStrategy])
+    rp.add_argument("--no-wait", action="store_true",
+                    help="virtual clock: advance by measured step times, skip idle gaps")
+    rp.add_argument("--no-graphs", action="store_true", help="run decode steps eagerly")
+    rp.add_argument("--torch-cap", default="auto", choices=["auto", "on", "off"],
+                    help="cap torch's allocator at the unlent reserve (auto: overcommit only)")
+    rp.add_argument("--max-kv-blocks", type=int, default=None,
+                    help="cap the base KV pool (memory pressure on a large GPU)")
+    rp.add_argument("--out", type=Path, default=None)
+    pp = sub.add_parser("profile", help="measure step times and fit the cost model")
+    add_engine_arguments(pp)
+    pp.add_argument("--quick", action="store_true", help="a small grid (tests, smoke runs)")
+    pp.add_argument("--out", type=Path, default=None)
+    return parser
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    import torch
+
+    from gpu_backend.engine.replay import engine_summary, replay, write_outputs
+    from gpu_backend.engine.setup import build_gpu_engine
+
+    trace = trace_from_args(args)
+    config = engine_config(args, Policy.parse(args.policy))
+    setup_start = time.perf_counter()
+    setup = build_gpu_engine(config, seed=args.seed, use_graphs=not args.no_graphs,
+                             torch_cap=args.torch_cap, max_kv_blocks=args.max_kv_blocks)
+    setup_s = time.perf_counter() - setup_start
+    engine, m = setup.engine, setup.measurement
+    print(f"setup {setup_s:.1f} s: KV {engine.core.plan.num_kv_blocks} blocks "
+          f"(+{engine.core.layout.num_elastic_blocks} elastic), reserve "
+          f"{engine.core.plan.activation_reserve_bytes / 2**30:.2f} GiB", flush=True)
+
+    def progress(now_s: float, submitted: int, steps: int) -> None:
+        print(f"  t={now_s:8.2f} s  submitted {submitted}  steps {steps}", flush=True)
+
+    wall_start = time.perf_counter()
+    replay(engine, trace.requests(), wait=not args.no_wait, progress=progress)
+    measured = {
+        "setup_s": setup_s, "replay_wall_s": time.perf_counter() - wall_start,
+        "clock": "wall" if not args.no_wait else "virtual",
+        "gpu_name": torch.cuda.get_device_name(), "weights_bytes": m.weights_bytes if m else None,
+        "activation_peaks": {str(k): v for k, v in (m.activation_peaks if m else {}).items()},
+        "activation_profile": asdict(m.profile) if m else None,
+        "non_torch_bytes": m.non_torch_bytes if m else None,
+        "graph_bytes": m.graph_bytes if m else None,
+        "graph_capture_s": setup.graphs.capture_s if setup.graphs else None,
+        "total_bytes": m.total_bytes if m else None,
+        "torch_cap_bytes": setup.budget.cap_bytes if setup.budget else None,
+    }
+    summary = engine_summary(engine, measured)
+    print(json.dumps({k: summary[k] for k in ("num_finished", "num_requests", "throughput_tok_s",
+                                              "num_preemptions", "num_oom", "num_attach")}))
+    if args.out is not None:
+        write_outputs(args.out, engine, summary, trace.source, len(trace))
+    return 0
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    from gpu_backend.engine.calibrate import calibrate, write_calibration
+
+    config = engine_config(args, Policy.STATIC)
+    result = calibrate(config, seed=args.seed, quick=args.quick)
+    out = args.out or Path(f"calibration_{config.model.name}.json")
+    write_calibration(out, result)
+    print(json.dumps({"efficiency": result["efficiency"], "fit_error": result["fit_error"]},
+                     indent=2))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "replay":
+            return run_replay(args)
+        return run_profile(args)
+    except (TraceError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

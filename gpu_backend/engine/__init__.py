@@ -1,0 +1,14 @@
+"""The real-GPU serving engine: the shared core's decisions executed on a paged KV cache.
+
+    inputs.py     executor-side block tables and token ids -> host arrays of one forward
+    graphs.py     CUDA-graph capture sizes and padding of decode-only batches
+    runner.py     one pinned host->device copy, eager forward or graph replay, sampled ids
+    kv_store.py   plain-tensor KV store with the ElasticKVPool interface; whole-block copies
+    elastic.py    the core's attach / detach / migrate actions on the real pool, timed
+    memory.py     measured weights, activation peaks, non-torch and graph memory -> MemoryPlan
+    setup.py      build model, plan, core, pool and graphs in vLLM's order
+    engine.py     the step loop (schedule, elastic, forward, update, record) and its clocks
+    replay.py     trace replay and the simulator-compatible outputs
+    shapes.py     synthetic steps for calibration and benchmarks
+    calibrate.py  step-time grid and the cost-model fit (`python -m gpu_backend profile`)
+"""

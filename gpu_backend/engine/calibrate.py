@@ -1,0 +1,168 @@
+"""`python -m gpu_backend profile`: measure step times, fit the simulator's cost model.
+
+Grid (default, < 2 min for Llama-3.1-8B on an H200): prefills of 16..16,384 tokens, chunks
+over long prefixes, decode batches 1..256 x contexts 256..8,192 (CUDA graphs, as the engine
+runs them), and mixed steps. Each point: warm-up, then the median of several runs timed like
+the engine's steps (host arrays -> device -> forward -> sampled ids on the host).
+
+The fit: `sim.cost_model.Efficiency` fields linear_compute, memory, attention_compute,
+step_overhead_s and per_seq_overhead_s by `scipy.optimize.least_squares` on the relative
+error of `CostModel.step(out)` against the measured medians.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from gpu_backend.engine.shapes import (
+    StepShape,
+    blocks_needed,
+    decode_shape,
+    host_batch,
+    mixed_shape,
+    prefill_shape,
+    scheduler_output,
+)
+from sim.core.engine_config import EngineConfig
+from sim.cost_model import CostModel, Efficiency
+
+FIT_FIELDS = ("linear_compute", "memory", "attention_compute", "step_overhead_s",
+              "per_seq_overhead_s")
+BOUNDS = {"linear_compute": (0.02, 1.0), "memory": (0.02, 1.0), "attention_compute": (0.01, 1.0),
+          "step_overhead_s": (0.0, 0.05), "per_seq_overhead_s": (0.0, 1e-3)}
+
+
+def default_grid(quick: bool = False) -> list[StepShape]:
+    if quick:
+        return [prefill_shape(64), prefill_shape(512), decode_shape(4, 256),
+                decode_shape(16, 1024), mixed_shape(128, 0, 4, 512)]
+    grid = [prefill_shape(n) for n in (16, 64, 256, 1024, 2048, 4096, 8192, 16384)]
+    grid += [prefill_shape(512, 8192), prefill_shape(2048, 6144), prefill_shape(512, 16384)]
+    grid += [decode_shape(b, c) for b in (1, 8, 32, 64, 128, 256) for c in (256, 1024, 4096, 8192)]
+    grid += [mixed_shape(2048, 0, 64, 1024), mixed_shape(512, 2048, 32, 2048),
+             mixed_shape(1024, 0, 128, 512)]
+    return grid
+
+
+def fit_efficiency(cost_args: tuple, outputs: list, measured_s: np.ndarray,
+                   start: Efficiency | None = None) -> tuple[Efficiency, dict]:
+    """Least squares on relative error; returns (fitted Efficiency, error report)."""
+    start = start or Efficiency()
+    x0 = np.array([getattr(start, f) for f in FIT_FIELDS])
+    lower = np.array([BOUNDS[f][0] for f in FIT_FIELDS])
+    upper = np.array([BOUNDS[f][1] for f in FIT_FIELDS])
+    x0 = np.clip(x0, lower, upper)
+
+    def predict(x: np.ndarray) -> np.ndarray:
+        eff = replace(start, **dict(zip(FIT_FIELDS, x.tolist())))
+        cost = CostModel(*cost_args, efficiency=eff)
+        return np.array([cost.step(o).total_s for o in outputs])
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        return predict(x) / measured_s - 1.0
+
+    before = residuals(x0)
+    result = least_squares(residuals, x0, bounds=(lower, upper), x_scale="jac")
+    fitted = replace(start, **dict(zip(FIT_FIELDS, result.x.tolist())))
+    after = residuals(result.x)
+    return fitted, {
+        "median_abs_rel": float(np.median(np.abs(after))),
+        "max_abs_rel": float(np.max(np.abs(after))),
+        "default_median_abs_rel": float(np.median(np.abs(before))),
+        "default_max_abs_rel": float(np.max(np.abs(before))),
+        "per_point_rel": [float(r) for r in after],
+    }
+
+
+def time_step(runner, batch, warmup: int, repeat: int) -> float:
+    for _ in range(warmup):
+        runner.execute(batch)
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        runner.execute(batch)  # ends with the sampled ids on the host (a sync)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def versions() -> dict:
+    import torch
+    import triton
+
+    try:
+        from importlib.metadata import version
+        bindings = version("cuda-bindings")
+    except Exception:  # noqa: BLE001 - a missing package is reported, not fatal
+        bindings = None
+    driver = None
+    try:
+        import subprocess
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=10).stdout.strip() or None
+    except Exception:  # noqa: BLE001
+        pass
+    return {"driver": driver, "torch": torch.__version__, "triton": triton.__version__,
+            "cuda-bindings": bindings, "cuda": torch.version.cuda, "python": platform.python_version()}
+
+
+def calibrate(config: EngineConfig, *, seed: int = 0, quick: bool = False,
+              warmup: int = 2, repeat: int = 5) -> dict:
+    import torch
+
+    from gpu_backend.engine.memory import dummy_store, kv_caches_of
+    from gpu_backend.engine.runner import DecodeGraphs, ModelRunner
+    from gpu_backend.engine.setup import measure_memory
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    grid = default_grid(quick)
+    max_prefill = max(s.num_tokens for s in grid if s.kind == "prefill")
+    max_len = max(max(n + p for n, p in s.prefills) if s.prefills else max(s.decodes)
+                  for s in grid) + config.block_size
+    config = config.with_(max_num_batched_tokens=max_prefill, max_model_len=max_len)
+    model, m = measure_memory(config, device, seed, use_graphs=True)
+    block_bytes = config.block_size * config.model.kv_bytes_per_token()
+    free, _ = torch.cuda.mem_get_info(device)
+    want = max(blocks_needed(s, config.block_size) for s in grid) + 1
+    num_blocks = int(min(want, 0.6 * free // block_bytes))
+    store = dummy_store(config.model, num_blocks, config.block_size, device)
+    caches = kv_caches_of(store, config.model.num_layers)
+    sizes = sorted({len(s.decodes) for s in grid if s.kind == "decode"})
+    graphs = DecodeGraphs(model, caches, sizes[-1], max_len, config.block_size, device, sizes)
+    graphs.capture()
+    runner = ModelRunner(model, caches, device, graphs)
+    measurements, outputs, times = [], [], []
+    for shape in grid:
+        batch = host_batch(shape, config.block_size, num_blocks)
+        seconds = time_step(runner, batch, warmup, repeat)
+        measurements.append({**shape.describe(), "measured_s": seconds})
+        outputs.append(scheduler_output(shape))
+        times.append(seconds)
+    cost_args = (config.model, config.gpu, 1)
+    efficiency, fit_error = fit_efficiency(cost_args, outputs, np.array(times))
+    cost = CostModel(*cost_args, efficiency=efficiency)
+    for entry, out in zip(measurements, outputs):
+        entry["predicted_s"] = cost.step(out).total_s
+    return {
+        "gpu": torch.cuda.get_device_name(device), "gpu_preset": config.gpu.name,
+        "model": config.model.name, "versions": versions(),
+        "efficiency": asdict(efficiency),
+        "activation": {"bytes_per_token": m.profile.bytes_per_token,
+                       "fixed_bytes": m.profile.fixed_bytes,
+                       "non_torch_bytes": m.profile.non_torch_bytes},
+        "activation_peaks": {str(k): v for k, v in m.activation_peaks.items()},
+        "weights_bytes": m.weights_bytes, "graph_capture_s": graphs.capture_s,
+        "measurements": measurements, "fit_error": fit_error,
+    }
+
+
+def write_calibration(path: Path, result: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2))

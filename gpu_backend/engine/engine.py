@@ -1,0 +1,160 @@
+"""The GPU engine's step: schedule, elastic action, forward, update, record.
+
+    out = scheduler.schedule()          the shared core decides (incl. the elastic action)
+    pause = elastic.apply(out)          map / migrate + unmap on the real pool, timed
+    mirror.apply(out); batch = build    executor-side block tables and token ids
+    ids = runner.execute(batch)         eager or CUDA graph; a real OOM fails the step's requests
+    scheduler.update(out, end_s)        the same close as the simulator's
+
+Time comes from a `Clock`: the wall clock (arrivals in real time) or a virtual clock that
+advances by each measured step and skips idle gaps (`--no-wait`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+import numpy as np
+
+from gpu_backend.engine.elastic import ElasticExecutor
+from gpu_backend.engine.inputs import BlockTableError, RequestMirror
+from sim.core.engine_config import EngineCore
+from sim.core.request import RequestState
+from sim.core.step import OutOfMemory, SchedulerOutput
+from sim.metrics import ReplicaRecorder
+
+STEP_COLUMNS = ("step_id", "start_s", "num_prefill_tokens", "num_decode_tokens",
+                "decode_context_tokens", "num_seqs", "measured_s", "graph", "lent_blocks",
+                "mapped_elastic_bytes", "oom")
+
+
+class Clock(Protocol):
+    def now(self) -> float: ...
+    def advance(self, seconds: float) -> None: ...
+
+
+class VirtualClock:
+    """Advanced by measured durations only; idle gaps are skipped by `advance_to`."""
+
+    def __init__(self, start_s: float = 0.0) -> None:
+        self._now = start_s
+
+    def now(self) -> float:
+        return self._now
+
+    def advance(self, seconds: float) -> None:
+        self._now += seconds
+
+    def advance_to(self, when_s: float) -> None:
+        self._now = max(self._now, when_s)
+
+
+class WallClock:
+    """Seconds since construction (plus an offset); time passes on its own."""
+
+    def __init__(self, start_s: float = 0.0) -> None:
+        self._origin = time.perf_counter() - start_s
+
+    def now(self) -> float:
+        return time.perf_counter() - self._origin
+
+    def advance(self, seconds: float) -> None:
+        pass
+
+    def advance_to(self, when_s: float) -> None:
+        delay = when_s - self.now()
+        if delay > 0:
+            time.sleep(delay)
+
+
+@dataclass
+class GpuEngine:
+    core: EngineCore
+    runner: object  # ModelRunner or anything with execute(HostBatch) -> np.ndarray
+    mirror: RequestMirror
+    elastic: ElasticExecutor
+    recorder: ReplicaRecorder
+    oom_errors: tuple[type[BaseException], ...] = (MemoryError,)  # torch.OutOfMemoryError on GPU
+    on_oom: Callable[[], None] | None = None  # e.g. torch.cuda.empty_cache
+    steps: list[tuple] = field(default_factory=list)
+    prompt_len: dict[int, int] = field(default_factory=dict)
+    num_real_oom: int = 0
+    timer: Callable[[], float] = time.perf_counter  # measures each step (tests inject one)
+
+    @property
+    def scheduler(self):
+        return self.core.scheduler
+
+    def add_request(self, state: RequestState) -> bool:
+        self.prompt_len[state.request_id] = state.num_prompt_tokens
+        self.recorder.requests.append(state)
+        return self.scheduler.add_request(state)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self, clock: Clock) -> list[RequestState]:
+        """Run one scheduler step at `clock`; returns the requests that finished."""
+        out = self.scheduler.schedule()
+        if out.elastic is not None:
+            pause_start_s = clock.now()
+            pause_s = self.elastic.apply(out)
+            self.recorder.elastic(pause_start_s, out.elastic, pause_s)
+            clock.advance(pause_s)
+        self.mirror.apply(out, self.prompt_len)
+        start_s = clock.now()
+        out, duration_s, graph = self._run(out)
+        clock.advance(duration_s)
+        end_s = clock.now()
+        duration_s = end_s - start_s if isinstance(clock, WallClock) else duration_s
+        finished = self.scheduler.update(out, end_s)
+        self.mirror.finish(r.request_id for r in finished)
+        self.recorder.step(start_s, out, np.array([duration_s]))
+        self._record_step(out, start_s, duration_s, graph)
+        return finished
+
+    def _run(self, out: SchedulerOutput) -> tuple[SchedulerOutput, float, bool]:
+        start = self.timer()
+        if not out.scheduled:
+            return out, self.timer() - start, False
+        self.elastic.ensure_mapped(out)
+        batch = self.mirror.build(out)
+        self._check_mapped(batch.block_tables)
+        graph = bool(getattr(self.runner, "graphs", None)) and batch.is_decode_only
+        try:
+            ids = self.runner.execute(batch)
+            if getattr(self.runner, "compiled_since_last_call", bool)():
+                start = self.timer()  # a JIT compile is no part of the step: time a re-run
+                ids = self.runner.execute(batch)  # idempotent: same KV writes, same ids
+        except self.oom_errors:
+            return self._fail_step(out), self.timer() - start, False
+        self.mirror.append_sampled(batch.sample_request_ids, ids)
+        return out, self.timer() - start, graph
+
+    def _check_mapped(self, tables: np.ndarray) -> None:
+        mapped = self.elastic.num_mapped_device_blocks
+        if tables.size and int(tables.max()) >= mapped:
+            raise BlockTableError(f"a block table points at device block {int(tables.max())} but "
+                                  f"only blocks below {mapped} are mapped")
+
+    def _fail_step(self, out: SchedulerOutput) -> SchedulerOutput:
+        """A real out-of-memory the activation model did not predict: fail the step's requests."""
+        if self.on_oom is not None:
+            self.on_oom()
+        failed = tuple(s.request_id for s in out.scheduled)
+        self.scheduler.fail_oom(failed)
+        self.mirror.drop(failed)
+        self.num_real_oom += 1
+        oom = OutOfMemory(out.activation_bytes, out.activation_available_bytes, failed)
+        return replace(out, scheduled=(), num_prefill_tokens=0, num_decode_tokens=0,
+                       prefill_chunks=(), decode_context_tokens=0, oom=oom, num_sampled_rows=0)
+
+    def _record_step(self, out: SchedulerOutput, start_s: float, duration_s: float,
+                     graph: bool) -> None:
+        self.steps.append((out.step_id, start_s, out.num_prefill_tokens, out.num_decode_tokens,
+                           out.decode_context_tokens, len(out.scheduled), duration_s, int(graph),
+                           out.num_lent_blocks, self.elastic.mapped_bytes,
+                           int(out.oom is not None)))

@@ -1,0 +1,140 @@
+"""Replay a trace through the GPU engine and write the simulator's outputs plus measurements.
+
+Arrival semantics match the simulator's: a request arriving at or before the end of a step
+is seen by the next `schedule()`; when nothing is running the clock jumps (virtual) or
+sleeps (wall) to the next arrival.
+
+Outputs (same names and columns as `python -m sim --out`): summary.json, requests_<label>.csv,
+timeline_<label>.csv (plus a trailing `reserve_mapped_bytes` column), and steps.csv, one row
+per engine step for the validation layer's step-by-step comparison.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from gpu_backend.engine.engine import STEP_COLUMNS, GpuEngine, VirtualClock, WallClock
+from sim.core.engine_config import EngineCore
+from sim.core.request import RequestState
+from sim.metrics import TIMELINE_COLUMNS, Slo, request_table, summarize, timeline_array
+from traces import Request
+
+ProgressFn = Callable[[float, int, int], None]  # (now_s, num_submitted, num_steps)
+
+
+def replay(engine: GpuEngine, requests: Sequence[Request], *, wait: bool,
+           progress: ProgressFn | None = None, progress_every: int = 500) -> float:
+    """Drive the engine over `requests` (sorted by arrival); returns the final clock time."""
+    first_s = requests[0].arrival_s if requests else 0.0
+    clock = WallClock(first_s) if wait else VirtualClock(first_s)
+    index, num_steps = 0, 0
+    while index < len(requests) or engine.has_unfinished():
+        now_s = clock.now()
+        while index < len(requests) and requests[index].arrival_s <= now_s:
+            engine.add_request(_state(requests[index]))
+            index += 1
+        if not engine.has_unfinished():
+            if index < len(requests):
+                clock.advance_to(requests[index].arrival_s)
+            continue
+        engine.step(clock)
+        num_steps += 1
+        if progress is not None and num_steps % progress_every == 0:
+            progress(clock.now(), index, num_steps)
+    return clock.now()
+
+
+def _state(req: Request) -> RequestState:
+    return RequestState(req.request_id, req.arrival_s, req.prompt_tokens, req.output_tokens,
+                        req.block_hashes)
+
+
+def label(core: EngineCore) -> str:
+    return f"{core.config.policy.value}/chunk={core.config.chunk_tokens}"
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")
+
+
+def config_fields(core: EngineCore) -> dict:
+    """The simulator runner's configuration fields (sim.runner._config_fields), one replica."""
+    e, plan = core.config, core.plan
+    return {
+        "policy": e.policy.value, "drain": e.drain.value, "chunk": e.chunk_tokens,
+        "model": e.model.name, "gpu": e.gpu.name, "tensor_parallel_size": e.tensor_parallel_size,
+        "num_replicas": 1, "max_num_seqs": e.num_seqs, "block_size": e.block_size,
+        "vmm_handle_bytes": e.vmm_handle_bytes, "kv_capacity_tokens": plan.kv_capacity_tokens,
+        "kv_capacity_lent_tokens": core.kv_capacity_tokens,
+        "activation_reserve_bytes": plan.activation_reserve_bytes,
+        "reserve_share": plan.reserve_share,
+    }
+
+
+def engine_summary(engine: GpuEngine, measured: dict, slo: Slo | None = None) -> dict:
+    summary = summarize([engine.recorder], slo or Slo())
+    summary.update(config_fields(engine.core))
+    el = engine.elastic
+    summary["measured"] = {
+        **measured,
+        "kv_blocks": engine.core.plan.num_kv_blocks,
+        "kv_tokens": engine.core.plan.kv_capacity_tokens,
+        "kv_elastic_blocks": engine.core.layout.num_elastic_blocks,
+        "attach_latency_s": _stats(el.attach_latencies_s),
+        "detach_latency_s": _stats(el.detach_latencies_s),
+        "migration_latency_s": _stats(el.migration_latencies_s),
+        "num_real_oom": engine.num_real_oom,
+        "num_graph_steps": getattr(engine.runner, "num_graph_steps", 0),
+        "num_eager_steps": getattr(engine.runner, "num_eager_steps", 0),
+        "num_compiling_steps_retimed": getattr(engine.runner, "num_compiling_steps", 0),
+    }
+    summary["executor"] = "gpu"
+    return summary
+
+
+def _stats(values: list[float]) -> dict:
+    if not values:
+        return {"count": 0, "mean": None, "p50": None, "max": None}
+    array = np.array(values)
+    return {"count": len(values), "mean": float(array.mean()),
+            "p50": float(np.median(array)), "max": float(array.max())}
+
+
+def write_outputs(out_dir: Path, engine: GpuEngine, summary: dict, trace_source: str,
+                  num_trace_requests: int) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    doc = {"trace": trace_source, "num_trace_requests": num_trace_requests, "runs": [summary]}
+    (out_dir / "summary.json").write_text(json.dumps(doc, indent=2))
+    name = slug(label(engine.core))
+    write_request_csv(out_dir / f"requests_{name}.csv", engine)
+    write_timeline_csv(out_dir / f"timeline_{name}.csv", engine)
+    with (out_dir / "steps.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(STEP_COLUMNS)
+        writer.writerows(engine.steps)
+
+
+def write_request_csv(path: Path, engine: GpuEngine) -> None:
+    """Same columns as sim.report.write_request_csv (which imports simpy via sim.runner)."""
+    table = request_table(engine.recorder.requests)
+    columns = list(table)
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(columns)
+        writer.writerows(zip(*(table[c].tolist() for c in columns)))
+
+
+def write_timeline_csv(path: Path, engine: GpuEngine) -> None:
+    """sim.report's timeline columns (replica first), then the measured mapped reserve bytes."""
+    rows = timeline_array(engine.recorder)  # [steps, len(TIMELINE_COLUMNS)]
+    mapped = np.array([s[STEP_COLUMNS.index("mapped_elastic_bytes")] for s in engine.steps],
+                      dtype=np.float64).reshape(-1, 1)
+    data = np.column_stack([np.zeros(len(rows)), rows, mapped[:len(rows)]])
+    header = ",".join(("replica",) + TIMELINE_COLUMNS + ("reserve_mapped_bytes",))
+    np.savetxt(path, data, delimiter=",", header=header, comments="", fmt="%.9g")

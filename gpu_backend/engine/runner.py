@@ -1,0 +1,215 @@
+"""Model runner: host batch -> device tensors -> forward (eager or CUDA graph) -> sampled ids.
+
+Steps with a prefill run eagerly: the host arrays are packed into one pinned staging buffer
+and copied to the device in one transfer. Decode-only steps replay the CUDA graph of their
+batch-size bucket (see graphs.py); their inputs are copied into the graph's static tensors.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from gpu_backend.engine.graphs import bucket_for, capture_sizes, pad_decode
+from gpu_backend.engine.inputs import SCRATCH_BLOCK_ID, HostBatch
+from gpu_backend.model import ForwardBatch, KVCaches
+
+# (field, dtype) in packing order; int64 fields first keeps every segment 8-byte aligned.
+FIELDS = (("input_ids", torch.int64), ("positions", torch.int64), ("slot_mapping", torch.int64),
+          ("logits_indices", torch.int64), ("block_tables", torch.int32),
+          ("seq_lens", torch.int32), ("query_start_loc", torch.int32))
+NP_DTYPES = {torch.int64: np.int64, torch.int32: np.int32}
+
+
+def _aligned(num_bytes: int) -> int:
+    return -(-num_bytes // 8) * 8
+
+
+class InputCopier:
+    """Packs a HostBatch into a reusable pinned buffer; one host-to-device copy per step.
+
+    Reusing the staging buffer is safe because every step ends with a host sync (the sampled
+    ids are read back) before the next one packs.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._staging = torch.empty(0, dtype=torch.uint8)
+
+    def _buffer(self, num_bytes: int) -> Tensor:
+        if self._staging.numel() < num_bytes:
+            size = max(num_bytes, 2 * self._staging.numel(), 1 << 16)
+            self._staging = torch.empty(size, dtype=torch.uint8,
+                                        pin_memory=self.device.type == "cuda")
+        return self._staging
+
+    def stage(self, batch: HostBatch) -> tuple[Tensor, dict[str, Tensor]]:
+        """Pack the fields into the pinned buffer: (packed bytes, typed views per field)."""
+        arrays = [np.ascontiguousarray(getattr(batch, name), NP_DTYPES[dt]) for name, dt in FIELDS]
+        offsets = np.cumsum([0] + [_aligned(a.nbytes) for a in arrays]).tolist()
+        staging = self._buffer(offsets[-1])
+        host = staging.numpy()
+        for array, offset in zip(arrays, offsets):
+            host[offset:offset + array.nbytes] = array.view(np.uint8).reshape(-1)
+        packed = staging[:offsets[-1]]
+        views = {name: packed[offset:offset + array.nbytes].view(dt).view(array.shape)
+                 for (name, dt), array, offset in zip(FIELDS, arrays, offsets)}
+        return packed, views
+
+    def to_device(self, batch: HostBatch) -> ForwardBatch:
+        packed, host_views = self.stage(batch)
+        device = packed.to(self.device, non_blocking=True)  # the one host-to-device copy
+        base = packed.data_ptr()
+        tensors = {name: device[view.data_ptr() - base:][:view.nbytes].view(view.dtype)
+                   .view(view.shape) for name, view in host_views.items()}
+        return ForwardBatch(**tensors, max_query_len=batch.max_query_len,
+                            max_seq_len=batch.max_seq_len)
+
+
+class DecodeGraphs:
+    """One CUDA graph per capture size, sharing one memory pool (largest captured first)."""
+
+    def __init__(self, model: torch.nn.Module, kv_caches: KVCaches, max_num_seqs: int,
+                 max_model_len: int, block_size: int, device: torch.device,
+                 sizes: Sequence[int] | None = None) -> None:
+        self.model, self.kv_caches, self.block_size = model, kv_caches, block_size
+        self.sizes = tuple(sizes) if sizes else capture_sizes(max_num_seqs)
+        self.max_model_len = max_model_len
+        self.table_width = -(-max_model_len // block_size)
+        n = self.sizes[-1]
+        scratch_slot = SCRATCH_BLOCK_ID * block_size
+        self.static = {  # graph inputs, padded rows by default
+            "input_ids": torch.zeros(n, dtype=torch.int64, device=device),
+            "positions": torch.zeros(n, dtype=torch.int64, device=device),
+            "slot_mapping": torch.full((n,), scratch_slot, dtype=torch.int64, device=device),
+            "logits_indices": torch.arange(n, dtype=torch.int64, device=device),
+            "block_tables": torch.full((n, self.table_width), SCRATCH_BLOCK_ID,
+                                       dtype=torch.int32, device=device),
+            "seq_lens": torch.ones(n, dtype=torch.int32, device=device),
+            "query_start_loc": torch.arange(n + 1, dtype=torch.int32, device=device),
+        }
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, Tensor]] = {}
+        self.pool = None
+        self.capture_s = 0.0
+
+    def _batch(self, size: int) -> ForwardBatch:
+        views = {name: (t[:size + 1] if name == "query_start_loc" else t[:size])
+                 for name, t in self.static.items()}
+        return ForwardBatch(**views, max_query_len=1, max_seq_len=self.max_model_len)
+
+    def capture(self) -> None:
+        """Capture every size, largest first, so smaller graphs reuse the shared pool."""
+        start = time.perf_counter()
+        for size in reversed(self.sizes):
+            batch = self._batch(size)
+            self.model(batch, self.kv_caches)  # warm-up: compiles kernels outside the capture
+            self._sync()
+            self.graphs[size] = self._capture_one(batch)
+        self._sync()
+        self.capture_s = time.perf_counter() - start
+
+    def _capture_one(self, batch: ForwardBatch) -> tuple[torch.cuda.CUDAGraph, Tensor]:
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            out = self.model(batch, self.kv_caches)  # [size] token ids
+        return graph, out
+
+    def _sync(self) -> None:
+        if self.static["input_ids"].is_cuda:
+            torch.cuda.synchronize()
+
+    def bucket(self, batch: HostBatch) -> int | None:
+        if not batch.is_decode_only or not self.graphs:
+            return None
+        return bucket_for(batch.num_seqs, self.sizes)
+
+    def run(self, batch: HostBatch, size: int, copier: InputCopier) -> Tensor:
+        """Replay the graph of `size`; returns the ids of all `size` rows (padded included)."""
+        padded = pad_decode(batch, size, self.table_width, self.block_size)
+        _, host_views = copier.stage(padded)
+        for name, tensor in self.static.items():
+            view = host_views[name]
+            target = tensor[:view.shape[0]]
+            if name == "block_tables":
+                target = target[:, :view.shape[1]]  # [size, batch width] of [max, table_width]
+            target.copy_(view, non_blocking=True)
+        graph, out = self.graphs[size]
+        graph.replay()
+        return out
+
+    def release(self) -> None:
+        self.graphs.clear()
+        self.pool = None
+
+
+class CompileWatch:
+    """Counts Triton JIT compilations in this process (triton.knobs' post-compile hook).
+
+    An eager step that meets a new kernel variant (a new split count, say) compiles it on
+    the host, seconds that are no part of the step; the engine re-runs such a step (the
+    forward is idempotent: same KV writes, same ids) and keeps the second timing.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.enabled = False
+        try:
+            from triton import knobs
+        except ImportError:
+            return
+        runtime = getattr(knobs, "runtime", None)
+        if runtime is None or not hasattr(runtime, "jit_post_compile_hook"):
+            return
+        previous = runtime.jit_post_compile_hook
+
+        def hook(*args, **kwargs):
+            self.count += 1
+            return previous(*args, **kwargs) if previous is not None else None
+
+        runtime.jit_post_compile_hook = hook
+        self.enabled = True
+
+
+class ModelRunner:
+    """Runs one HostBatch; returns the sampled ids of its `logits_indices` rows, in order."""
+
+    def __init__(self, model: torch.nn.Module, kv_caches: KVCaches, device: torch.device,
+                 graphs: DecodeGraphs | None = None) -> None:
+        self.model, self.kv_caches, self.device = model, kv_caches, device
+        self.graphs = graphs
+        self.copier = InputCopier(device)
+        self.compile_watch = CompileWatch() if device.type == "cuda" else None
+        self.num_graph_steps = 0
+        self.num_eager_steps = 0
+        self.num_compiling_steps = 0
+        self._compiles_seen = 0
+
+    def compiled_since_last_call(self) -> bool:
+        """Did a kernel compile since the previous call? (Never true without the hook.)"""
+        if self.compile_watch is None:
+            return False
+        count = self.compile_watch.count
+        changed, self._compiles_seen = count != self._compiles_seen, count
+        if changed:
+            self.num_compiling_steps += 1
+        return changed
+
+    def execute(self, batch: HostBatch) -> np.ndarray:
+        """Sampled token ids [R]; blocks until they are on the host."""
+        if batch.num_tokens == 0:
+            return np.zeros(0, dtype=np.int64)
+        size = self.graphs.bucket(batch) if self.graphs is not None else None
+        if size is not None:
+            assert self.graphs is not None
+            out = self.graphs.run(batch, size, self.copier)
+            self.num_graph_steps += 1
+            return out[:batch.num_seqs].cpu().numpy()[batch.logits_indices]
+        ids = self.model(self.copier.to_device(batch), self.kv_caches)  # [R]
+        self.num_eager_steps += 1
+        return ids.cpu().numpy()

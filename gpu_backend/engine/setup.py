@@ -1,0 +1,186 @@
+"""Build a GPU engine: model, measured memory plan, shared core, KV pool, CUDA graphs.
+
+Order (as vLLM's worker): create the context, load the weights, profile activations and
+non-torch memory, trial-capture the decode graphs to measure their memory, size the KV pool
+from what is left, build the shared core with that plan, create the pool, capture for real.
+
+The elastic reserve uses reclaim="release": on detach its handles are released so torch's
+caching allocator can hand the memory to the next prefill's activations; on attach torch's
+cache is emptied first. "remap" would need activations to come from the pool's arena (a
+custom torch allocator), which this engine does not have.
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass, replace
+
+import torch
+
+from gpu_backend.engine.elastic import ElasticExecutor
+from gpu_backend.engine.engine import GpuEngine
+from gpu_backend.engine.graphs import capture_sizes
+from gpu_backend.engine.inputs import RequestMirror
+from gpu_backend.engine.kv_store import PlainKVStore
+from gpu_backend.engine.memory import (
+    NUM_SCRATCH_BLOCKS,
+    MemoryMeasurement,
+    TorchBudget,
+    device_used_bytes,
+    dummy_store,
+    fit_envelope,
+    kv_caches_of,
+    kv_layout,
+    measure_activation_peak,
+    measured_plan,
+    profile_token_counts,
+)
+from gpu_backend.engine.runner import DecodeGraphs, ModelRunner
+from gpu_backend.model import build_model
+from gpu_backend.vmm import ElasticKVPool
+from sim.core.elastic import Policy
+from sim.core.engine_config import EngineConfig, EngineCore, build_core
+from sim.core.memory_plan import ActivationProfile
+from sim.metrics import ReplicaRecorder
+
+TORCH_CAP_SLACK_BYTES = 256 * 2**20  # allocator rounding and fragmentation above the peak
+
+
+@dataclass
+class EngineSetup:
+    engine: GpuEngine
+    measurement: MemoryMeasurement | None
+    store: object
+    graphs: DecodeGraphs | None
+    budget: TorchBudget | None
+
+
+def rope_theta(model_name: str) -> float:
+    return 1_000_000.0 if model_name.startswith("qwen") else 500_000.0
+
+
+def load_model(config: EngineConfig, device: torch.device, seed: int,
+               backend: str = "triton", dtype: torch.dtype = torch.bfloat16):
+    spec = config.model
+    max_len = config.memory_config().effective_max_model_len
+    return build_model(spec, device, dtype, qkv_bias=spec.attention_bias,
+                       rope_theta=rope_theta(spec.name), seed=seed,
+                       attention_backend=backend, max_position=max_len)  # type: ignore[arg-type]
+
+
+def measure_memory(config: EngineConfig, device: torch.device, seed: int, use_graphs: bool):
+    """(model, MemoryMeasurement): everything the plan needs, measured on this device."""
+    torch.zeros(1, device=device)
+    torch.cuda.synchronize(device)
+    used0, reserved0 = device_used_bytes(device), torch.cuda.memory_reserved(device)
+    allocated0 = torch.cuda.memory_allocated(device)
+    model = load_model(config, device, seed)
+    torch.cuda.synchronize(device)
+    weights = torch.cuda.memory_allocated(device) - allocated0
+    spec, bs = config.model, config.block_size
+    peaks = {n: measure_activation_peak(model, spec, n, config.num_seqs, bs, device)
+             for n in profile_token_counts(config.chunk_tokens, config.num_seqs)}
+    gc.collect()
+    torch.cuda.empty_cache()
+    non_torch = max(0, (device_used_bytes(device) - used0)
+                    - (torch.cuda.memory_reserved(device) - reserved0))
+    graph_bytes = trial_graph_bytes(model, config, device) if use_graphs else 0
+    slope, fixed = fit_envelope(peaks)
+    profile = ActivationProfile(slope, fixed, non_torch + graph_bytes)
+    _, total = torch.cuda.mem_get_info(device)
+    return model, MemoryMeasurement(total, weights, peaks, profile, non_torch, graph_bytes)
+
+
+def trial_graph_bytes(model, config: EngineConfig, device: torch.device) -> int:
+    """Device memory the decode graphs take, captured once over a one-block dummy cache."""
+    store = dummy_store(config.model, NUM_SCRATCH_BLOCKS, config.block_size, device)
+    torch.cuda.synchronize(device)
+    before = device_used_bytes(device)
+    graphs = DecodeGraphs(model, kv_caches_of(store, config.model.num_layers), config.num_seqs,
+                          config.memory_config().effective_max_model_len, config.block_size,
+                          device)
+    graphs.capture()
+    used = device_used_bytes(device) - before
+    graphs.release()
+    del graphs, store
+    gc.collect()
+    torch.cuda.empty_cache()
+    return max(0, used)
+
+
+def build_gpu_engine(config: EngineConfig, *, device: torch.device | None = None, seed: int = 0,
+                     use_graphs: bool = True, torch_cap: str = "auto",
+                     max_kv_blocks: int | None = None) -> EngineSetup:
+    device = device or torch.device("cuda", torch.cuda.current_device())
+    config = config.with_(reclaim="release")
+    model, m = measure_memory(config, device, seed, use_graphs)
+    config = config.with_(gpu=replace(config.gpu, memory_bytes=m.total_bytes))
+    core = build_core(config, profile=m.profile, plan=measured_plan(config, m, max_kv_blocks))
+    store = make_store(core, device)
+    graphs = None
+    if use_graphs:
+        graphs = DecodeGraphs(model, kv_caches_of(store, config.model.num_layers),
+                              config.num_seqs, core.scheduler.config.max_model_len,
+                              config.block_size, device, capture_sizes(config.num_seqs))
+        graphs.capture()
+    torch.cuda.empty_cache()
+    budget = None
+    if torch_cap == "on" or (torch_cap == "auto" and config.policy is Policy.OVERCOMMIT):
+        budget = TorchBudget(device, torch.cuda.memory_reserved(device),
+                             core.plan.activation_reserve_bytes, m.total_bytes,
+                             TORCH_CAP_SLACK_BYTES)
+    engine = assemble_engine(core, model, store, device, graphs, budget, seed)
+    if budget is not None:
+        budget.set_mapped(engine.elastic.mapped_bytes)
+    return EngineSetup(engine, m, store, graphs, budget)
+
+
+def make_store(core: EngineCore, device: torch.device):
+    """ElasticKVPool (device ids shifted by the scratch block) or, without a reserve, a tensor."""
+    config, layout = core.config, kv_layout(core.config.model, core.config.block_size)
+    num_device_base = core.plan.num_kv_blocks + NUM_SCRATCH_BLOCKS
+    if config.policy is Policy.STATIC or core.layout.lent_bytes == 0:
+        return PlainKVStore(layout, num_device_base, device=device)
+    sched = core.scheduler
+    # Overcommit maps on first use: granule-sized handles, so the mapped bytes follow the
+    # used elastic blocks as closely as the driver allows (the core counts used blocks).
+    handle_bytes = (core.layout.granule_bytes if config.policy is Policy.OVERCOMMIT
+                    else config.vmm_handle_bytes)
+    pool = ElasticKVPool(layout, num_device_base, core.layout.lent_bytes,
+                         elastic_handle_bytes=handle_bytes, reclaim="release",
+                         device_ordinal=device.index or 0,
+                         live_elastic_blocks=lambda: sched.pool.num_used_elastic)
+    return pool
+
+
+def plain_store(core: EngineCore, device: torch.device | str = "cpu",
+                dtype: torch.dtype = torch.bfloat16) -> PlainKVStore:
+    """A tensor store with the core's base (+ scratch) and elastic blocks (CPU runs, tests)."""
+    config = core.config
+    return PlainKVStore(kv_layout(config.model, config.block_size),
+                        core.plan.num_kv_blocks + NUM_SCRATCH_BLOCKS,
+                        core.layout.num_elastic_blocks, device=device, dtype=dtype,
+                        elastic_handle_bytes=config.vmm_handle_bytes)
+
+
+def assemble_engine(core: EngineCore, model, store, device: torch.device,
+                    graphs: DecodeGraphs | None, budget: TorchBudget | None = None,
+                    seed: int = 0) -> GpuEngine:
+    """Wire runner, mirror, elastic executor and recorder around a built core and store."""
+    cuda = device.type == "cuda"
+    caches = kv_caches_of(store, core.config.model.num_layers)
+    runner = ModelRunner(model, caches, device, graphs)
+    mirror = RequestMirror(core.config.model.vocab_size, core.config.block_size,
+                           block_id_offset=NUM_SCRATCH_BLOCKS, seed=seed)
+    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+    elastic = ElasticExecutor(
+        store, core.config.policy, block_id_offset=NUM_SCRATCH_BLOCKS,
+        num_core_base_blocks=core.plan.num_kv_blocks, sync=sync,
+        empty_cache=torch.cuda.empty_cache if cuda else None,
+        on_mapped=budget.set_mapped if budget is not None else None)
+    if core.config.policy is Policy.OVERCOMMIT and not elastic.partial_attach:
+        store.attach()  # no partial attach: map the whole reserve up front
+    recorder = ReplicaRecorder(0, core.config.block_size)
+    oom_errors = (torch.OutOfMemoryError,) if cuda else (MemoryError,)
+    return GpuEngine(core, runner, mirror, elastic, recorder, oom_errors=oom_errors,
+                     on_oom=torch.cuda.empty_cache if cuda else None)

@@ -1,0 +1,87 @@
+"""Synthetic engine steps for calibration and benchmarks: a host batch and the matching
+`SchedulerOutput`, so measured times line up with `CostModel.step(out)` predictions.
+
+A step is a list of prefill chunks (new tokens, cached prefix tokens) and a list of decode
+context lengths (the sequence length after the step, as the core's decode_context_tokens
+counts it). Block ids are assigned round-robin over `num_pool_blocks` device blocks (block 0
+is scratch), so a big grid reuses a bounded cache: step time does not depend on KV contents.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpu_backend.engine.inputs import HostBatch
+from sim.core.step import ScheduledRequest, SchedulerOutput
+
+
+@dataclass(frozen=True)
+class StepShape:
+    kind: str  # "prefill", "decode" or "mixed"
+    prefills: tuple[tuple[int, int], ...] = ()  # (new tokens, prefix tokens)
+    decodes: tuple[int, ...] = ()  # context length after the step, per decode row
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(n for n, _ in self.prefills) + len(self.decodes)
+
+    def describe(self) -> dict:
+        return {"kind": self.kind, "prefills": [list(p) for p in self.prefills],
+                "num_decodes": len(self.decodes),
+                "decode_context": int(self.decodes[0]) if self.decodes else 0}
+
+
+def decode_shape(batch_size: int, context: int) -> StepShape:
+    return StepShape("decode", decodes=(context,) * batch_size)
+
+
+def prefill_shape(new_tokens: int, prefix_tokens: int = 0) -> StepShape:
+    return StepShape("prefill", prefills=((new_tokens, prefix_tokens),))
+
+
+def mixed_shape(new_tokens: int, prefix_tokens: int, batch_size: int, context: int) -> StepShape:
+    return StepShape("mixed", ((new_tokens, prefix_tokens),), (context,) * batch_size)
+
+
+def host_batch(shape: StepShape, block_size: int, num_pool_blocks: int) -> HostBatch:
+    """Host arrays of `shape`; prefill rows first (each samples), then decode rows."""
+    rows = [(p, n) for n, p in shape.prefills] + [(c - 1, 1) for c in shape.decodes]
+    computed = np.array([c for c, _ in rows], dtype=np.int64)  # [S]
+    lens = np.array([n for _, n in rows], dtype=np.int64)  # [S]
+    seq_lens = (computed + lens).astype(np.int32)
+    width = int(-(-seq_lens.max() // block_size))
+    usable = num_pool_blocks - 1
+    first = np.cumsum(np.concatenate([[0], -(-seq_lens[:-1] // block_size)]))  # [S]
+    tables = (1 + (first[:, None] + np.arange(width)[None, :]) % usable).astype(np.int32)
+    qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)  # [S+1]
+    positions = np.concatenate([np.arange(c, c + n) for c, n in zip(computed, lens)])  # [T]
+    row = np.repeat(np.arange(len(rows)), lens)
+    slots = tables[row, positions // block_size].astype(np.int64) * block_size
+    slots += positions % block_size
+    return HostBatch(
+        request_ids=list(range(len(rows))), input_ids=positions % 128, positions=positions,
+        slot_mapping=slots, block_tables=tables, seq_lens=seq_lens, query_start_loc=qsl,
+        logits_indices=(qsl[1:] - 1).astype(np.int64), sample_request_ids=list(range(len(rows))),
+        max_query_len=int(lens.max()), max_seq_len=int(seq_lens.max()))
+
+
+def scheduler_output(shape: StepShape) -> SchedulerOutput:
+    """The SchedulerOutput the core would emit for `shape` (what CostModel.step reads)."""
+    items = [ScheduledRequest(i, p, n, (), False, True) for i, (n, p) in enumerate(shape.prefills)]
+    base = len(items)
+    items += [ScheduledRequest(base + i, c - 1, 1, (), True, True)
+              for i, c in enumerate(shape.decodes)]
+    return SchedulerOutput(
+        step_id=0, scheduled=tuple(items), num_steps=1,
+        num_prefill_tokens=sum(n for n, _ in shape.prefills), num_decode_tokens=len(shape.decodes),
+        prefill_chunks=shape.prefills, decode_context_tokens=sum(shape.decodes),
+        preempted_ids=(), elastic=None, oom=None, activation_bytes=0,
+        activation_available_bytes=0, num_used_blocks=0, num_usable_blocks=0, num_lent_blocks=0,
+        num_sampled_rows=len(items))
+
+
+def blocks_needed(shape: StepShape, block_size: int) -> int:
+    lens = [n + p for n, p in shape.prefills] + list(shape.decodes)
+    return sum(-(-n // block_size) for n in lens)

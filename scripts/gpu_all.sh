@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Every GPU job of the project in one script, for one call on the device machine.
+#
+#   OUT=/path bash scripts/gpu_all.sh [tests|bench|profile|replay|all]   (from the repo root)
+#
+# Stages (each may fail without stopping the rest; each log is tee'd to $OUT/<stage>.log;
+# `all` runs them in the order tests, profile, replay, bench):
+#   tests    python -m pytest tests_gpu -q (vmm, kernels, engine)
+#   bench    benchmarks/vmm_latency.py, kernel_bench.py, engine_bench.py
+#   profile  calibration JSON for llama-3.1-8b and qwen2.5-0.5b
+#   replay   azure-conv, first 300 requests at 2x rate, --no-wait, static and elastic (8B)
+# Results come back as at most 8 files: four logs, three tarballs (bench, profile, replay)
+# and status.txt (environment, per-stage exit codes and durations). A global deadline
+# (GPU_ALL_BUDGET_S, default 560 s) shortens the later stages so the call ends in time;
+# `all` runs the quick variants of the benchmarks.
+set -o pipefail
+export PYTHONUNBUFFERED=1
+
+STAGE="${1:-all}"
+OUT="${OUT:?set OUT to the folder whose files come back}"
+PY="${PYTHON:-python}"
+BUDGET_S="${GPU_ALL_BUDGET_S:-560}"
+WORK="${TMPDIR:-/tmp}/gpu_all"
+START_S=$(date +%s)
+STATUS="$OUT/status.txt"
+mkdir -p "$OUT" "$WORK"
+
+case "$STAGE" in
+  tests|bench|profile|replay|all) ;;
+  *) echo "usage: OUT=DIR bash scripts/gpu_all.sh [tests|bench|profile|replay|all]" >&2; exit 2 ;;
+esac
+QUICK=""
+[ "$STAGE" = all ] && QUICK="--quick"
+
+left_s() { echo $(( BUDGET_S - ($(date +%s) - START_S) )); }
+
+# run_step LOG LIMIT_S CMD...: run CMD under min(LIMIT_S, time left), append to LOG
+run_step() {
+  local log="$1" limit="$2"; shift 2
+  local left; left=$(left_s)
+  if [ "$left" -lt 20 ]; then
+    echo "SKIPPED (deadline): $*" | tee -a "$log"; echo "skip $*" >> "$STATUS"; return 0
+  fi
+  [ "$limit" -gt $(( left - 10 )) ] && limit=$(( left - 10 ))
+  echo "=== $(date +%T) [limit ${limit}s] $*" | tee -a "$log"
+  local t0; t0=$(date +%s)
+  timeout --kill-after=10 "$limit" "$@" 2>&1 | tee -a "$log"
+  local rc=$?
+  echo "rc=$rc $(( $(date +%s) - t0 ))s  $*" | tee -a "$log" >> "$STATUS"
+  return 0
+}
+
+bundle() {  # bundle STAGE: tar the stage's result folder into $OUT/STAGE.tar.gz
+  [ -d "$WORK/$1" ] && tar -C "$WORK/$1" -czf "$OUT/$1.tar.gz" . 2>/dev/null
+  return 0
+}
+
+environment() {
+  {
+    echo "stage=$STAGE date=$(date -u +%FT%TZ) budget=${BUDGET_S}s"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1
+    "$PY" - <<'EOF' 2>&1
+import importlib.metadata as md, platform, torch, triton
+print("python", platform.python_version(), "torch", torch.__version__, "cuda", torch.version.cuda,
+      "triton", triton.__version__, "cuda-bindings", md.version("cuda-bindings"))
+EOF
+  } >> "$STATUS"
+}
+
+stage_tests() {
+  run_step "$OUT/tests.log" 200 "$PY" -m pytest tests_gpu -q -rs
+}
+
+stage_bench() {
+  local dir="$WORK/bench" log="$OUT/bench.log"; mkdir -p "$dir"
+  run_step "$log" 180 "$PY" benchmarks/vmm_latency.py --reps 3 --out "$dir/vmm_latency.json"
+  run_step "$log" 120 "$PY" benchmarks/kernel_bench.py $QUICK --out "$dir/kernel_bench.json"
+  run_step "$log" 200 "$PY" benchmarks/engine_bench.py --model llama-3.1-8b $QUICK \
+    --out "$dir/engine_bench_llama-3.1-8b.json"
+  bundle bench
+}
+
+stage_profile() {
+  local dir="$WORK/profile" log="$OUT/profile.log"; mkdir -p "$dir"
+  run_step "$log" 150 "$PY" -m gpu_backend profile --model llama-3.1-8b \
+    --out "$dir/calibration_llama-3.1-8b.json"
+  run_step "$log" 90 "$PY" -m gpu_backend profile --model qwen2.5-0.5b \
+    --out "$dir/calibration_qwen2.5-0.5b.json"
+  bundle profile
+}
+
+stage_replay() {
+  local dir="$WORK/replay" log="$OUT/replay.log"; mkdir -p "$dir"
+  for policy in static elastic; do
+    run_step "$log" 170 "$PY" -m gpu_backend replay --trace azure-conv --limit 300 \
+      --rate-scale 2 --model llama-3.1-8b --policy "$policy" --max-num-seqs 256 --no-wait \
+      --out "$dir/$policy"
+    bundle replay
+  done
+}
+
+environment
+case "$STAGE" in
+  tests) stage_tests ;;
+  bench) stage_bench ;;
+  profile) stage_profile ;;
+  replay) stage_replay ;;
+  all) stage_tests; stage_profile; stage_replay; stage_bench ;;
+esac
+echo "done in $(( $(date +%s) - START_S ))s" >> "$STATUS"
+ls -la "$OUT" >> "$STATUS"

@@ -1,0 +1,109 @@
+"""Calibration pieces without a GPU: synthetic steps, the cost-model fit, memory sizing."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from test_engine_helpers import TINY, toy_config, toy_core
+
+from gpu_backend.engine.calibrate import default_grid, fit_efficiency
+from gpu_backend.engine.memory import (
+    MemoryMeasurement,
+    dummy_batch,
+    fit_envelope,
+    kv_caches_of,
+    measured_plan,
+    profile_token_counts,
+)
+from gpu_backend.engine.runner import ModelRunner
+from gpu_backend.engine.setup import plain_store
+from gpu_backend.engine.shapes import host_batch, mixed_shape, scheduler_output
+from gpu_backend.model import build_model
+from sim.core.catalog import GIB, MIB, get_gpu, get_model
+from sim.core.engine_config import EngineConfig
+from sim.core.memory_plan import ActivationProfile
+from sim.cost_model import CostModel, Efficiency
+
+
+def test_fit_recovers_known_efficiencies():
+    model, gpu = get_model("llama-3.1-8b"), get_gpu("h200")
+    truth = Efficiency(linear_compute=0.6, memory=0.8, attention_compute=0.3,
+                       step_overhead_s=2e-3, per_seq_overhead_s=1e-5)
+    grid = default_grid()
+    outputs = [scheduler_output(s) for s in grid]
+    measured = np.array([CostModel(model, gpu, 1, truth).step(o).total_s for o in outputs])
+    fitted, error = fit_efficiency((model, gpu, 1), outputs, measured)
+    assert error["median_abs_rel"] < 0.02 and error["max_abs_rel"] < 0.1
+    assert fitted.linear_compute == pytest.approx(0.6, rel=0.1)
+    assert fitted.memory == pytest.approx(0.8, rel=0.1)
+    assert fitted.step_overhead_s == pytest.approx(2e-3, rel=0.2)
+
+
+def test_scheduler_output_of_a_mixed_step_matches_the_core_fields():
+    out = scheduler_output(mixed_shape(100, 50, 3, 20))
+    assert (out.num_prefill_tokens, out.num_decode_tokens) == (100, 3)
+    assert out.prefill_chunks == ((100, 50),) and out.decode_context_tokens == 60
+    assert out.num_sampled_rows == 4 and len(out.scheduled) == 4
+
+
+def test_grid_shapes_run_through_the_tiny_model_on_cpu():
+    config = toy_config()
+    core = toy_core(config, num_kv_blocks=64)
+    store = plain_store(core, "cpu", torch.float32)
+    model = build_model(TINY, "cpu", torch.float32, attention_backend="torch", max_position=2048)
+    runner = ModelRunner(model, kv_caches_of(store, TINY.num_layers), torch.device("cpu"))
+    for shape in default_grid(quick=True):
+        batch = host_batch(shape, config.block_size, store.num_blocks)
+        assert batch.block_tables.min() >= 1 and batch.block_tables.max() < store.num_blocks
+        ids = runner.execute(batch)
+        assert ids.shape == (len(shape.prefills) + len(shape.decodes),)
+
+
+def test_dummy_batch_spreads_tokens_over_sequences():
+    batch, num_blocks = dummy_batch(100, 8, 16, torch.device("cpu"))
+    assert batch.query_start_loc.tolist()[-1] == 100 and batch.seq_lens.tolist()[:5] == [13] * 4 + [12]
+    assert num_blocks == 2 and batch.logits_indices.shape == (8,)
+    assert batch.slot_mapping.min() >= 16  # block 0 is scratch
+    assert profile_token_counts(8192, 256) == [256, 1024, 2048, 4096, 8192]
+
+
+def test_envelope_covers_every_peak():
+    peaks = {256: 50_000_000, 1024: 120_000_000, 4096: 410_000_000, 8192: 800_000_000}
+    slope, fixed = fit_envelope(peaks)
+    assert all(fixed + slope * n >= peak for n, peak in peaks.items())
+    assert slope == pytest.approx(95_000, rel=0.1)
+
+
+def test_measured_plan_uses_measured_sizes_and_the_block_quantum():
+    config = EngineConfig(get_model("qwen2.5-0.5b"), get_gpu("h200"), max_num_batched_tokens=2048,
+                          max_num_seqs=256)
+    profile = ActivationProfile(20_000.0, 300 * MIB, 700 * MIB)
+    m = MemoryMeasurement(140 * GIB, 1 * GIB, {2048: 330 * MIB}, profile, 500 * MIB, 200 * MIB)
+    plan = measured_plan(config, m)
+    reserve = int(300 * MIB + 20_000 * 2048)
+    assert plan.activation_reserve_bytes == reserve and plan.weights_bytes == GIB
+    assert plan.non_torch_bytes == 700 * MIB
+    assert (plan.num_kv_blocks + 1) % 32 == 0  # 192 KiB blocks: 32 per 6 MiB of granules
+    left = int(140 * GIB * 0.9) - GIB - reserve - 700 * MIB
+    assert 0 <= left - plan.kv_pool_bytes < 32 * plan.block_bytes
+    capped = measured_plan(config, m, max_kv_blocks=100)
+    assert capped.num_kv_blocks == 127
+    assert replace(capped, num_kv_blocks=0).num_kv_blocks == 0
+
+
+def test_calibration_json_loads_in_the_simulator(tmp_path):
+    from gpu_backend.engine.calibrate import write_calibration
+    from sim.cli import load_calibration
+
+    fitted = Efficiency(linear_compute=0.5)
+    result = {"gpu": "NVIDIA H200", "model": "llama-3.1-8b", "versions": {},
+              "efficiency": fitted.__dict__ | {},
+              "activation": {"bytes_per_token": 1e5, "fixed_bytes": 10, "non_torch_bytes": 20},
+              "measurements": [], "fit_error": {}}
+    write_calibration(tmp_path / "c.json", result)
+    efficiency, profile = load_calibration(tmp_path / "c.json")
+    assert efficiency == fitted
+    assert profile == ActivationProfile(1e5, 10, 20)

@@ -1,0 +1,77 @@
+"""Builders for the GPU engine's CPU tests (no tests here): a toy core, a tiny model, fakes."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from gpu_backend.engine.inputs import HostBatch
+from sim.core.catalog import MIB, GpuSpec, ModelSpec
+from sim.core.elastic import DrainStrategy, Policy
+from sim.core.engine_config import EngineConfig, EngineCore, build_core
+from sim.core.memory_plan import ActivationProfile, plan_memory
+
+TINY = ModelSpec("tiny", num_layers=2, hidden_size=64, intermediate_size=128,
+                 num_attention_heads=4, num_kv_heads=2, head_dim=16, vocab_size=256)
+TOY_GPU = GpuSpec("toy", memory_bytes=8 * 1024 * MIB, peak_bf16_flops=1e12,
+                  memory_bandwidth_bytes_s=1e11, interconnect_bytes_s=1e10,
+                  vmm_granularity_bytes=2 * MIB)
+# reserve at 64 tokens = 0.5 + 64 x 256 KiB = 16.5 MiB; lent in 2 MiB handles of 4 KiB blocks
+PROFILE = ActivationProfile(bytes_per_token=256 * 1024, fixed_bytes=MIB // 2, non_torch_bytes=0)
+
+
+def toy_config(policy: Policy = Policy.STATIC, drain: DrainStrategy = DrainStrategy.PREEMPT,
+               **changes) -> EngineConfig:
+    base = EngineConfig(TINY, TOY_GPU, max_num_batched_tokens=64, max_num_seqs=8,
+                        gpu_memory_utilization=0.9, max_model_len=256, block_size=16,
+                        policy=policy, drain=drain, vmm_handle_bytes=2 * MIB,
+                        reclaim="release")
+    return replace(base, **changes)
+
+
+def toy_core(config: EngineConfig, num_kv_blocks: int = 48) -> EngineCore:
+    plan = plan_memory(config.memory_config(), PROFILE)
+    plan = replace(plan, num_kv_blocks=num_kv_blocks,
+                   kv_capacity_tokens=num_kv_blocks * config.block_size)
+    return build_core(config, profile=PROFILE, plan=plan)
+
+
+class FakeTimer:
+    """A clock the fake runner advances: every executed step takes `step_s`."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class TickTimer:
+    """Each call moves time on by `tick_s`, so every engine step lasts exactly `tick_s`."""
+
+    def __init__(self, tick_s: float = 1.0) -> None:
+        self.t, self.tick_s = 0.0, tick_s
+
+    def __call__(self) -> float:
+        self.t += self.tick_s
+        return self.t
+
+
+class FakeRunner:
+    """Samples (last input id + 1) % vocab for each sampled row; can raise on chosen steps."""
+
+    graphs = None
+
+    def __init__(self, timer: FakeTimer | None = None, step_s: float = 1.0,
+                 fail_when=None) -> None:
+        self.timer, self.step_s, self.fail_when = timer, step_s, fail_when
+        self.batches: list[HostBatch] = []
+
+    def execute(self, batch: HostBatch) -> np.ndarray:
+        self.batches.append(batch)
+        if self.timer is not None:
+            self.timer.t += self.step_s
+        if self.fail_when is not None and self.fail_when(batch):
+            raise MemoryError("fake out of memory")
+        return (batch.input_ids[batch.logits_indices] + 1) % TINY.vocab_size

@@ -1,0 +1,119 @@
+"""Executor-side block tables and host arrays, checked against the real Scheduler."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from core_helpers import make_scheduler, request
+
+from gpu_backend.engine.inputs import BlockTableError, RequestMirror
+from sim.core.elastic import DrainStrategy, Policy
+from sim.core.request import RequestStatus
+from sim.core.step import ScheduledRequest, SchedulerOutput
+
+BLOCK = 4
+
+
+def output(items, **kw) -> SchedulerOutput:
+    fields = dict(step_id=1, scheduled=tuple(items), num_steps=1, num_prefill_tokens=0,
+                  num_decode_tokens=0, prefill_chunks=(), decode_context_tokens=0,
+                  preempted_ids=(), elastic=None, oom=None, activation_bytes=0,
+                  activation_available_bytes=0, num_used_blocks=0, num_usable_blocks=100,
+                  num_lent_blocks=0)
+    fields.update(kw)
+    return SchedulerOutput(**fields)
+
+
+def test_batch_arrays_for_a_chunk_and_a_decode():
+    mirror = RequestMirror(vocab_size=1000, block_size=BLOCK, block_id_offset=1)
+    first = output([ScheduledRequest(7, 0, 6, (3, 5), False, False, new_table=True),
+                    ScheduledRequest(9, 0, 2, (8,), False, True, new_table=True)])
+    mirror.apply(first, {7: 10, 9: 2})
+    mirror.tokens[9].append(42)  # pretend step one sampled 42 for request 9
+    second = output([ScheduledRequest(7, 6, 4, (11,), False, True),
+                     ScheduledRequest(9, 2, 1, (), True, True)])
+    mirror.apply(second, {})
+    batch = mirror.build(second)
+    assert batch.positions.tolist() == [6, 7, 8, 9, 2]
+    # request 7: table [3, 5, 11] -> device [4, 6, 12]; positions 6, 7 in block 1, 8, 9 in block 2
+    assert batch.slot_mapping.tolist() == [6 * 4 + 2, 6 * 4 + 3, 12 * 4, 12 * 4 + 1, 9 * 4 + 2]
+    assert batch.block_tables.tolist() == [[4, 6, 12], [9, 0, 0]]
+    assert batch.seq_lens.tolist() == [10, 3]
+    assert batch.query_start_loc.tolist() == [0, 4, 5]
+    assert batch.logits_indices.tolist() == [3, 4]
+    assert batch.sample_request_ids == [7, 9]
+    assert batch.input_ids[-1] == 42
+    assert batch.input_ids[:4].tolist() == mirror.tokens[7][6:10]
+    assert (batch.max_query_len, batch.max_seq_len) == (4, 10)
+
+
+def test_table_beyond_usable_blocks_is_refused():
+    mirror = RequestMirror(vocab_size=10, block_size=BLOCK)
+    out = output([ScheduledRequest(1, 0, 4, (0, 50), False, True, new_table=True)],
+                 num_usable_blocks=50)
+    mirror.apply(out, {1: 4})
+    with pytest.raises(BlockTableError, match="block 50"):
+        mirror.build(out)
+
+
+def test_prompt_ids_are_seeded_per_request():
+    a = RequestMirror(vocab_size=100, block_size=BLOCK, seed=3)
+    b = RequestMirror(vocab_size=100, block_size=BLOCK, seed=3)
+    assert a._prompt(5, 20) == b._prompt(5, 20) != a._prompt(6, 20)
+
+
+def drive(sched, mirror: RequestMirror, prompt_len: dict[int, int]) -> dict[str, int]:
+    """Run to completion with a fake executor, checking the mirror against the scheduler."""
+    seen = {"new_table": 0, "preempted": 0, "migrations": 0}
+    now = 0.0
+    while sched.has_unfinished():
+        out = sched.schedule()
+        mirror.apply(out, prompt_len)
+        seen["preempted"] += len(out.preempted_ids)
+        seen["new_table"] += sum(s.new_table for s in out.scheduled)
+        if out.elastic is not None:
+            seen["migrations"] += len(out.elastic.migrations)
+        batch = mirror.build(out)
+        for req in sched.running:
+            if req.request_id in mirror.tables:
+                assert mirror.tables[req.request_id] == req.block_ids
+        assert batch.num_tokens == out.num_scheduled_tokens
+        ids = np.zeros(len(batch.sample_request_ids), dtype=np.int64)
+        mirror.append_sampled(batch.sample_request_ids, ids)
+        now += 1.0
+        for req in sched.update(out, now):
+            mirror.finish([req.request_id])
+        for req_id, tokens in mirror.tokens.items():
+            req = sched.requests[req_id]
+            assert len(tokens) == req.num_tokens
+    return seen
+
+
+@pytest.mark.parametrize("policy, drain", [
+    (Policy.STATIC, DrainStrategy.PREEMPT),
+    (Policy.ELASTIC, DrainStrategy.PREEMPT),
+    (Policy.ELASTIC, DrainStrategy.MIGRATE),
+    (Policy.OVERCOMMIT, DrainStrategy.PREEMPT),
+])
+def test_mirror_tracks_scheduler_tables(policy, drain):
+    elastic = 0 if policy is Policy.STATIC else 24
+    sched = make_scheduler(16, policy=policy, num_elastic_blocks=elastic, drain=drain,
+                           block_bytes=10, max_num_batched_tokens=32, max_num_seqs=6, block_size=BLOCK,
+                           hash_block_tokens=BLOCK)
+    mirror = RequestMirror(vocab_size=50, block_size=BLOCK)
+    prompt_len = {}
+    for i in range(10):
+        req = request(i, prompt=6 + 5 * (i % 4), output=8 + 3 * (i % 3))
+        prompt_len[i] = req.num_prompt_tokens
+        sched.add_request(req)
+    seen = drive(sched, mirror, prompt_len)
+    done = {RequestStatus.FINISHED, RequestStatus.FAILED_OOM}
+    assert all(r.status in done for r in sched.requests.values())
+    if policy is not Policy.OVERCOMMIT:
+        assert all(r.status is RequestStatus.FINISHED for r in sched.requests.values())
+    assert seen["new_table"] >= (1 if policy is Policy.OVERCOMMIT else 10)
+    assert not mirror.tables and not mirror.tokens
+    if policy is Policy.STATIC:
+        assert seen["preempted"] > 0  # 16 blocks cannot hold six growing requests
+    if drain is DrainStrategy.MIGRATE:
+        assert seen["migrations"] > 0

@@ -1,0 +1,132 @@
+"""The GPU engine on a real device (qwen2.5-0.5b, random bf16 weights). Skipped without CUDA.
+
+Run on the GPU machine: ``python -m pytest tests_gpu/test_engine_gpu.py -q``.
+Checks: a short replay per policy completes with graphs and the simulator's outputs; an
+elastic run with attach/detach leaves base blocks untouched; migration copies whole blocks
+(every layer) on the VMM pool; a real torch.OutOfMemoryError fails the step, not the run.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+from gpu_backend.engine.kv_store import copy_blocks  # noqa: E402
+from gpu_backend.engine.memory import kv_layout  # noqa: E402
+from gpu_backend.engine.replay import engine_summary, replay, write_outputs  # noqa: E402
+from gpu_backend.engine.setup import build_gpu_engine  # noqa: E402
+from gpu_backend.vmm import MIB, ElasticKVPool  # noqa: E402
+from sim.core.catalog import get_gpu, get_model  # noqa: E402
+from sim.core.elastic import DrainStrategy, Policy  # noqa: E402
+from sim.core.engine_config import EngineConfig  # noqa: E402
+from sim.core.request import RequestStatus  # noqa: E402
+from traces import Request  # noqa: E402
+
+MODEL = get_model("qwen2.5-0.5b")
+# 6 long decodes outgrow 160 base blocks (2,560 tokens); short requests arrive meanwhile
+REQUESTS = ([Request(i, 0.01 * i, 300, 200) for i in range(6)]
+            + [Request(10 + i, 0.5 + 0.2 * i, 100 + 50 * i, 20) for i in range(8)])
+
+
+def config(policy: Policy, drain: DrainStrategy = DrainStrategy.PREEMPT) -> EngineConfig:
+    return EngineConfig(MODEL, get_gpu("h200"), max_num_batched_tokens=512, max_num_seqs=16,
+                        max_model_len=1024, block_size=16, policy=policy, drain=drain,
+                        vmm_handle_bytes=2 * MIB)
+
+
+def build(policy: Policy, drain: DrainStrategy = DrainStrategy.PREEMPT, **kwargs):
+    return build_gpu_engine(config(policy, drain), seed=0, max_kv_blocks=160, **kwargs)
+
+
+def teardown(setup) -> None:
+    close = getattr(setup.store, "close", None)
+    if close is not None:
+        close()
+    del setup
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.set_per_process_memory_fraction(1.0)
+
+
+@pytest.mark.parametrize("policy, drain", [
+    (Policy.STATIC, DrainStrategy.PREEMPT), (Policy.ELASTIC, DrainStrategy.PREEMPT),
+    (Policy.ELASTIC, DrainStrategy.MIGRATE), (Policy.OVERCOMMIT, DrainStrategy.PREEMPT)])
+def test_short_replay_per_policy(policy, drain, tmp_path):
+    setup = build(policy, drain)
+    engine = setup.engine
+    replay(engine, REQUESTS, wait=False)
+    summary = engine_summary(engine, {})
+    write_outputs(tmp_path, engine, summary, "unit", len(REQUESTS))
+    statuses = {r.status for r in engine.recorder.requests}
+    if policy is Policy.OVERCOMMIT:
+        assert statuses <= {RequestStatus.FINISHED, RequestStatus.FAILED_OOM}
+    else:
+        assert statuses == {RequestStatus.FINISHED}
+    assert summary["measured"]["num_graph_steps"] > 0
+    assert summary["measured"]["num_eager_steps"] > 0
+    assert (tmp_path / "steps.csv").exists()
+    if policy is Policy.ELASTIC:
+        assert summary["num_attach"] >= 1 and summary["num_detach"] >= 1
+        assert summary["reserve_lent_tokens_max"] > 0
+    teardown(setup)
+
+
+def test_elastic_run_keeps_base_blocks_intact():
+    setup = build(Policy.ELASTIC)
+    engine, store = setup.engine, setup.store
+    top = engine.core.plan.num_kv_blocks  # device id of the last base block: unused here
+    pattern = torch.arange(kv_layout(MODEL, 16).plane_elements, device="cuda") % 251
+    pattern = pattern.to(torch.bfloat16).view(store.k_cache(0)[top].shape)
+    for layer in range(MODEL.num_layers):
+        store.k_cache(layer)[top] = pattern
+        store.v_cache(layer)[top] = pattern + 1
+    # two decodes fill ~63 of 191 base blocks (lowest ids first); the late prefill detaches
+    replay(engine, REQUESTS[:2] + [Request(50, 0.3, 64, 4)], wait=False)
+    assert engine_summary(engine, {})["num_detach"] >= 1
+    assert len(engine.elastic.attach_latencies_s) >= 1
+    torch.cuda.synchronize()
+    for layer in range(MODEL.num_layers):
+        assert torch.equal(store.k_cache(layer)[top], pattern)
+        assert torch.equal(store.v_cache(layer)[top], pattern + 1)
+    teardown(setup)
+
+
+def test_migration_copies_whole_blocks_on_the_pool():
+    layout = kv_layout(MODEL, 16)
+    torch.zeros(1, device="cuda")  # torch creates the context first, as the engine does
+    with ElasticKVPool(layout, 32, 16 * MIB, elastic_handle_bytes=2 * MIB,
+                       reclaim="release") as pool:
+        pool.attach(num_handles=2)
+        src = pool.plan.num_base_blocks + 3
+        for layer in range(layout.num_layers):
+            pool.k_cache(layer)[src] = layer + 1
+            pool.v_cache(layer)[src] = -(layer + 1)
+        copy_blocks(pool, [(src, 5)])
+        torch.cuda.synchronize()
+        pool.detach()
+        for layer in range(layout.num_layers):
+            assert (pool.k_cache(layer)[5] == layer + 1).all()
+            assert (pool.v_cache(layer)[5] == -(layer + 1)).all()
+
+
+def test_real_out_of_memory_fails_the_step_not_the_run():
+    setup = build(Policy.STATIC, torch_cap="on")
+    engine, budget = setup.engine, setup.budget
+    assert budget is not None
+    torch.cuda.empty_cache()
+    budget.allowed_base = torch.cuda.memory_reserved()  # no new segment: a prefill cannot fit
+    budget.set_mapped(0)
+    replay(engine, [Request(0, 0.0, 512, 4)], wait=False)
+    assert engine.num_real_oom == 1
+    assert engine.recorder.requests[0].status is RequestStatus.FAILED_OOM
+    budget.allowed_base += 8 * 2**30
+    budget.set_mapped(0)
+    replay(engine, [Request(1, 0.0, 512, 4)], wait=False)
+    assert engine.recorder.requests[1].status is RequestStatus.FINISHED
+    assert engine_summary(engine, {})["num_oom"] == 1
+    teardown(setup)
