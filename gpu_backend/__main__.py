@@ -104,6 +104,13 @@ def run_replay(args: argparse.Namespace) -> int:
         "torch_cap_bytes": setup.budget.cap_bytes if setup.budget else None,
     }
     summary = engine_summary(engine, measured)
+    summary.update({  # what `python -m validation compare` needs to simulate the same run
+        "trace_path": args.trace, "trace_format": args.format, "limit": args.limit,
+        "window_s": list(args.window) if args.window else None, "rate_scale": args.rate_scale,
+        "seed": args.seed, "gpu_memory_utilization": config.gpu_memory_utilization,
+        "max_model_len": config.max_model_len, "reclaim": config.reclaim,
+        "enable_prefix_caching": config.enable_prefix_caching,
+    })
     print(json.dumps({k: summary[k] for k in ("num_finished", "num_requests", "throughput_tok_s",
                                               "num_preemptions", "num_oom", "num_attach")}))
     if args.out is not None:

@@ -26,8 +26,8 @@ STATUS="$OUT/status.txt"
 mkdir -p "$OUT" "$WORK"
 
 case "$STAGE" in
-  tests|bench|profile|replay|all) ;;
-  *) echo "usage: OUT=DIR bash scripts/gpu_all.sh [tests|bench|profile|replay|all]" >&2; exit 2 ;;
+  tests|bench|profile|replay|validation|all) ;;
+  *) echo "usage: OUT=DIR bash scripts/gpu_all.sh [tests|bench|profile|replay|validation|all]" >&2; exit 2 ;;
 esac
 QUICK=""
 [ "$STAGE" = all ] && QUICK="--quick"
@@ -99,12 +99,34 @@ stage_replay() {
   done
 }
 
+# validation: the replays `python -m validation compare` turns into the committed reports.
+# Each line: NAME MODEL TRACE LIMIT RATE_SCALE (static and elastic are replayed for each).
+VALIDATION_RUNS=(
+  "h200_qwen2.5-0.5b_azure-conv qwen2.5-0.5b azure-conv 300 2"
+  "h200_llama-3.1-8b_azure-code llama-3.1-8b azure-code 150 2"
+  "h200_llama-3.1-8b_mooncake-conv llama-3.1-8b mooncake-conv 40 1"
+)
+
+stage_validation() {
+  local log="$OUT/validation.log"
+  for line in "${VALIDATION_RUNS[@]}"; do
+    read -r name model trace limit rate <<<"$line"
+    for policy in static elastic; do
+      run_step "$log" 150 "$PY" -m gpu_backend replay --trace "$trace" --limit "$limit" \
+        --rate-scale "$rate" --model "$model" --policy "$policy" --max-num-seqs 256 \
+        --max-model-len 32768 --no-wait --out "$WORK/validation/$name/$policy"
+    done
+    bundle validation
+  done
+}
+
 environment
 case "$STAGE" in
   tests) stage_tests ;;
   bench) stage_bench ;;
   profile) stage_profile ;;
   replay) stage_replay ;;
+  validation) stage_validation ;;
   all) stage_tests; stage_profile; stage_replay; stage_bench ;;
 esac
 echo "done in $(( $(date +%s) - START_S ))s" >> "$STATUS"

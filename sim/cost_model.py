@@ -40,6 +40,10 @@ class Efficiency:
     allreduce_latency_s: float = 8e-6  # per all-reduce call (NCCL on NVLink, small messages)
     step_overhead_s: float = 1.0e-3  # per step: scheduler, input preparation, launches
     per_seq_overhead_s: float = 4e-6  # per scheduled sequence (block tables, metadata)
+    # Extra per step that carries prefill tokens. Engines capture CUDA graphs for decode-only
+    # steps and run the rest eagerly (vLLM before piecewise graphs, this project's engine),
+    # paying kernel-launch overhead per layer; 0 where every step is graphed.
+    prefill_step_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -115,7 +119,8 @@ class CostModel:
         return StepCost(
             linear_s=self.linear_s(num_tokens), attention_s=attention,
             allreduce_s=self.allreduce_s(num_tokens), logits_s=self.logits_s(out.num_sampled_rows),
-            overhead_s=self.eff.step_overhead_s + self.eff.per_seq_overhead_s * len(out.scheduled),
+            overhead_s=(self.eff.step_overhead_s + self.eff.per_seq_overhead_s * len(out.scheduled)
+                        + (self.eff.prefill_step_overhead_s if out.num_prefill_tokens else 0.0)),
         )
 
     def decode_run_s(self, batch_size: int, context_tokens: int, num_steps: int) -> np.ndarray:
@@ -130,6 +135,18 @@ class CostModel:
     def migration_s(self, num_bytes: int) -> float:
         """Device-to-device copy of migrated KV blocks: read and write each byte once."""
         return 2.0 * num_bytes / self._bytes_s
+
+
+# Efficiency fields fitted to measured step times: (name, bounds, typical scale). Interconnect
+# and all-reduce latency stay as given: a TP-1 run cannot see them.
+FIT_PARAMETERS = (
+    ("linear_compute", (0.05, 1.0), 1.0),
+    ("memory", (0.05, 1.0), 1.0),
+    ("attention_compute", (0.02, 1.0), 1.0),
+    ("step_overhead_s", (0.0, 0.05), 1e-3),
+    ("per_seq_overhead_s", (0.0, 1e-3), 1e-6),
+    ("prefill_step_overhead_s", (0.0, 0.1), 1e-3),
+)
 
 
 def load_efficiency(path: str | Path) -> Efficiency:

@@ -2,7 +2,7 @@
 
 The fit minimises the relative error of `predict_step_times` against `measured_s` over the
 fit steps with `scipy.optimize.least_squares` (soft-L1 loss, so a few outliers such as a
-first-step warm-up do not steer it). Five `Efficiency` fields are free; interconnect and
+first-step warm-up do not steer it). The `Efficiency` fields in `sim.cost_model.FIT_PARAMETERS` are free; interconnect and
 all-reduce latency stay as given (a TP-1 run cannot see them). Held out by default: the
 second half of every run's steps, so the report's error is on steps the fit never saw.
 """
@@ -18,17 +18,9 @@ from scipy.optimize import least_squares
 
 from sim.core.catalog import GpuSpec, ModelSpec
 from sim.core.memory_plan import ActivationProfile
-from sim.cost_model import CostModel, Efficiency
+from sim.cost_model import FIT_PARAMETERS, CostModel, Efficiency
 from validation.steps import StepTable, error_stats, predict_step_times, relative_errors
 
-# Free parameter, bounds, and the unit the optimiser works in (so all are of order one).
-FIT_PARAMETERS = (
-    ("linear_compute", (0.05, 1.0), 1.0),
-    ("memory", (0.05, 1.0), 1.0),
-    ("attention_compute", (0.02, 1.0), 1.0),
-    ("step_overhead_s", (0.0, 0.05), 1e-3),
-    ("per_seq_overhead_s", (0.0, 1e-3), 1e-6),
-)
 DEFAULT_HOLDOUT_FRACTION = 0.5
 
 

@@ -162,7 +162,8 @@ def predict_step_times(cost: CostModel, table: StepTable) -> np.ndarray:
     total = (_per_unique(tokens, cost.linear_s) + _per_unique(tokens, cost.allreduce_s)
              + _per_unique(table.num_sampled_rows, cost.logits_s)
              + table.prefill_pairs * per_pair_s + table.decode_context_tokens * per_context_token_s
-             + cost.eff.step_overhead_s + cost.eff.per_seq_overhead_s * table.num_seqs)
+             + cost.eff.step_overhead_s + cost.eff.per_seq_overhead_s * table.num_seqs
+             + np.where(table.num_prefill_tokens > 0, cost.eff.prefill_step_overhead_s, 0.0))
     # A step that scheduled nothing (an OOM the engine dropped) costs the fixed overhead only.
     return np.where(tokens > 0, total, cost.eff.step_overhead_s)
 

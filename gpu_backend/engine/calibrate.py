@@ -32,12 +32,10 @@ from gpu_backend.engine.shapes import (
     scheduler_output,
 )
 from sim.core.engine_config import EngineConfig
-from sim.cost_model import CostModel, Efficiency
+from sim.cost_model import FIT_PARAMETERS, CostModel, Efficiency
 
-FIT_FIELDS = ("linear_compute", "memory", "attention_compute", "step_overhead_s",
-              "per_seq_overhead_s")
-BOUNDS = {"linear_compute": (0.02, 1.0), "memory": (0.02, 1.0), "attention_compute": (0.01, 1.0),
-          "step_overhead_s": (0.0, 0.05), "per_seq_overhead_s": (0.0, 1e-3)}
+FIT_FIELDS = tuple(name for name, _, _ in FIT_PARAMETERS)
+BOUNDS = {name: bounds for name, bounds, _ in FIT_PARAMETERS}
 
 
 def default_grid(quick: bool = False) -> list[StepShape]:

@@ -28,7 +28,7 @@ from sim.metrics import ReplicaRecorder
 
 STEP_COLUMNS = ("step_id", "start_s", "num_prefill_tokens", "num_decode_tokens",
                 "decode_context_tokens", "num_seqs", "measured_s", "graph", "lent_blocks",
-                "mapped_elastic_bytes", "oom")
+                "mapped_elastic_bytes", "oom", "num_sampled_rows", "prefill_chunks")
 
 
 class Clock(Protocol):
@@ -157,4 +157,5 @@ class GpuEngine:
         self.steps.append((out.step_id, start_s, out.num_prefill_tokens, out.num_decode_tokens,
                            out.decode_context_tokens, len(out.scheduled), duration_s, int(graph),
                            out.num_lent_blocks, self.elastic.mapped_bytes,
-                           int(out.oom is not None)))
+                           int(out.oom is not None), out.num_sampled_rows,
+                           ";".join(f"{c}:{p}" for c, p in out.prefill_chunks)))
