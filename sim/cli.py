@@ -13,11 +13,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from sim.core.catalog import MIB, get_gpu, get_model
-from sim.core.elastic import DrainStrategy, Policy
+from sim.core.elastic import DrainStrategy
 from sim.core.engine_config import EngineConfig
 from sim.core.memory_plan import ActivationProfile
 from sim.cost_model import load_efficiency
 from sim.metrics import Slo
+from sim.outputs import parse_int_list, parse_policies
 from sim.progress import progress_bar
 from sim.report import print_comparison, write_outputs
 from sim.runner import RunResult, RunSpec, simulate
@@ -60,22 +61,6 @@ def engine_configs(args: argparse.Namespace) -> list[EngineConfig]:
     policies = parse_policies(args.policy)
     chunks = parse_int_list(args.chunk, "--max-num-batched-tokens") if args.chunk else [None]
     return [replace(base, policy=p, max_num_batched_tokens=c) for c in chunks for p in policies]
-
-
-def parse_policies(text: str) -> list[Policy]:
-    if text.strip().lower() == "all":
-        return list(Policy)
-    return [Policy.parse(name) for name in text.split(",") if name.strip()]
-
-
-def parse_int_list(text: str, flag: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise ValueError(f"{flag} takes integers separated by commas, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise ValueError(f"{flag} values must be positive integers, got {text!r}")
-    return values
 
 
 def load_calibration(path: Path | None):

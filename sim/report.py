@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import csv
 import json
-import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from sim.metrics import TIMELINE_COLUMNS, request_table, timeline_array
-from sim.runner import RunResult
+from sim.outputs import slug, write_request_csv, write_timeline_csv
 from traces import Trace
+
+if TYPE_CHECKING:
+    from sim.runner import RunResult
 
 # (label, summary key, sub key or None, format, higher is better)
 ROWS = (
@@ -84,10 +84,6 @@ def _cell(value, base, fmt: str, show_delta: bool) -> str:
     return text
 
 
-def slug(label: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_")
-
-
 def write_outputs(out_dir: Path, results: Sequence[RunResult], trace: Trace, *,
                   plot: bool = False) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -96,27 +92,10 @@ def write_outputs(out_dir: Path, results: Sequence[RunResult], trace: Trace, *,
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     for r in results:
         name = slug(r.spec.label)
-        write_request_csv(out_dir / f"requests_{name}.csv", r)
-        write_timeline_csv(out_dir / f"timeline_{name}.csv", r)
+        write_request_csv(out_dir / f"requests_{name}.csv",
+                          [q for rec in r.recorders for q in rec.requests])
+        write_timeline_csv(out_dir / f"timeline_{name}.csv", r.recorders)
     if plot:
         from sim.plots import plot_runs
 
         plot_runs(out_dir, results)
-
-
-def write_request_csv(path: Path, result: RunResult) -> None:
-    requests = [q for rec in result.recorders for q in rec.requests]
-    table = request_table(requests)
-    columns = list(table)
-    with path.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(columns)
-        writer.writerows(zip(*(table[c].tolist() for c in columns)))
-
-
-def write_timeline_csv(path: Path, result: RunResult) -> None:
-    rows = [np.column_stack([np.full(len(rec.timeline), rec.replica_id), timeline_array(rec)])
-            for rec in result.recorders]
-    data = np.concatenate(rows) if rows else np.zeros((0, len(TIMELINE_COLUMNS) + 1))
-    header = ",".join(("replica",) + TIMELINE_COLUMNS)
-    np.savetxt(path, data, delimiter=",", header=header, comments="", fmt="%.9g")

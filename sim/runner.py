@@ -13,6 +13,7 @@ from sim.core.memory_plan import ActivationProfile
 from sim.cost_model import CostModel, Efficiency
 from sim.engine import Fleet, Replica
 from sim.metrics import ReplicaRecorder, Slo, summarize
+from sim.outputs import config_fields, run_label
 from traces import Trace
 
 ProgressFn = Callable[[float, int], None]
@@ -36,8 +37,7 @@ class RunSpec:
 
     @property
     def label(self) -> str:
-        e = self.engine
-        return f"{e.policy.value}/chunk={e.chunk_tokens}"
+        return run_label(self.engine)
 
 
 @dataclass
@@ -49,7 +49,12 @@ class RunResult:
     wall_s: float
 
 
-def simulate(spec: RunSpec, trace: Trace, progress: ProgressFn | None = None) -> RunResult:
+RecorderFactory = Callable[[int, int], ReplicaRecorder]
+"""recorder(replica_id, block_size): what each replica records with (validation logs steps)."""
+
+
+def simulate(spec: RunSpec, trace: Trace, progress: ProgressFn | None = None,
+             recorder: RecorderFactory = ReplicaRecorder) -> RunResult:
     wall_start = time.perf_counter()
     env = simpy.Environment()
     requests = trace.requests()
@@ -58,7 +63,9 @@ def simulate(spec: RunSpec, trace: Trace, progress: ProgressFn | None = None) ->
     cost = CostModel(spec.engine.model, spec.engine.gpu, spec.engine.tensor_parallel_size,
                      spec.efficiency)
     for replica_id, core in enumerate(cores):
-        fleet.replicas.append(Replica(env, replica_id, core, cost, fleet))
+        replica = Replica(env, replica_id, core, cost, fleet)
+        replica.recorder = recorder(replica_id, core.config.block_size)
+        fleet.replicas.append(replica)
     env.process(fleet.arrivals(env))
     for replica in fleet.replicas:
         env.process(replica.run(env))
@@ -67,7 +74,7 @@ def simulate(spec: RunSpec, trace: Trace, progress: ProgressFn | None = None) ->
     env.run(until=_all_done(env, fleet))
     recorders = [r.recorder for r in fleet.replicas]
     summary = summarize(recorders, spec.slo)
-    summary.update(_config_fields(spec, cores[0]))
+    summary.update(config_fields(cores[0], spec.num_replicas))
     wall_s = time.perf_counter() - wall_start
     summary["sim_wall_s"] = wall_s
     return RunResult(spec, summary, recorders, cores[0], wall_s)
@@ -94,17 +101,3 @@ def _monitor(env: simpy.Environment, fleet: Fleet, progress: ProgressFn):
             r.scheduler.has_unfinished() for r in fleet.replicas):
         progress(env.now, sum(r.num_finished for r in fleet.replicas))
         yield env.timeout(PROGRESS_EVERY_S)
-
-
-def _config_fields(spec: RunSpec, core: EngineCore) -> dict:
-    e, plan = spec.engine, core.plan
-    return {
-        "policy": e.policy.value, "drain": e.drain.value, "chunk": e.chunk_tokens,
-        "model": e.model.name, "gpu": e.gpu.name, "tensor_parallel_size": e.tensor_parallel_size,
-        "num_replicas": spec.num_replicas, "max_num_seqs": e.num_seqs,
-        "block_size": e.block_size, "vmm_handle_bytes": e.vmm_handle_bytes,
-        "kv_capacity_tokens": plan.kv_capacity_tokens,
-        "kv_capacity_lent_tokens": core.kv_capacity_tokens,
-        "activation_reserve_bytes": plan.activation_reserve_bytes,
-        "reserve_share": plan.reserve_share,
-    }

@@ -9,24 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sim.core.elastic import Policy
+from sim.outputs import parse_int_list, parse_policies
 from validation.runs import GpuRun, TraceSlice, engine_config, find_runs, load_run
-
-
-def parse_policies(text: str) -> list[Policy]:
-    if text.strip().lower() == "all":
-        return list(Policy)
-    return [Policy.parse(name) for name in text.split(",") if name.strip()]
-
-
-def parse_int_list(text: str, flag: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise ValueError(f"{flag} takes integers separated by commas, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise ValueError(f"{flag} values must be positive integers, got {text!r}")
-    return values
 
 
 def slice_from_args(args: argparse.Namespace) -> TraceSlice | None:

@@ -8,17 +8,11 @@ what the cost model needs to price a step, which the summary timeline does not.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
-import simpy
 
-from sim.core.engine_config import build_core
 from sim.core.step import SchedulerOutput
-from sim.cost_model import CostModel
-from sim.engine import Fleet, Replica
-from sim.metrics import ReplicaRecorder, summarize
-from sim.runner import RunResult, RunSpec, _all_done, _config_fields
+from sim.metrics import ReplicaRecorder
+from sim.runner import RunResult, RunSpec, simulate
 from traces import Trace
 from validation.steps import StepTable, chunk_pairs, format_chunks
 
@@ -64,21 +58,7 @@ def simulate_logged(spec: RunSpec, trace: Trace) -> tuple[RunResult, StepLogReco
     """`sim.runner.simulate` for one replica, with a `StepLogRecorder` on the replica."""
     if spec.num_replicas != 1:
         raise ValueError("validation compares one engine: num_replicas must be 1")
-    wall_start = time.perf_counter()
-    env = simpy.Environment()
-    fleet = Fleet(env, trace.requests(), spec.router)
-    core = build_core(spec.engine, spec.profile)
-    cost = CostModel(spec.engine.model, spec.engine.gpu, spec.engine.tensor_parallel_size,
-                     spec.efficiency)
-    replica = Replica(env, 0, core, cost, fleet)
-    recorder = StepLogRecorder(0, core.config.block_size)
-    replica.recorder = recorder
-    fleet.replicas.append(replica)
-    env.process(fleet.arrivals(env))
-    env.process(replica.run(env))
-    env.run(until=_all_done(env, fleet))
-    summary = summarize([recorder], spec.slo)
-    summary.update(_config_fields(spec, core))
-    wall_s = time.perf_counter() - wall_start
-    summary["sim_wall_s"] = wall_s
-    return RunResult(spec, summary, [recorder], core, wall_s), recorder
+    result = simulate(spec, trace, recorder=StepLogRecorder)
+    recorder = result.recorders[0]
+    assert isinstance(recorder, StepLogRecorder)
+    return result, recorder

@@ -16,7 +16,7 @@ import numpy as np
 
 from sim.core.memory_plan import ActivationProfile
 from sim.cost_model import Efficiency
-from sim.report import slug, write_request_csv, write_timeline_csv
+from sim.outputs import slug, write_request_csv, write_timeline_csv
 from sim.runner import RunSpec
 from validation.runs import TraceSlice
 from validation.simside import simulate_logged
@@ -53,8 +53,9 @@ def write_gpu_style_run(out_dir: Path, spec: RunSpec, ts: TraceSlice, *,
         table = table.with_durations(table.duration_s * rng.lognormal(0.0, noise_rel, len(table)))
     write_steps_csv(folder / "steps.csv", table, recorder.step_chunks)
     name = slug(spec.label)
-    write_request_csv(folder / f"requests_{name}.csv", result)
-    write_timeline_csv(folder / f"timeline_{name}.csv", result)
+    write_request_csv(folder / f"requests_{name}.csv",
+                      [q for rec in result.recorders for q in rec.requests])
+    write_timeline_csv(folder / f"timeline_{name}.csv", result.recorders)
     return folder
 
 

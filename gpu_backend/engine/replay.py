@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import csv
 import json
-import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from gpu_backend.engine.engine import STEP_COLUMNS, GpuEngine, VirtualClock, WallClock
-from sim.core.engine_config import EngineCore
 from sim.core.request import RequestState
-from sim.metrics import TIMELINE_COLUMNS, Slo, request_table, summarize, timeline_array
+from sim.metrics import Slo, summarize
+from sim.outputs import config_fields, run_label, slug, write_request_csv, write_timeline_csv
 from traces import Request
 
 ProgressFn = Callable[[float, int, int], None]  # (now_s, num_submitted, num_steps)
@@ -55,31 +54,9 @@ def _state(req: Request) -> RequestState:
                         req.block_hashes)
 
 
-def label(core: EngineCore) -> str:
-    return f"{core.config.policy.value}/chunk={core.config.chunk_tokens}"
-
-
-def slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")
-
-
-def config_fields(core: EngineCore) -> dict:
-    """The simulator runner's configuration fields (sim.runner._config_fields), one replica."""
-    e, plan = core.config, core.plan
-    return {
-        "policy": e.policy.value, "drain": e.drain.value, "chunk": e.chunk_tokens,
-        "model": e.model.name, "gpu": e.gpu.name, "tensor_parallel_size": e.tensor_parallel_size,
-        "num_replicas": 1, "max_num_seqs": e.num_seqs, "block_size": e.block_size,
-        "vmm_handle_bytes": e.vmm_handle_bytes, "kv_capacity_tokens": plan.kv_capacity_tokens,
-        "kv_capacity_lent_tokens": core.kv_capacity_tokens,
-        "activation_reserve_bytes": plan.activation_reserve_bytes,
-        "reserve_share": plan.reserve_share,
-    }
-
-
 def engine_summary(engine: GpuEngine, measured: dict, slo: Slo | None = None) -> dict:
     summary = summarize([engine.recorder], slo or Slo())
-    summary.update(config_fields(engine.core))
+    summary.update(config_fields(engine.core))  # the simulator's configuration columns
     el = engine.elastic
     summary["measured"] = {
         **measured,
@@ -111,30 +88,14 @@ def write_outputs(out_dir: Path, engine: GpuEngine, summary: dict, trace_source:
     out_dir.mkdir(parents=True, exist_ok=True)
     doc = {"trace": trace_source, "num_trace_requests": num_trace_requests, "runs": [summary]}
     (out_dir / "summary.json").write_text(json.dumps(doc, indent=2))
-    name = slug(label(engine.core))
-    write_request_csv(out_dir / f"requests_{name}.csv", engine)
-    write_timeline_csv(out_dir / f"timeline_{name}.csv", engine)
+    name = slug(run_label(engine.core.config))
+    write_request_csv(out_dir / f"requests_{name}.csv", engine.recorder.requests)
+    mapped = [s[STEP_COLUMNS.index("mapped_elastic_bytes")] for s in engine.steps]
+    write_timeline_csv(out_dir / f"timeline_{name}.csv", [engine.recorder],
+                       extra={"reserve_mapped_bytes": np.array(mapped, dtype=np.float64)})
     with (out_dir / "steps.csv").open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(STEP_COLUMNS)
         writer.writerows(engine.steps)
 
 
-def write_request_csv(path: Path, engine: GpuEngine) -> None:
-    """Same columns as sim.report.write_request_csv (which imports simpy via sim.runner)."""
-    table = request_table(engine.recorder.requests)
-    columns = list(table)
-    with path.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(columns)
-        writer.writerows(zip(*(table[c].tolist() for c in columns)))
-
-
-def write_timeline_csv(path: Path, engine: GpuEngine) -> None:
-    """sim.report's timeline columns (replica first), then the measured mapped reserve bytes."""
-    rows = timeline_array(engine.recorder)  # [steps, len(TIMELINE_COLUMNS)]
-    mapped = np.array([s[STEP_COLUMNS.index("mapped_elastic_bytes")] for s in engine.steps],
-                      dtype=np.float64).reshape(-1, 1)
-    data = np.column_stack([np.zeros(len(rows)), rows, mapped[:len(rows)]])
-    header = ",".join(("replica",) + TIMELINE_COLUMNS + ("reserve_mapped_bytes",))
-    np.savetxt(path, data, delimiter=",", header=header, comments="", fmt="%.9g")

@@ -16,8 +16,9 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from sim.cli import add_engine_arguments, load_calibration, parse_int_list, parse_policies
+from sim.cli import add_engine_arguments, load_calibration
 from sim.metrics import Slo
+from sim.outputs import parse_int_list, parse_policies
 from sim.planning import gain_map, plan, report, reserve
 from sim.planning.cases import EngineOptions, TraceSpec
 from sim.planning.map_figure import plot_map
