@@ -33,7 +33,6 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-model-len", type=int, default=None)
     g.add_argument("--block-size", type=int, default=16)
     g.add_argument("--vmm-handle-mib", type=int, default=512)
-    g.add_argument("--seed", type=int, default=0)
 
 
 def engine_config(args: argparse.Namespace, policy: Policy) -> EngineConfig:
@@ -64,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--out", type=Path, default=None)
     pp = sub.add_parser("profile", help="measure step times and fit the cost model")
     add_engine_arguments(pp)
+    pp.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     pp.add_argument("--quick", action="store_true", help="a small grid (tests, smoke runs)")
     pp.add_argument("--out", type=Path, default=None)
     return parser

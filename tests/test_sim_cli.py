@@ -110,3 +110,31 @@ def test_argparse_type_errors_exit_2(capsys):
         main(["--trace", "azure-conv", "--tp", "two"])
     assert info.value.code == 2
     assert "--tensor-parallel-size" in capsys.readouterr().err
+
+
+def test_synthetic_trace_from_the_command_line_is_seeded(capsys):
+    import json
+
+    from sim.__main__ import main
+
+    argv = ["--trace", "synthetic", "--synthetic-requests", "120", "--synthetic-rate", "4",
+            "--arrival", "gamma", "--cv", "2", "--prompt-dist", "uniform:100:3000",
+            "--output-dist", "fixed:20", "--policy", "static", "--json", "--no-progress"]
+
+    def run(seed: int) -> dict:
+        assert main(argv + ["--seed", str(seed)]) == 0
+        return json.loads(capsys.readouterr().out)[0]
+
+    first, again, other = run(1), run(1), run(2)
+    assert first["num_requests"] == 120 and first["num_finished"] == 120
+    assert first["throughput_tok_s"] == again["throughput_tok_s"]
+    assert first["ttft_s"] == again["ttft_s"]
+    assert first["ttft_s"] != other["ttft_s"]
+
+
+def test_bad_length_spec_is_a_one_line_error(capsys):
+    from sim.__main__ import main
+
+    assert main(["--trace", "synthetic", "--prompt-dist", "lognormal:abc:1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--prompt-dist" in err[0] and "Traceback" not in err[0]

@@ -13,6 +13,7 @@ from pathlib import Path
 from traces.bundled import BUNDLED
 from traces.errors import TraceError
 from traces.loader import FORMATS, load_trace
+from traces.synthetic_cli import SYNTHETIC, add_synthetic_arguments, synthetic_from_args
 from traces.trace import Trace
 
 
@@ -20,9 +21,10 @@ def add_trace_arguments(parser: argparse.ArgumentParser, *, required: bool = Tru
     """Add ``--trace`` and the options ``trace_from_args`` reads."""
     parser.add_argument(
         "--trace", required=required, metavar="FILE_OR_BUNDLED_NAME",
-        help=f"trace file, or a bundled trace: {', '.join(sorted(BUNDLED))}",
+        help=f"trace file, a bundled trace ({', '.join(sorted(BUNDLED))}), or 'synthetic'",
     )
     _add_loading_options(parser)
+    add_synthetic_arguments(parser)
 
 
 def trace_from_args(args: argparse.Namespace) -> Trace:
@@ -33,6 +35,13 @@ def trace_from_args(args: argparse.Namespace) -> Trace:
     """
     if args.trace is None:
         raise TraceError(None, "no trace given", fix="pass --trace FILE_OR_BUNDLED_NAME")
+    if args.trace == SYNTHETIC:
+        trace = synthetic_from_args(args)
+        if args.window is not None:
+            trace = trace.window(*args.window)
+        if args.limit is not None:
+            trace = trace.head(args.limit)
+        return trace.scaled(args.rate_scale) if args.rate_scale != 1.0 else trace
     return load_trace(
         args.trace,
         args.format,
