@@ -66,7 +66,20 @@ def build_parser() -> argparse.ArgumentParser:
     pp.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     pp.add_argument("--quick", action="store_true", help="a small grid (tests, smoke runs)")
     pp.add_argument("--out", type=Path, default=None)
+    fp = sub.add_parser("refit", help="fit a calibration's stored measurements again (no GPU)")
+    fp.add_argument("calibration", type=Path)
+    fp.add_argument("--out", type=Path, default=None, help="default: overwrite the input")
     return parser
+
+
+def run_refit(args: argparse.Namespace) -> int:
+    from gpu_backend.engine.calibrate import refit_calibration, write_calibration
+
+    result = refit_calibration(json.loads(args.calibration.read_text()))
+    write_calibration(args.out or args.calibration, result)
+    print(json.dumps({"efficiency": result["efficiency"],
+                      "median_abs_rel": result["fit_error"]["median_abs_rel"]}, indent=2))
+    return 0
 
 
 def run_replay(args: argparse.Namespace) -> int:
@@ -135,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "replay":
             return run_replay(args)
+        if args.command == "refit":
+            return run_refit(args)
         return run_profile(args)
     except (TraceError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

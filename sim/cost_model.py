@@ -34,7 +34,8 @@ from sim.core.step import SchedulerOutput
 @dataclass(frozen=True)
 class Efficiency:
     linear_compute: float = 0.73  # of peak bf16 FLOP/s, large GEMMs
-    memory: float = 0.71  # of HBM bandwidth, weight and KV streaming
+    memory: float = 0.71  # of HBM bandwidth, weight streaming by the linear layers
+    kv_memory: float = 0.71  # of HBM bandwidth, KV streaming by decode attention (paged reads)
     attention_compute: float = 0.45  # of peak, causal prefill attention (flash-style kernels)
     interconnect: float = 0.8  # of the link bandwidth, ring all-reduce
     allreduce_latency_s: float = 8e-6  # per all-reduce call (NCCL on NVLink, small messages)
@@ -48,8 +49,9 @@ class Efficiency:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if value < 0 or (f.name in ("linear_compute", "memory", "attention_compute",
-                                        "interconnect") and not 0 < value <= 1):
+            if value < 0 or (f.name in ("linear_compute", "memory", "kv_memory",
+                                        "attention_compute", "interconnect")
+                             and not 0 < value <= 1):
                 raise ValueError(f"efficiency {f.name}={value} is out of range")
 
 
@@ -79,6 +81,7 @@ class CostModel:
         self._flops_s = gpu.peak_bf16_flops * self.eff.linear_compute
         self._attn_flops_s = gpu.peak_bf16_flops * self.eff.attention_compute
         self._bytes_s = gpu.memory_bandwidth_bytes_s * self.eff.memory
+        self._kv_bytes_s = gpu.memory_bandwidth_bytes_s * self.eff.kv_memory
         heads = model.num_attention_heads // tp
         self._attn_flops_per_pair = 4.0 * heads * model.head_dim * model.num_layers
         self._kv_bytes_per_token = float(model.kv_bytes_per_token(tp))
@@ -94,7 +97,7 @@ class CostModel:
         return pairs * self._attn_flops_per_pair / self._attn_flops_s
 
     def decode_attention_s(self, context_tokens: int) -> float:
-        return context_tokens * self._kv_bytes_per_token / self._bytes_s
+        return context_tokens * self._kv_bytes_per_token / self._kv_bytes_s
 
     def allreduce_s(self, num_tokens: int) -> float:
         if self.tp == 1:
@@ -130,7 +133,7 @@ class CostModel:
                  + self.logits_s(batch_size) + self.eff.step_overhead_s
                  + self.eff.per_seq_overhead_s * batch_size)
         contexts = context_tokens + batch_size * np.arange(num_steps, dtype=np.float64)
-        return fixed + contexts * (self._kv_bytes_per_token / self._bytes_s)
+        return fixed + contexts * (self._kv_bytes_per_token / self._kv_bytes_s)
 
     def migration_s(self, num_bytes: int) -> float:
         """Device-to-device copy of migrated KV blocks: read and write each byte once."""
@@ -142,6 +145,7 @@ class CostModel:
 FIT_PARAMETERS = (
     ("linear_compute", (0.05, 1.0), 1.0),
     ("memory", (0.05, 1.0), 1.0),
+    ("kv_memory", (0.05, 1.0), 1.0),
     ("attention_compute", (0.02, 1.0), 1.0),
     ("step_overhead_s", (0.0, 0.05), 1e-3),
     ("per_seq_overhead_s", (0.0, 1e-3), 1e-6),

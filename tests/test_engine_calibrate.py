@@ -107,3 +107,25 @@ def test_calibration_json_loads_in_the_simulator(tmp_path):
     efficiency, profile = load_calibration(tmp_path / "c.json")
     assert efficiency == fitted
     assert profile == ActivationProfile(1e5, 10, 20)
+
+
+def test_refit_recovers_efficiencies_from_stored_measurements():
+    """A calibration's stored grid can be fitted again without a GPU (new cost-model terms)."""
+    from dataclasses import asdict
+
+    from gpu_backend.engine.calibrate import default_grid, refit_calibration
+    from gpu_backend.engine.shapes import scheduler_output
+    from sim.core.catalog import get_gpu, get_model
+    from sim.cost_model import CostModel, Efficiency
+
+    true = Efficiency(linear_compute=0.66, memory=0.61, kv_memory=0.83, attention_compute=0.35,
+                      step_overhead_s=2e-3, per_seq_overhead_s=1e-5, prefill_step_overhead_s=0.012)
+    cost = CostModel(get_model("llama-3.1-8b"), get_gpu("h200"), 1, true)
+    measurements = [{**shape.describe(), "measured_s": cost.step(scheduler_output(shape)).total_s}
+                    for shape in default_grid()]
+    data = {"model": "llama-3.1-8b", "gpu_preset": "h200-141gb", "measurements": measurements,
+            "efficiency": asdict(Efficiency())}
+    result = refit_calibration(data)
+    assert result["fit_error"]["median_abs_rel"] < 1e-3
+    for name in ("linear_compute", "memory", "kv_memory", "prefill_step_overhead_s"):
+        assert abs(result["efficiency"][name] - getattr(true, name)) <= 0.03 * getattr(true, name)

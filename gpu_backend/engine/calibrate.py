@@ -31,6 +31,7 @@ from gpu_backend.engine.shapes import (
     prefill_shape,
     scheduler_output,
 )
+from sim.core.catalog import get_gpu, get_model
 from sim.core.engine_config import EngineConfig
 from sim.cost_model import FIT_PARAMETERS, CostModel, Efficiency
 
@@ -159,6 +160,26 @@ def calibrate(config: EngineConfig, *, seed: int = 0, quick: bool = False,
         "weights_bytes": m.weights_bytes, "graph_capture_s": graphs.capture_s,
         "measurements": measurements, "fit_error": fit_error,
     }
+
+
+def refit_calibration(data: dict) -> dict:
+    """Fit the cost model again to a calibration's stored measurements (no GPU needed).
+
+    For when the cost model gains a term: the grid measured on the GPU stays valid, only the
+    fitted efficiencies change. Returns the calibration with new efficiency and errors.
+    """
+    shapes = [StepShape(m["kind"], tuple(tuple(p) for p in m["prefills"]),
+                        (int(m["decode_context"]),) * int(m["num_decodes"]))
+              for m in data["measurements"]]
+    outputs = [scheduler_output(shape) for shape in shapes]
+    times = np.array([m["measured_s"] for m in data["measurements"]])
+    cost_args = (get_model(data["model"]), get_gpu(data["gpu_preset"]), 1)
+    efficiency, fit_error = fit_efficiency(cost_args, outputs, times)
+    cost = CostModel(*cost_args, efficiency=efficiency)
+    measurements = [{**m, "predicted_s": cost.step(out).total_s}
+                    for m, out in zip(data["measurements"], outputs)]
+    return {**data, "efficiency": asdict(efficiency), "fit_error": fit_error,
+            "measurements": measurements}
 
 
 def write_calibration(path: Path, result: dict) -> None:
