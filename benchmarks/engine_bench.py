@@ -29,7 +29,6 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from gpu_backend.engine.calibrate import versions  # noqa: E402
 from gpu_backend.engine.memory import dummy_store, kv_caches_of  # noqa: E402
 from gpu_backend.engine.runner import DecodeGraphs, ModelRunner  # noqa: E402
 from gpu_backend.engine.setup import load_model  # noqa: E402
@@ -39,6 +38,7 @@ from gpu_backend.engine.shapes import (  # noqa: E402
     mixed_shape,
     prefill_shape,
 )
+from gpu_backend.env import copy_bandwidth_bytes_s, device_environment  # noqa: E402
 from sim.core.catalog import get_gpu, get_model  # noqa: E402
 from sim.core.engine_config import EngineConfig  # noqa: E402
 
@@ -58,14 +58,6 @@ def timed(fn, repeat: int = 5, warmup: int = 2) -> float:
         torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
-
-
-def copy_bandwidth_bytes_s() -> float:
-    src = torch.empty(4 * 2**30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    seconds = timed(lambda: dst.copy_(src), repeat=10)
-    torch.cuda.empty_cache()  # src and dst are freed when the function returns
-    return 2 * 4 * 2**30 / seconds
 
 
 def matmul_flops_s() -> float:
@@ -169,7 +161,7 @@ def main() -> None:
                           (DECODE_BATCH,))
     graphs.capture()
     runner = ModelRunner(model, caches, torch.device("cuda"), graphs)
-    res = {"env": {"gpu": torch.cuda.get_device_name(), **versions()}, "model": spec.name,
+    res = {"env": device_environment(), "model": spec.name,
            "copy_bandwidth_bytes_s": bandwidth, "matmul_flops_s": matmul_peak,
            "weights_bytes": weights_bytes,
            "decode": bench_decode(runner, spec, num_blocks, bs, weights_bytes, bandwidth),

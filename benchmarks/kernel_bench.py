@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import triton
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from gpu_backend.env import copy_bandwidth_bytes_s, device_environment  # noqa: E402
 from gpu_backend.kernels import paged_attention  # noqa: E402
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
@@ -55,11 +55,8 @@ def time_ms(fn, reps: int = 20, warmup: int = 3) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def copy_bandwidth_gbps(num_bytes: int = 4 << 30) -> float:
-    src = torch.empty(num_bytes, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    ms = time_ms(lambda: dst.copy_(src), reps=10)
-    return 2 * num_bytes / ms / 1e6  # read + write
+def copy_bandwidth_gbps() -> float:
+    return copy_bandwidth_bytes_s() / 1e9
 
 
 def make_cache(num_tokens_per_seq: list[int]) -> tuple[torch.Tensor, ...]:
@@ -133,16 +130,9 @@ def bench_prefill(total: int) -> dict:
 
 
 def environment() -> dict:
-    try:
-        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        driver = "unknown"
-    return {"gpu": torch.cuda.get_device_name(), "driver": driver.splitlines()[0] if driver else "",
-            "torch": torch.__version__, "triton": triton.__version__,
-            "cuda": torch.version.cuda, "shapes": {"num_heads": NUM_HEADS,
-            "num_kv_heads": NUM_KV_HEADS, "head_dim": HEAD_DIM, "block_size": BLOCK_SIZE,
-            "dtype": str(DTYPE)}}
+    return {**device_environment(), "shapes": {
+        "num_heads": NUM_HEADS, "num_kv_heads": NUM_KV_HEADS, "head_dim": HEAD_DIM,
+        "block_size": BLOCK_SIZE, "dtype": str(DTYPE)}}
 
 
 def print_report(res: dict) -> None:

@@ -13,7 +13,6 @@ error of `CostModel.step(out)` against the measured medians.
 from __future__ import annotations
 
 import json
-import platform
 import statistics
 import time
 from dataclasses import asdict, replace
@@ -31,6 +30,7 @@ from gpu_backend.engine.shapes import (
     prefill_shape,
     scheduler_output,
 )
+from gpu_backend.env import versions
 from sim.core.catalog import get_gpu, get_model
 from sim.core.engine_config import EngineConfig
 from sim.cost_model import FIT_PARAMETERS, CostModel, Efficiency
@@ -90,26 +90,6 @@ def time_step(runner, batch, warmup: int, repeat: int) -> float:
         runner.execute(batch)  # ends with the sampled ids on the host (a sync)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
-
-
-def versions() -> dict:
-    import torch
-    import triton
-
-    try:
-        from importlib.metadata import version
-        bindings = version("cuda-bindings")
-    except Exception:  # noqa: BLE001 - a missing package is reported, not fatal
-        bindings = None
-    driver = None
-    try:
-        import subprocess
-        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                capture_output=True, text=True, timeout=10).stdout.strip() or None
-    except Exception:  # noqa: BLE001
-        pass
-    return {"driver": driver, "torch": torch.__version__, "triton": triton.__version__,
-            "cuda-bindings": bindings, "cuda": torch.version.cuda, "python": platform.python_version()}
 
 
 def calibrate(config: EngineConfig, *, seed: int = 0, quick: bool = False,

@@ -1,0 +1,54 @@
+"""What a GPU result is recorded with: device, driver and library versions, copy bandwidth."""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import subprocess
+
+
+def versions() -> dict:
+    """Driver and library versions; a part that cannot be read is None, never an error."""
+    import torch
+    import triton
+
+    try:
+        from importlib.metadata import version
+        bindings = version("cuda-bindings")
+    except Exception:  # noqa: BLE001 - a missing package is reported, not fatal
+        bindings = None
+    driver = None
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {"driver": driver.splitlines()[0] if driver else None, "torch": torch.__version__,
+            "triton": triton.__version__, "cuda-bindings": bindings, "cuda": torch.version.cuda,
+            "python": platform.python_version()}
+
+
+def device_environment() -> dict:
+    import torch
+
+    return {"gpu": torch.cuda.get_device_name(), **versions()}
+
+
+def copy_bandwidth_bytes_s(num_bytes: int = 4 << 30, repeat: int = 10) -> float:
+    """Device-to-device copy rate, counting bytes read and written (median of `repeat`)."""
+    import torch
+
+    src = torch.empty(num_bytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # warm-up
+    times_ms = []
+    for _ in range(repeat):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times_ms.append(start.elapsed_time(end))
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * num_bytes / (statistics.median(times_ms) / 1e3)
