@@ -38,6 +38,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 def engine_config(args: argparse.Namespace, policy: Policy) -> EngineConfig:
     return EngineConfig(
         model=get_model(args.model), gpu=get_gpu(args.gpu), max_num_batched_tokens=args.chunk,
+        tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),
         max_num_seqs=args.max_num_seqs, gpu_memory_utilization=args.gpu_memory_utilization,
         max_model_len=args.max_model_len, block_size=args.block_size, policy=policy,
         drain=DrainStrategy.parse(getattr(args, "drain", "preempt")),
@@ -60,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="cap torch's allocator at the unlent reserve (auto: overcommit only)")
     rp.add_argument("--max-kv-blocks", type=int, default=None,
                     help="cap the base KV pool (memory pressure on a large GPU)")
+    rp.add_argument("--tensor-parallel-size", "--tp", type=int, default=1,
+                    dest="tensor_parallel_size",
+                    help="GPUs per model (one process each, NCCL; needs --no-wait)")
     rp.add_argument("--out", type=Path, default=None)
     pp = sub.add_parser("profile", help="measure step times and fit the cost model")
     add_engine_arguments(pp)
@@ -82,6 +86,22 @@ def run_refit(args: argparse.Namespace) -> int:
     return 0
 
 
+def replay_fields(args: argparse.Namespace, config: EngineConfig) -> dict:
+    """What `python -m validation compare` needs to simulate the same run."""
+    return {
+        "trace_path": args.trace, "trace_format": args.format, "limit": args.limit,
+        "window_s": list(args.window) if args.window else None, "rate_scale": args.rate_scale,
+        "seed": args.seed, "gpu_memory_utilization": config.gpu_memory_utilization,
+        "max_model_len": config.max_model_len, "reclaim": config.reclaim,
+        "enable_prefix_caching": config.enable_prefix_caching,
+    }
+
+
+def print_headline(summary: dict) -> None:
+    print(json.dumps({k: summary[k] for k in ("num_finished", "num_requests", "throughput_tok_s",
+                                              "num_preemptions", "num_oom", "num_attach")}))
+
+
 def run_replay(args: argparse.Namespace) -> int:
     import torch
 
@@ -90,6 +110,10 @@ def run_replay(args: argparse.Namespace) -> int:
 
     trace = trace_from_args(args)
     config = engine_config(args, Policy.parse(args.policy))
+    if config.tensor_parallel_size > 1:
+        from gpu_backend.tp.launch import run_tp_replay
+
+        return run_tp_replay(args, config)
     setup_start = time.perf_counter()
     setup = build_gpu_engine(config, seed=args.seed, use_graphs=not args.no_graphs,
                              torch_cap=args.torch_cap, max_kv_blocks=args.max_kv_blocks)
@@ -117,15 +141,8 @@ def run_replay(args: argparse.Namespace) -> int:
         "torch_cap_bytes": setup.budget.cap_bytes if setup.budget else None,
     }
     summary = engine_summary(engine, measured)
-    summary.update({  # what `python -m validation compare` needs to simulate the same run
-        "trace_path": args.trace, "trace_format": args.format, "limit": args.limit,
-        "window_s": list(args.window) if args.window else None, "rate_scale": args.rate_scale,
-        "seed": args.seed, "gpu_memory_utilization": config.gpu_memory_utilization,
-        "max_model_len": config.max_model_len, "reclaim": config.reclaim,
-        "enable_prefix_caching": config.enable_prefix_caching,
-    })
-    print(json.dumps({k: summary[k] for k in ("num_finished", "num_requests", "throughput_tok_s",
-                                              "num_preemptions", "num_oom", "num_attach")}))
+    summary.update(replay_fields(args, config))
+    print_headline(summary)
     if args.out is not None:
         write_outputs(args.out, engine, summary, trace.source, len(trace))
     return 0
@@ -143,6 +160,9 @@ def run_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+GPU_PACKAGES = ("torch", "triton", "cuda", "cuda.bindings")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -153,6 +173,12 @@ def main(argv: list[str] | None = None) -> int:
         return run_profile(args)
     except (TraceError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        if exc.name not in GPU_PACKAGES:
+            raise
+        print(f"error: the GPU backend needs {exc.name}, which is not installed: "
+              "pip install -e '.[gpu]' on a machine with an NVIDIA GPU", file=sys.stderr)
         return 2
 
 

@@ -12,6 +12,7 @@ in CUDA graphs around it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -74,6 +75,9 @@ class DecoderLayer(nn.Module):
         self.down_proj = nn.Linear(inter, hidden, bias=False, dtype=dtype)
         self.rotary = rotary  # shared by all layers
         self.attn = PagedAttention(heads, kv_heads, head_dim, backend)
+        # Tensor parallelism (gpu_backend/tp): sums the row-parallel o_proj / down_proj
+        # partial outputs over the TP group. None (one GPU) adds nothing.
+        self.all_reduce: Callable[[Tensor], Tensor] | None = None
 
     def forward(self, batch: ForwardBatch, hidden: Tensor, residual: Tensor | None,
                 k_cache: Tensor, v_cache: Tensor) -> tuple[Tensor, Tensor]:
@@ -88,8 +92,12 @@ class DecoderLayer(nn.Module):
         q, k = self.rotary(batch.positions, q, k)
         attn = self.attn(q, k, v, k_cache, v_cache, batch)  # [T, H, D]
         hidden = self.o_proj(attn.view(num_tokens, self.q_size))
+        if self.all_reduce is not None:
+            hidden = self.all_reduce(hidden)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         hidden = self.down_proj(silu_and_mul(self.gate_up_proj(hidden)))  # [T, hidden]
+        if self.all_reduce is not None:
+            hidden = self.all_reduce(hidden)
         return hidden, residual
 
 
@@ -132,14 +140,22 @@ class Model(nn.Module):
         """Logits [R, vocab] of the rows in batch.logits_indices."""
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"got {len(kv_caches)} KV caches for {len(self.layers)} layers")
-        hidden = self.embed_tokens(batch.input_ids)  # [T, hidden]
+        hidden = self.embed(batch.input_ids)  # [T, hidden]
         residual = None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             hidden, residual = layer(batch, hidden, residual, k_cache, v_cache)
         hidden = (hidden + residual)[batch.logits_indices]  # [R, hidden]: only sampling rows
         hidden, _ = self.norm(hidden)
+        return self.logits(hidden)  # [R, vocab]
+
+    def embed(self, input_ids: Tensor) -> Tensor:
+        """input_ids: [T] -> [T, hidden] (vocab-parallel under TP: see gpu_backend/tp)."""
+        return self.embed_tokens(input_ids)
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """hidden: [R, hidden] -> logits [R, vocab] (gathered over the TP group under TP)."""
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight)  # [R, vocab]
+        return F.linear(hidden, weight)
 
     @torch.no_grad()
     def forward(self, batch: ForwardBatch, kv_caches: KVCaches) -> Tensor:
