@@ -101,12 +101,13 @@ class GpuEngine:
         out = self.scheduler.schedule()
         if out.elastic is not None:
             pause_start_s = clock.now()
-            pause_s = self.elastic.apply(out)
+            pause_s = self._agree_seconds(self.elastic.apply(out))
             self.recorder.elastic(pause_start_s, out.elastic, pause_s)
             clock.advance(pause_s)
         self.mirror.apply(out, self.prompt_len)
         start_s = clock.now()
         out, duration_s, graph = self._run(out)
+        duration_s = self._agree_seconds(duration_s)
         clock.advance(duration_s)
         end_s = clock.now()
         duration_s = end_s - start_s if isinstance(clock, WallClock) else duration_s
@@ -116,6 +117,13 @@ class GpuEngine:
         self._record_step(out, start_s, duration_s, graph)
         return finished
 
+    # Agreement points: one GPU agrees with itself; the TP engine reduces over its ranks.
+    def _agree_seconds(self, seconds: float) -> float:
+        return seconds
+
+    def _agree_flags(self, oom: bool, compiled: bool) -> tuple[bool, bool]:
+        return oom, compiled
+
     def _run(self, out: SchedulerOutput) -> tuple[SchedulerOutput, float, bool]:
         start = self.timer()
         if not out.scheduled:
@@ -124,15 +132,26 @@ class GpuEngine:
         batch = self.mirror.build(out)
         self._check_mapped(batch.block_tables)
         graph = bool(getattr(self.runner, "graphs", None)) and batch.is_decode_only
-        try:
-            ids = self.runner.execute(batch)
-            if getattr(self.runner, "compiled_since_last_call", bool)():
-                start = self.timer()  # a JIT compile is no part of the step: time a re-run
-                ids = self.runner.execute(batch)  # idempotent: same KV writes, same ids
-        except self.oom_errors:
-            return self._fail_step(out), self.timer() - start, False
+        ids, oom = self._execute(batch)
+        end = self.timer()
+        compiled = getattr(self.runner, "compiled_since_last_call", bool)()
+        oom, compiled = self._agree_flags(oom, compiled)
+        if compiled and not oom:  # a JIT compile is no part of the step: time a re-run
+            start = self.timer()
+            ids, oom = self._execute(batch)  # idempotent: same KV writes, same ids
+            end = self.timer()
+            oom, _ = self._agree_flags(oom, False)
+        if oom:
+            return self._fail_step(out), end - start, False
         self.mirror.append_sampled(batch.sample_request_ids, ids)
-        return out, self.timer() - start, graph
+        return out, end - start, graph
+
+    def _execute(self, batch):
+        """(sampled ids, False), or (None, True) when the GPU ran out of memory."""
+        try:
+            return self.runner.execute(batch), False
+        except self.oom_errors:
+            return None, True
 
     def _check_mapped(self, tables: np.ndarray) -> None:
         mapped = self.elastic.num_mapped_device_blocks

@@ -18,12 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-import numpy as np
-
 from gpu_backend.engine.engine import Clock, GpuEngine, WallClock
 from gpu_backend.tp.group import TpGroup
 from sim.core.request import RequestState
-from sim.core.step import SchedulerOutput
 
 
 @dataclass
@@ -39,45 +36,15 @@ class TpEngine(GpuEngine):
             raise ValueError("tensor parallelism needs the virtual clock (--no-wait): wall "
                              "clocks differ across ranks and so would their schedules")
         assert self.group is not None
-        out = self.scheduler.schedule()
-        if out.elastic is not None:
-            pause_start_s = clock.now()
-            pause_s = self.group.max_float(self.elastic.apply(out))
-            self.recorder.elastic(pause_start_s, out.elastic, pause_s)
-            clock.advance(pause_s)
-        self.mirror.apply(out, self.prompt_len)
-        start_s = clock.now()
-        out, duration_s, graph = self._run(out)
-        duration_s = self.group.max_float(duration_s)
-        clock.advance(duration_s)
-        finished = self.scheduler.update(out, clock.now())
-        self.mirror.finish(r.request_id for r in finished)
-        self.recorder.step(start_s, out, np.array([duration_s]))
-        self._record_step(out, start_s, duration_s, graph)
-        return finished
+        return super().step(clock)
 
-    def _run(self, out: SchedulerOutput) -> tuple[SchedulerOutput, float, bool]:
+    def _agree_seconds(self, seconds: float) -> float:
+        """The slowest rank's time: every rank's clock advances by it (also a barrier)."""
         assert self.group is not None
-        start = self.timer()
-        if not out.scheduled:
-            return out, self.timer() - start, False
-        self.elastic.ensure_mapped(out)
-        batch = self.mirror.build(out)
-        self._check_mapped(batch.block_tables)
-        graph = bool(getattr(self.runner, "graphs", None)) and batch.is_decode_only
-        ids, oom = None, False
-        try:
-            ids = self.runner.execute(batch)
-        except self.oom_errors:
-            oom = True
-        end = self.timer()
-        compiled = getattr(self.runner, "compiled_since_last_call", bool)()
+        return self.group.max_float(seconds)
+
+    def _agree_flags(self, oom: bool, compiled: bool) -> tuple[bool, bool]:
+        """An OOM or a kernel compile on any rank counts for all of them."""
+        assert self.group is not None
         any_oom, any_compiled = self.group.any(oom, compiled)
-        if any_oom:
-            return self._fail_step(out), end - start, False
-        if any_compiled:  # a JIT compile is no part of the step: every rank re-runs it
-            start = self.timer()
-            ids = self.runner.execute(batch)
-            end = self.timer()
-        self.mirror.append_sampled(batch.sample_request_ids, ids)
-        return out, end - start, graph
+        return bool(any_oom), bool(any_compiled)
