@@ -53,7 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_trace_arguments(rp)
     add_engine_arguments(rp)
     rp.add_argument("--policy", default="static", choices=[p.value for p in Policy])
-    rp.add_argument("--drain", default="preempt", choices=[d.value for d in DrainStrategy])
+    rp.add_argument("--drain", default="preempt", choices=[d.value for d in DrainStrategy],
+                    help="preempt (default here: the path measured on the H200) or migrate "
+                         "(the simulator's default; block copies tested on CPU only)")
     rp.add_argument("--no-wait", action="store_true",
                     help="virtual clock: advance by measured step times, skip idle gaps")
     rp.add_argument("--no-graphs", action="store_true", help="run decode steps eagerly")

@@ -41,7 +41,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--enable-prefix-caching", action="store_true")
     g.add_argument("--policy", default="static,elastic",
                    help="static, elastic, overcommit, comma-separated, or all")
-    g.add_argument("--drain", default="preempt", choices=[d.value for d in DrainStrategy])
+    g.add_argument("--drain", default="migrate", choices=[d.value for d in DrainStrategy],
+                   help="how the elastic policy empties the reserve before a prefill")
     g.add_argument("--vmm-handle-mib", type=int, default=512,
                    help="VMM handle size for the elastic reserve (multiple of 2 MiB)")
     g.add_argument("--reclaim", default="remap", choices=["remap", "release"])

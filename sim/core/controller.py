@@ -26,7 +26,7 @@ class ElasticController:
         layout: ReserveLayout,
         activation_fn: ActivationFn,
         vmm: VmmCostModel | None = None,
-        drain: DrainStrategy = DrainStrategy.PREEMPT,
+        drain: DrainStrategy = DrainStrategy.MIGRATE,
     ) -> None:
         self.policy = policy
         self.layout = layout

@@ -111,7 +111,7 @@ class EngineOptions:
     gpu_memory_utilization: float = 0.9
     max_model_len: int | None = None
     block_size: int = 16
-    drain: str = "preempt"
+    drain: str = "migrate"
     vmm_handle_mib: int = 512
     reclaim: str = "remap"
     enable_prefix_caching: bool = False
