@@ -46,6 +46,9 @@ def default_grid(quick: bool = False) -> list[StepShape]:
     grid = [prefill_shape(n) for n in (16, 64, 256, 1024, 2048, 4096, 8192, 16384)]
     grid += [prefill_shape(512, 8192), prefill_shape(2048, 6144), prefill_shape(512, 16384)]
     grid += [decode_shape(b, c) for b in (1, 8, 32, 64, 128, 256) for c in (256, 1024, 4096, 8192)]
+    # Long contexts per sequence (Mooncake-like): the replays showed them slower than the
+    # shorter grid points predict.
+    grid += [decode_shape(b, 16384) for b in (4, 16, 32)]
     grid += [mixed_shape(2048, 0, 64, 1024), mixed_shape(512, 2048, 32, 2048),
              mixed_shape(1024, 0, 128, 512)]
     return grid
