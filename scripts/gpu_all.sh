@@ -32,28 +32,8 @@ esac
 QUICK=""
 [ "$STAGE" = all ] && QUICK="--quick"
 
-left_s() { echo $(( BUDGET_S - ($(date +%s) - START_S) )); }
-
-# run_step LOG LIMIT_S CMD...: run CMD under min(LIMIT_S, time left), append to LOG
-run_step() {
-  local log="$1" limit="$2"; shift 2
-  local left; left=$(left_s)
-  if [ "$left" -lt 20 ]; then
-    echo "SKIPPED (deadline): $*" | tee -a "$log"; echo "skip $*" >> "$STATUS"; return 0
-  fi
-  [ "$limit" -gt $(( left - 10 )) ] && limit=$(( left - 10 ))
-  echo "=== $(date +%T) [limit ${limit}s] $*" | tee -a "$log"
-  local t0; t0=$(date +%s)
-  timeout --kill-after=10 "$limit" "$@" 2>&1 | tee -a "$log"
-  local rc=$?
-  echo "rc=$rc $(( $(date +%s) - t0 ))s  $*" | tee -a "$log" >> "$STATUS"
-  return 0
-}
-
-bundle() {  # bundle STAGE: tar the stage's result folder into $OUT/STAGE.tar.gz
-  [ -d "$WORK/$1" ] && tar -C "$WORK/$1" -czf "$OUT/$1.tar.gz" . 2>/dev/null
-  return 0
-}
+# shellcheck source=scripts/lib.sh
+source "$(dirname "$0")/lib.sh"
 
 environment() {
   {

@@ -26,25 +26,9 @@ START_S=$(date +%s)
 STATUS="$OUT/status.txt"
 mkdir -p "$OUT" "$WORK/replay"
 
-left_s() { echo $(( BUDGET_S - ($(date +%s) - START_S) )); }
-
-# run_step LOG LIMIT_S CMD...: run CMD under min(LIMIT_S, time left), append to LOG; sets RC
-run_step() {
-  local log="$1" limit="$2"; shift 2
-  local left; left=$(left_s)
-  if [ "$left" -lt 40 ]; then
-    echo "SKIPPED (deadline): $*" | tee -a "$log"; echo "skip $*" >> "$STATUS"; RC=124; return 0
-  fi
-  [ "$limit" -gt $(( left - 15 )) ] && limit=$(( left - 15 ))
-  echo "=== $(date +%T) [limit ${limit}s] $*" | tee -a "$log"
-  local t0; t0=$(date +%s)
-  timeout --kill-after=10 "$limit" "$@" 2>&1 | tee -a "$log"
-  RC=$?
-  echo "rc=$RC $(( $(date +%s) - t0 ))s  $*" | tee -a "$log" >> "$STATUS"
-  return 0
-}
-
-bundle() { tar -C "$WORK/replay" -czf "$OUT/replay.tar.gz" . 2>/dev/null; return 0; }
+MIN_LEFT_S=40 MARGIN_S=15  # a TP replay needs longer to start than one GPU
+# shellcheck source=scripts/lib.sh
+source "$(dirname "$0")/lib.sh"
 
 {
   echo "gpu_tp2 date=$(date -u +%FT%TZ) budget=${BUDGET_S}s"
@@ -65,7 +49,7 @@ replay_tp2() {  # replay_tp2 NAME LIMIT_S EXTRA_ARGS...
   local name="$1" limit="$2"; shift 2
   run_step "$OUT/replay.log" "$limit" "$PY" -m gpu_backend replay --tp 2 --trace azure-conv \
     --max-num-seqs 256 --no-wait --out "$WORK/replay/$name" "$@"
-  bundle
+  bundle replay
 }
 
 GRAPHS=""

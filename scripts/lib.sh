@@ -1,0 +1,27 @@
+# Shared by the device scripts (sourced, not run): a deadline-aware step runner and bundling.
+# The caller sets OUT, WORK, STATUS, BUDGET_S and START_S; MIN_LEFT_S (skip a step with less
+# time left, default 20) and MARGIN_S (seconds kept back for the rest, default 10) are optional.
+
+left_s() { echo $(( BUDGET_S - ($(date +%s) - START_S) )); }
+
+# run_step LOG LIMIT_S CMD...: run CMD under min(LIMIT_S, time left), append to LOG; sets RC
+run_step() {
+  local log="$1" limit="$2"; shift 2
+  local left; left=$(left_s)
+  if [ "$left" -lt "${MIN_LEFT_S:-20}" ]; then
+    echo "SKIPPED (deadline): $*" | tee -a "$log"; echo "skip $*" >> "$STATUS"; RC=124; return 0
+  fi
+  local margin="${MARGIN_S:-10}"
+  [ "$limit" -gt $(( left - margin )) ] && limit=$(( left - margin ))
+  echo "=== $(date +%T) [limit ${limit}s] $*" | tee -a "$log"
+  local t0; t0=$(date +%s)
+  timeout --kill-after=10 "$limit" "$@" 2>&1 | tee -a "$log"
+  RC=$?
+  echo "rc=$RC $(( $(date +%s) - t0 ))s  $*" | tee -a "$log" >> "$STATUS"
+  return 0
+}
+
+bundle() {  # bundle STAGE: tar the stage's result folder into $OUT/STAGE.tar.gz
+  [ -d "$WORK/$1" ] && tar -C "$WORK/$1" -czf "$OUT/$1.tar.gz" . 2>/dev/null
+  return 0
+}
