@@ -2,8 +2,9 @@
 
 The fit minimises the relative error of `predict_step_times` against `measured_s` over the
 fit steps with `scipy.optimize.least_squares` (soft-L1 loss, so a few outliers such as a
-first-step warm-up do not steer it). The `Efficiency` fields in `sim.cost_model.FIT_PARAMETERS` are free; interconnect and
-all-reduce latency stay as given (a TP-1 run cannot see them). Held out by default: the
+first-step warm-up do not steer it), through `sim.calibration.fit_efficiency`. The
+`Efficiency` fields in `sim.cost_model.FIT_PARAMETERS` are free; interconnect and all-reduce
+latency stay as given (a TP-1 run cannot see them). Held out by default: the
 second half of every run's steps, so the report's error is on steps the fit never saw.
 """
 
@@ -14,8 +15,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
-from scipy.optimize import least_squares
 
+from sim.calibration import fit_efficiency as fit_parameters
 from sim.core.catalog import GpuSpec, ModelSpec
 from sim.core.memory_plan import ActivationProfile
 from sim.cost_model import FIT_PARAMETERS, CostModel, Efficiency
@@ -79,21 +80,10 @@ def fit_efficiency(model: ModelSpec, gpu: GpuSpec, tp: int, fit: StepTable,
     fit = usable_steps(fit)
     if len(fit) < len(FIT_PARAMETERS):
         raise ValueError(f"{len(fit)} usable steps cannot fit {len(FIT_PARAMETERS)} parameters")
-    lower = np.array([b[0] / unit for _, b, unit in FIT_PARAMETERS])
-    upper = np.array([b[1] / unit for _, b, unit in FIT_PARAMETERS])
-    start = np.array([getattr(initial, name) / unit for name, _, unit in FIT_PARAMETERS])
-    start = np.clip(start, lower + 1e-6 * (upper - lower), upper - 1e-6 * (upper - lower))
-
-    def efficiency(x: np.ndarray) -> Efficiency:
-        values = {name: float(v) * unit for (name, _, unit), v in zip(FIT_PARAMETERS, x)}
-        return replace(initial, **values)
-
-    def residuals(x: np.ndarray) -> np.ndarray:
-        return step_errors(model, gpu, tp, efficiency(x), fit)
-
-    solution = least_squares(residuals, start, bounds=(lower, upper), loss="soft_l1",
-                             f_scale=0.05, diff_step=1e-3, x_scale=1.0)
-    return efficiency(solution.x), bool(solution.success), str(solution.message)
+    fitted, solution = fit_parameters(
+        initial, lambda eff: step_errors(model, gpu, tp, eff, fit),
+        loss="soft_l1", f_scale=0.05, diff_step=1e-3, x_scale=1.0)
+    return fitted, bool(solution.success), str(solution.message)
 
 
 def calibrate(model: ModelSpec, gpu: GpuSpec, tp: int, fit: StepTable, holdout: StepTable,

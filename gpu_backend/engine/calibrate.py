@@ -5,9 +5,9 @@ over long prefixes, decode batches 1..256 x contexts 256..8,192 (CUDA graphs, as
 runs them), and mixed steps. Each point: warm-up, then the median of several runs timed like
 the engine's steps (host arrays -> device -> forward -> sampled ids on the host).
 
-The fit: `sim.cost_model.Efficiency` fields linear_compute, memory, attention_compute,
-step_overhead_s and per_seq_overhead_s by `scipy.optimize.least_squares` on the relative
-error of `CostModel.step(out)` against the measured medians.
+The fit: the `sim.cost_model.FIT_PARAMETERS` fields of `Efficiency`, by
+`sim.calibration.fit_efficiency` (scipy least squares) on the relative error of
+`CostModel.step(out)` against the measured medians.
 """
 
 from __future__ import annotations
@@ -15,11 +15,10 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from gpu_backend.engine.shapes import (
     StepShape,
@@ -31,12 +30,10 @@ from gpu_backend.engine.shapes import (
     scheduler_output,
 )
 from gpu_backend.env import versions
+from sim.calibration import fit_efficiency as fit_parameters
 from sim.core.catalog import get_gpu, get_model
 from sim.core.engine_config import EngineConfig
-from sim.cost_model import FIT_PARAMETERS, CostModel, Efficiency
-
-FIT_FIELDS = tuple(name for name, _, _ in FIT_PARAMETERS)
-BOUNDS = {name: bounds for name, bounds, _ in FIT_PARAMETERS}
+from sim.cost_model import CostModel, Efficiency
 
 
 def default_grid(quick: bool = False) -> list[StepShape]:
@@ -58,23 +55,14 @@ def fit_efficiency(cost_args: tuple, outputs: list, measured_s: np.ndarray,
                    start: Efficiency | None = None) -> tuple[Efficiency, dict]:
     """Least squares on relative error; returns (fitted Efficiency, error report)."""
     start = start or Efficiency()
-    x0 = np.array([getattr(start, f) for f in FIT_FIELDS])
-    lower = np.array([BOUNDS[f][0] for f in FIT_FIELDS])
-    upper = np.array([BOUNDS[f][1] for f in FIT_FIELDS])
-    x0 = np.clip(x0, lower, upper)
 
-    def predict(x: np.ndarray) -> np.ndarray:
-        eff = replace(start, **dict(zip(FIT_FIELDS, x.tolist())))
+    def relative_errors(eff: Efficiency) -> np.ndarray:
         cost = CostModel(*cost_args, efficiency=eff)
-        return np.array([cost.step(o).total_s for o in outputs])
+        return np.array([cost.step(o).total_s for o in outputs]) / measured_s - 1.0
 
-    def residuals(x: np.ndarray) -> np.ndarray:
-        return predict(x) / measured_s - 1.0
-
-    before = residuals(x0)
-    result = least_squares(residuals, x0, bounds=(lower, upper), x_scale="jac")
-    fitted = replace(start, **dict(zip(FIT_FIELDS, result.x.tolist())))
-    after = residuals(result.x)
+    before = relative_errors(start)
+    fitted, _ = fit_parameters(start, relative_errors, x_scale="jac")
+    after = relative_errors(fitted)
     return fitted, {
         "median_abs_rel": float(np.median(np.abs(after))),
         "max_abs_rel": float(np.max(np.abs(after))),
