@@ -17,8 +17,6 @@ Steps are timed as the engine times them: host arrays -> device -> forward -> id
 from __future__ import annotations
 
 import argparse
-import json
-import re
 import statistics
 import sys
 import time
@@ -38,7 +36,11 @@ from gpu_backend.engine.shapes import (  # noqa: E402
     mixed_shape,
     prefill_shape,
 )
-from gpu_backend.env import copy_bandwidth_bytes_s, device_environment  # noqa: E402
+from gpu_backend.env import (  # noqa: E402
+    copy_bandwidth_bytes_s,
+    device_environment,
+    write_result,
+)
 from sim.core.catalog import get_gpu, get_model  # noqa: E402
 from sim.core.engine_config import EngineConfig  # noqa: E402
 
@@ -168,11 +170,7 @@ def main() -> None:
            "prefill": bench_prefill(runner, spec, num_blocks, bs, matmul_peak, 16384),
            "chunk_curve": bench_chunks(runner, bs, num_blocks, prompts, chunks)}
     print_report(res)
-    slug = re.sub(r"[^a-z0-9]+", "-", f"{res['env']['gpu']}_{spec.name}".lower()).strip("-")
-    out = args.out or ROOT / "benchmarks" / "results" / f"engine_{slug}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=2))
-    print(f"wrote {out}")
+    print(f"wrote {write_result(res, args.out, 'engine', res['env']['gpu'], spec.name)}")
 
 
 if __name__ == "__main__":

@@ -12,8 +12,6 @@ Usage: python benchmarks/kernel_bench.py [--out PATH] [--quick]
 from __future__ import annotations
 
 import argparse
-import json
-import re
 import sys
 from pathlib import Path
 
@@ -23,7 +21,11 @@ import triton
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gpu_backend.env import copy_bandwidth_bytes_s, device_environment  # noqa: E402
+from gpu_backend.env import (  # noqa: E402
+    copy_bandwidth_bytes_s,
+    device_environment,
+    write_result,
+)
 from gpu_backend.kernels import paged_attention  # noqa: E402
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
@@ -163,11 +165,7 @@ def main() -> None:
            "decode": [bench_decode(b, c, bandwidth) for b, c in DECODE_CASES],
            "prefill": bench_prefill(4096 if args.quick else PREFILL_TOKENS)}
     print_report(res)
-    slug = re.sub(r"[^a-z0-9]+", "-", res["env"]["gpu"].lower()).strip("-")
-    out = args.out or ROOT / "benchmarks" / "results" / f"kernels_{slug}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=2))
-    print(f"wrote {out}")
+    print(f"wrote {write_result(res, args.out, 'kernels', res['env']['gpu'])}")
 
 
 if __name__ == "__main__":

@@ -19,8 +19,6 @@ Writes JSON (GPU, driver, cuda-bindings and torch versions included) and prints 
 from __future__ import annotations
 
 import argparse
-import json
-import re
 import statistics
 import sys
 import time
@@ -33,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from gpu_backend.env import write_result  # noqa: E402
 from gpu_backend.vmm import GIB, MIB, ElasticKVPool, KVLayout, VmmDriver  # noqa: E402
 
 LAYOUT = KVLayout.from_name("llama-3.1-8b")  # 2 MiB blocks
@@ -245,10 +244,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("vmm_latency needs a CUDA GPU (torch.cuda.is_available() is False)")
     results = run_all(args.reps)
-    slug = re.sub(r"[^a-z0-9]+", "-", results["gpu"]["gpu_name"].lower()).strip("-")
-    out = args.out or Path(__file__).resolve().parent / "results" / f"vmm_latency_{slug}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
+    out = write_result(results, args.out, "vmm_latency", results["gpu"]["gpu_name"])
     print_tables(results)
     print(f"wrote {out}")
 

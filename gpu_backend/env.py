@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import platform
+import re
 import statistics
 import subprocess
+from pathlib import Path
 
 
 def versions() -> dict:
@@ -52,3 +55,16 @@ def copy_bandwidth_bytes_s(num_bytes: int = 4 << 30, repeat: int = 10) -> float:
     del src, dst
     torch.cuda.empty_cache()
     return 2 * num_bytes / (statistics.median(times_ms) / 1e3)
+
+
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+
+
+def write_result(result: dict, out: Path | None, kind: str, *names: str) -> Path:
+    """Write a benchmark's JSON to `out`, or to benchmarks/results/<kind>_<names slug>.json."""
+    if out is None:
+        slug = re.sub(r"[^a-z0-9]+", "-", "_".join(names).lower()).strip("-")
+        out = RESULTS_DIR / f"{kind}_{slug}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    return out
