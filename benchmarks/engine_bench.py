@@ -11,12 +11,15 @@ Run from the repository root on the GPU machine (under ~3 minutes for Llama-3.1-
 3. the chunk-size curve: TTFT of a 16k and a 32k prompt prefilled at chunks 512 .. 16,384,
    alone and with 64 concurrent decodes in every step (the published study finds it flat
    within ~1%; an attention kernel with a chunking penalty would show a slope here).
+4. fusion A/B: the decode step and one 512-token chunk step (8k prefix) with the fused
+   Triton layer kernels and with the torch norm / rotary / activation they replace.
 Steps are timed as the engine times them: host arrays -> device -> forward -> ids on host.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import time
@@ -41,6 +44,7 @@ from gpu_backend.env import (  # noqa: E402
     device_environment,
     write_result,
 )
+from gpu_backend.model import set_fused  # noqa: E402
 from sim.core.catalog import get_gpu, get_model  # noqa: E402
 from sim.core.engine_config import EngineConfig  # noqa: E402
 
@@ -121,6 +125,27 @@ def bench_chunks(runner, bs, num_blocks, prompts, chunks) -> list[dict]:
     return rows
 
 
+def bench_fusion(model, caches, spec, bs, num_blocks, max_len) -> dict:
+    """Decode (CUDA graph) and a 512-token chunk step (eager), fused kernels vs torch layers."""
+    cuda = torch.device("cuda")
+    decode = host_batch(decode_shape(DECODE_BATCH, DECODE_CONTEXT), bs, num_blocks)
+    chunk = host_batch(prefill_shape(512, 8192), bs, num_blocks)
+    res: dict = {}
+    for fused in (False, True):  # ends with the fused kernels on, as the engine runs
+        set_fused(model, fused)
+        graphs = DecodeGraphs(model, caches, DECODE_BATCH, max_len, bs, cuda, (DECODE_BATCH,))
+        graphs.capture()
+        runner = ModelRunner(model, caches, cuda, graphs)
+        res["fused" if fused else "unfused"] = {
+            "decode_s": timed(functools.partial(runner.execute, decode), repeat=20, warmup=3),
+            "chunk512_prefix8192_s": timed(functools.partial(runner.execute, chunk), repeat=5,
+                                           warmup=2)}
+        graphs.release()
+    for key in ("decode_s", "chunk512_prefix8192_s"):
+        res[f"{key.removesuffix('_s')}_speedup"] = res["unfused"][key] / res["fused"][key]
+    return res
+
+
 def print_report(res: dict) -> None:
     d, p = res["decode"], res["prefill"]
     print(f"GPU {res['env']['gpu']}, model {res['model']}")
@@ -135,6 +160,12 @@ def print_report(res: dict) -> None:
     for r in res["chunk_curve"]:
         print(f"{r['prompt']:>7} {r['num_decodes']:>7} {r['chunk']:>6} {r['ttft_s'] * 1e3:>9.1f} "
               f"{r['ratio_to_first_chunk']:>8.3f}")
+    f = res.get("fusion", {})
+    for key, label in (("decode_s", "decode step"), ("chunk512_prefix8192_s", "512-token chunk")):
+        if not f:
+            break
+        print(f"{label}: torch layers {f['unfused'][key] * 1e3:.2f} ms, fused "
+              f"{f['fused'][key] * 1e3:.2f} ms ({f[key.removesuffix('_s') + '_speedup']:.2f}x)")
 
 
 def main() -> None:
@@ -169,6 +200,9 @@ def main() -> None:
            "decode": bench_decode(runner, spec, num_blocks, bs, weights_bytes, bandwidth),
            "prefill": bench_prefill(runner, spec, num_blocks, bs, matmul_peak, 16384),
            "chunk_curve": bench_chunks(runner, bs, num_blocks, prompts, chunks)}
+    graphs.release()
+    print(f"wrote {write_result(res, args.out, 'engine', res['env']['gpu'], spec.name)}")
+    res["fusion"] = bench_fusion(model, caches, spec, bs, num_blocks, max_len)  # last: A/B only
     print_report(res)
     print(f"wrote {write_result(res, args.out, 'engine', res['env']['gpu'], spec.name)}")
 

@@ -1,8 +1,10 @@
 """Building blocks of a Llama-family decoder: norm, rotary, MLP activation, paged attention.
 
-Plain torch ops except attention, which runs the Triton paged-attention kernels (or their
-float32 torch references on CPU). Nothing here syncs with the host, so a decode step
-built from these layers can be captured in a CUDA graph.
+The modules here are plain torch (the reference the tests compare against); attention runs
+the Triton paged-attention kernels, or their float32 torch references. `DecoderLayer` on
+the "triton" backend replaces the torch norm, rotary and activation by the fused kernels of
+`gpu_backend.kernels.fused` (one launch per group). Nothing here syncs with the host, so a
+decode step built from these layers can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -99,11 +101,15 @@ class PagedAttention(nn.Module):
                 batch: ForwardBatch) -> Tensor:
         """q: [T, H, D]; k, v: [T, KVH, D]; caches: [num_blocks, block_size, KVH, D].
         Returns [T, H, D]."""
+        store = store_kvcache_ref if self.backend == "torch" else store_kvcache
+        store(k, v, k_cache, v_cache, batch.slot_mapping)
+        return self.attend(q, k_cache, v_cache, batch)
+
+    def attend(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, batch: ForwardBatch) -> Tensor:
+        """Attention over a cache that already holds this step's K/V: [T, H, D]."""
         if self.backend == "torch":
-            store_kvcache_ref(k, v, k_cache, v_cache, batch.slot_mapping)
             return paged_attention_ref(q, k_cache, v_cache, batch.block_tables, batch.seq_lens,
                                        batch.query_start_loc, self.scale)
-        store_kvcache(k, v, k_cache, v_cache, batch.slot_mapping)
         return paged_attention(q, k_cache, v_cache, batch.block_tables, batch.seq_lens,
                                batch.query_start_loc, self.scale,
                                max_query_len=batch.max_query_len, max_seq_len=batch.max_seq_len)

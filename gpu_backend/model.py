@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from gpu_backend.kernels import add_rms_norm, rotary_store_kv
+from gpu_backend.kernels import silu_and_mul as fused_silu_and_mul
 from gpu_backend.layers import (
     AttentionBackend,
     PagedAttention,
@@ -75,6 +77,7 @@ class DecoderLayer(nn.Module):
         self.down_proj = nn.Linear(inter, hidden, bias=False, dtype=dtype)
         self.rotary = rotary  # shared by all layers
         self.attn = PagedAttention(heads, kv_heads, head_dim, backend)
+        self.fused = backend == "triton"  # fused Triton norm / rotary+store / activation
         # Tensor parallelism (gpu_backend/tp): sums the row-parallel o_proj / down_proj
         # partial outputs over the TP group. None (one GPU) adds nothing.
         self.all_reduce: Callable[[Tensor], Tensor] | None = None
@@ -82,23 +85,36 @@ class DecoderLayer(nn.Module):
     def forward(self, batch: ForwardBatch, hidden: Tensor, residual: Tensor | None,
                 k_cache: Tensor, v_cache: Tensor) -> tuple[Tensor, Tensor]:
         """hidden, residual: [T, hidden] -> (layer output, residual stream)."""
-        hidden, residual = self.input_layernorm(hidden, residual)
+        hidden, residual = self._norm(self.input_layernorm, hidden, residual)
         num_tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden)  # [T, (H + 2 KVH) * D]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(num_tokens, self.heads, self.head_dim)  # [T, H, D]
         k = k.view(num_tokens, self.kv_heads, self.head_dim)  # [T, KVH, D]
         v = v.view(num_tokens, self.kv_heads, self.head_dim)  # strided view of qkv
-        q, k = self.rotary(batch.positions, q, k)
-        attn = self.attn(q, k, v, k_cache, v_cache, batch)  # [T, H, D]
+        if self.fused:  # rotary on q and k, k and v into the cache: one launch
+            q = rotary_store_kv(q, k, v, batch.positions, self.rotary.cos_sin, k_cache, v_cache,
+                                batch.slot_mapping)
+            attn = self.attn.attend(q, k_cache, v_cache, batch)  # [T, H, D]
+        else:
+            q, k = self.rotary(batch.positions, q, k)
+            attn = self.attn(q, k, v, k_cache, v_cache, batch)  # [T, H, D]
         hidden = self.o_proj(attn.view(num_tokens, self.q_size))
         if self.all_reduce is not None:
             hidden = self.all_reduce(hidden)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        hidden = self.down_proj(silu_and_mul(self.gate_up_proj(hidden)))  # [T, hidden]
+        hidden, residual = self._norm(self.post_attention_layernorm, hidden, residual)
+        gate_up = self.gate_up_proj(hidden)
+        act = fused_silu_and_mul(gate_up) if self.fused else silu_and_mul(gate_up)
+        hidden = self.down_proj(act)  # [T, hidden]
         if self.all_reduce is not None:
             hidden = self.all_reduce(hidden)
         return hidden, residual
+
+    def _norm(self, norm: RMSNorm, hidden: Tensor,
+              residual: Tensor | None) -> tuple[Tensor, Tensor]:
+        if self.fused:
+            return add_rms_norm(hidden, norm.weight, norm.eps, residual)
+        return norm(hidden, residual)
 
 
 class Model(nn.Module):
@@ -167,12 +183,20 @@ def build_model(spec: ModelShape, device: torch.device | str = "cuda",
                 dtype: torch.dtype = torch.bfloat16, qkv_bias: bool = False,
                 rope_theta: float = 500000.0, seed: int = 0,
                 attention_backend: AttentionBackend = "triton",
-                max_position: int = 131072) -> Model:
+                max_position: int = 131072, fused: bool = True) -> Model:
     """Build on the meta device, then allocate once on `device` and fill randomly
-    (no full-precision host copy of an 8B model)."""
+    (no full-precision host copy of an 8B model). `fused=False` keeps the torch norm,
+    rotary and activation on the Triton backend (the engine before fusion, for A/B runs)."""
     with torch.device("meta"):
         model = Model(spec, qkv_bias=qkv_bias, rope_theta=rope_theta, dtype=dtype,
                       attention_backend=attention_backend, max_position=max_position)
     model.to_empty(device=device)
     model.init_weights(seed)
+    set_fused(model, fused)
     return model.requires_grad_(False).eval()
+
+
+def set_fused(model: Model, fused: bool) -> None:
+    """Switch the fused Triton layer kernels on or off (only where attention runs Triton)."""
+    for layer in model.layers:
+        layer.fused = fused and layer.attn.backend == "triton"

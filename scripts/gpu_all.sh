@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU job of the project in one script, for one call on the device machine.
 #
-#   OUT=/path bash scripts/gpu_all.sh [tests|bench|profile|replay|all]   (from the repo root)
+#   OUT=/path bash scripts/gpu_all.sh [STAGE ...]   (from the repo root; default: all)
 #
 # Stages (each may fail without stopping the rest; each log is tee'd to $OUT/<stage>.log;
 # `all` runs them in the order tests, profile, replay, bench):
@@ -16,7 +16,8 @@
 set -o pipefail
 export PYTHONUNBUFFERED=1
 
-STAGE="${1:-all}"
+STAGES=("${@:-all}")
+STAGE="${STAGES[*]}"
 OUT="${OUT:?set OUT to the folder whose files come back}"
 PY="${PYTHON:-python}"
 BUDGET_S="${GPU_ALL_BUDGET_S:-560}"
@@ -25,10 +26,13 @@ START_S=$(date +%s)
 STATUS="$OUT/status.txt"
 mkdir -p "$OUT" "$WORK"
 
-case "$STAGE" in
-  tests|bench|profile|replay|validation|all) ;;
-  *) echo "usage: OUT=DIR bash scripts/gpu_all.sh [tests|bench|profile|replay|validation|all]" >&2; exit 2 ;;
-esac
+for stage in "${STAGES[@]}"; do
+  case "$stage" in
+    tests|bench|profile|replay|validation|all) ;;
+    *) echo "usage: OUT=DIR bash scripts/gpu_all.sh [tests|bench|profile|replay|validation|all ...]" >&2
+       exit 2 ;;
+  esac
+done
 QUICK=""
 [ "$STAGE" = all ] && QUICK="--quick"
 
@@ -51,12 +55,15 @@ stage_tests() {
   run_step "$OUT/tests.log" 200 "$PY" -m pytest tests_gpu -q -rs
 }
 
-stage_bench() {
-  local dir="$WORK/bench" log="$OUT/bench.log"; mkdir -p "$dir"
-  run_step "$log" 180 "$PY" benchmarks/vmm_latency.py --reps 3 --out "$dir/vmm_latency.json"
-  run_step "$log" 120 "$PY" benchmarks/kernel_bench.py $QUICK --out "$dir/kernel_bench.json"
-  run_step "$log" 200 "$PY" benchmarks/engine_bench.py --model llama-3.1-8b $QUICK \
-    --out "$dir/engine_bench_llama-3.1-8b.json"
+stage_bench() {  # GPU_ALL_BENCH picks the benchmarks (default: vmm kernels engine)
+  local dir="$WORK/bench" log="$OUT/bench.log" wanted=" ${GPU_ALL_BENCH:-vmm kernels engine} "
+  mkdir -p "$dir"
+  [[ "$wanted" == *" vmm "* ]] && run_step "$log" 180 "$PY" benchmarks/vmm_latency.py --reps 3 \
+    --out "$dir/vmm_latency.json"
+  [[ "$wanted" == *" kernels "* ]] && run_step "$log" 120 "$PY" benchmarks/kernel_bench.py \
+    $QUICK --out "$dir/kernel_bench.json"
+  [[ "$wanted" == *" engine "* ]] && run_step "$log" 240 "$PY" benchmarks/engine_bench.py \
+    --model llama-3.1-8b $QUICK --out "$dir/engine_bench_llama-3.1-8b.json"
   bundle bench
 }
 
@@ -80,17 +87,19 @@ stage_replay() {
 }
 
 # validation: the replays `python -m validation compare` turns into the committed reports.
-# Each line: NAME MODEL TRACE LIMIT RATE_SCALE (static and elastic are replayed for each).
+# Each line: NAME MODEL TRACE LIMIT RATE_SCALE (static and elastic are replayed for each);
+# GPU_ALL_VALIDATION (names, space-separated) runs a subset.
 VALIDATION_RUNS=(
-  "h200_qwen2.5-0.5b_azure-conv qwen2.5-0.5b azure-conv 300 2"
   "h200_llama-3.1-8b_azure-code llama-3.1-8b azure-code 150 2"
   "h200_llama-3.1-8b_mooncake-conv llama-3.1-8b mooncake-conv 40 1"
+  "h200_qwen2.5-0.5b_azure-conv qwen2.5-0.5b azure-conv 300 2"
 )
 
 stage_validation() {
   local log="$OUT/validation.log"
   for line in "${VALIDATION_RUNS[@]}"; do
     read -r name model trace limit rate <<<"$line"
+    [ -n "${GPU_ALL_VALIDATION:-}" ] && [[ " $GPU_ALL_VALIDATION " != *" $name "* ]] && continue
     for policy in static elastic; do
       run_step "$log" 150 "$PY" -m gpu_backend replay --trace "$trace" --limit "$limit" \
         --rate-scale "$rate" --model "$model" --policy "$policy" --max-num-seqs 256 \
@@ -101,13 +110,11 @@ stage_validation() {
 }
 
 environment
-case "$STAGE" in
-  tests) stage_tests ;;
-  bench) stage_bench ;;
-  profile) stage_profile ;;
-  replay) stage_replay ;;
-  validation) stage_validation ;;
-  all) stage_tests; stage_profile; stage_replay; stage_bench ;;
-esac
+for stage in "${STAGES[@]}"; do
+  case "$stage" in
+    all) stage_tests; stage_profile; stage_replay; stage_bench ;;
+    *) "stage_$stage" ;;
+  esac
+done
 echo "done in $(( $(date +%s) - START_S ))s" >> "$STATUS"
 ls -la "$OUT" >> "$STATUS"

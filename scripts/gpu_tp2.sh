@@ -5,10 +5,10 @@
 #
 # Steps (each may fail without stopping the rest; a global deadline, GPU_TP2_BUDGET_S,
 # default 530 s, shortens or skips the later ones so the call ends within 9 minutes):
-#   tests    the CPU TP tests (gloo, 2 processes) in this environment
+#   tests    the CPU TP tests (gloo, 2 processes) in this environment (GPU_TP2_TESTS=0 skips)
 #   smoke    a TP=2 replay of 40 requests on qwen2.5-0.5b with decode CUDA graphs; if it
 #            fails, the replays below run eagerly (--no-graphs): NCCL inside graph capture
-#            is the one part no CPU test covers
+#            is the one part no CPU test covers (GPU_TP2_SMOKE=0 skips it)
 #   replay   llama-3.1-8b, azure-conv, first 300 requests at 2x rate, --no-wait, --tp 2,
 #            static then elastic; then qwen2.5-14b the same way if time is left
 # Results: at most 5 files: status.txt (environment, exit codes, durations), tests.log,
@@ -42,7 +42,7 @@ print("python", platform.python_version(), "torch", torch.__version__, "cuda", t
 PYEOF
 } >> "$STATUS"
 
-run_step "$OUT/tests.log" 90 "$PY" -m pytest tests/test_tp_model.py tests/test_tp_engine.py \
+[ "${GPU_TP2_TESTS:-1}" != 0 ] && run_step "$OUT/tests.log" 90 "$PY" -m pytest tests/test_tp_model.py tests/test_tp_engine.py \
   tests/test_tp_setup.py -q -rs
 
 replay_tp2() {  # replay_tp2 NAME LIMIT_S EXTRA_ARGS...
@@ -53,10 +53,12 @@ replay_tp2() {  # replay_tp2 NAME LIMIT_S EXTRA_ARGS...
 }
 
 GRAPHS=""
-replay_tp2 smoke_qwen2.5-0.5b_static_graphs 120 --model qwen2.5-0.5b --limit 40 --policy static
-if [ "$RC" -ne 0 ] || [ ! -f "$WORK/replay/smoke_qwen2.5-0.5b_static_graphs/summary.json" ]; then
-  GRAPHS="--no-graphs"
-  echo "graphs smoke failed (rc=$RC): replays run with --no-graphs" >> "$STATUS"
+if [ "${GPU_TP2_SMOKE:-1}" != 0 ]; then  # 0 skips it (graphs over NCCL ran on 2026-11-30)
+  replay_tp2 smoke_qwen2.5-0.5b_static_graphs 120 --model qwen2.5-0.5b --limit 40 --policy static
+  if [ "$RC" -ne 0 ] || [ ! -f "$WORK/replay/smoke_qwen2.5-0.5b_static_graphs/summary.json" ]; then
+    GRAPHS="--no-graphs"
+    echo "graphs smoke failed (rc=$RC): replays run with --no-graphs" >> "$STATUS"
+  fi
 fi
 SUFFIX=$([ -n "$GRAPHS" ] && echo eager || echo graphs)
 

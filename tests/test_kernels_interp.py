@@ -82,8 +82,34 @@ def _run_model_case() -> float:
     return max_err
 
 
+# name -> (function name in tests/fused_cases.py, kwargs); dtype names resolved in the child
+FUSED_CASES: dict[str, tuple[str, dict]] = {
+    "norm_residual_f32": ("norm_case", {"hidden": 100, "rows": 7, "with_residual": True,
+                                        "dtype": "float32"}),
+    "norm_plain_f16": ("norm_case", {"hidden": 256, "rows": 5, "with_residual": False,
+                                     "dtype": "float16"}),
+    "silu_f32_two_blocks": ("silu_case", {"inter": 1500, "rows": 3, "dtype": "float32"}),
+    "rotary_store_gqa7_f32": ("rotary_store_case", {"heads": 7, "kv_heads": 1, "head_dim": 64,
+                                                    "tokens": 23, "block_size": 16,
+                                                    "dtype": "float32"}),
+    "rotary_store_gqa3_f16": ("rotary_store_case", {"heads": 6, "kv_heads": 3, "head_dim": 32,
+                                                    "tokens": 11, "block_size": 32,
+                                                    "dtype": "float16"}),
+}
+
+
+def _run_fused_case(name: str) -> float:
+    import torch
+
+    import tests.fused_cases as cases
+
+    func, kwargs = FUSED_CASES[name]
+    return getattr(cases, func)(**{**kwargs, "dtype": getattr(torch, kwargs["dtype"])})
+
+
 def _main() -> None:
     results = {name: _run_case(name) for name in CASES}
+    results |= {name: _run_fused_case(name) for name in FUSED_CASES}
     results["store"] = _run_store_case()
     results["model"] = _run_model_case()
     print(json.dumps(results))
@@ -101,6 +127,12 @@ def interp_results() -> dict[str, float]:
 @pytest.mark.parametrize("name", list(CASES))
 def test_paged_attention_matches_reference(interp_results: dict[str, float], name: str) -> None:
     tol = 1e-4 if CASES[name][6] == "float32" else 5e-3
+    assert interp_results[name] < tol, f"{name}: rel error {interp_results[name]}"
+
+
+@pytest.mark.parametrize("name", list(FUSED_CASES))
+def test_fused_kernel_matches_torch_layers(interp_results: dict[str, float], name: str) -> None:
+    tol = 1e-5 if FUSED_CASES[name][1]["dtype"] == "float32" else 2e-3
     assert interp_results[name] < tol, f"{name}: rel error {interp_results[name]}"
 
 

@@ -129,3 +129,65 @@ def test_model_decode_graph_matches_eager() -> None:
     torch.cuda.synchronize()
     assert torch.isfinite(eager).all()
     assert torch.equal(captured, eager)
+
+
+# Fused layer kernels in bf16 at the shapes of the models the engine runs.
+@pytest.mark.parametrize("hidden", [896, 4096, 5120])
+@pytest.mark.parametrize("with_residual", [True, False])
+def test_add_rms_norm_bf16(hidden: int, with_residual: bool) -> None:
+    from tests.fused_cases import norm_case
+
+    assert norm_case(hidden, 300, with_residual, torch.bfloat16, "cuda") < BF16_TOL
+
+
+@pytest.mark.parametrize("inter", [4864, 14336])
+def test_silu_and_mul_bf16(inter: int) -> None:
+    from tests.fused_cases import silu_case
+
+    assert silu_case(inter, 70, torch.bfloat16, "cuda") < BF16_TOL
+
+
+@pytest.mark.parametrize("shape", list(SHAPES) + ["qwen_0.5b"])
+@pytest.mark.parametrize("block_size", [16, 64])
+def test_rotary_store_kv_bf16(shape: str, block_size: int) -> None:
+    from tests.fused_cases import rotary_store_case
+
+    heads, kv_heads, head_dim = SHAPES.get(shape, (14, 2, 64))
+    assert rotary_store_case(heads, kv_heads, head_dim, 513, block_size, torch.bfloat16,
+                             "cuda") < BF16_TOL
+
+
+def test_fused_model_matches_unfused_bf16() -> None:
+    """The same weights with the fused kernels and with the torch layers: same logits to bf16
+    rounding over a prefill and a decode step."""
+    from types import SimpleNamespace
+
+    from gpu_backend.model import ForwardBatch, build_model, set_fused
+
+    spec = SimpleNamespace(num_layers=4, hidden_size=512, intermediate_size=1024,
+                           num_attention_heads=8, num_kv_heads=2, head_dim=64, vocab_size=1000,
+                           tie_word_embeddings=False)
+    model = build_model(spec, "cuda", torch.bfloat16, qkv_bias=True, rope_theta=1e6, seed=0,
+                        max_position=4096)
+    cuda = dict(device="cuda")
+    logits = []
+    for fused in (True, False):
+        set_fused(model, fused)
+        pool = torch.zeros(16, 4, 2, 16, 2, 64, device="cuda", dtype=torch.bfloat16)
+        kv_caches = [(pool[:, i, 0], pool[:, i, 1]) for i in range(4)]
+        step_logits = []
+        for ids, start in ((list(range(1, 100)), 0), ([7], 99)):
+            pos = torch.arange(start, start + len(ids), **cuda)
+            batch = ForwardBatch(
+                input_ids=torch.tensor(ids, **cuda), positions=pos, slot_mapping=pos + 16 * 2,
+                block_tables=torch.tensor([[2, 3, 4, 5, 6, 7, 8]], dtype=torch.int32, **cuda),
+                seq_lens=torch.tensor([start + len(ids)], dtype=torch.int32, **cuda),
+                query_start_loc=torch.tensor([0, len(ids)], dtype=torch.int32, **cuda),
+                logits_indices=torch.tensor([len(ids) - 1], **cuda),
+                max_query_len=len(ids), max_seq_len=128)
+            step_logits.append(model.compute_logits(batch, kv_caches).float())
+        logits.append(torch.cat(step_logits))
+    fused_logits, torch_logits = logits
+    assert torch.isfinite(fused_logits).all()
+    err = float((fused_logits - torch_logits).abs().max() / torch_logits.abs().max())
+    assert err < 5e-2, err

@@ -13,6 +13,7 @@ custom torch allocator), which this engine does not have.
 from __future__ import annotations
 
 import gc
+import os
 from dataclasses import dataclass, replace
 
 import torch
@@ -59,13 +60,21 @@ def rope_theta(model_name: str) -> float:
     return 1_000_000.0 if model_name.startswith("qwen") else 500_000.0
 
 
+def fused_layers_enabled() -> bool:
+    """False when GPU_BACKEND_FUSED=0: the torch norm, rotary and activation run instead."""
+    return os.environ.get("GPU_BACKEND_FUSED", "1") != "0"
+
+
 def load_model(config: EngineConfig, device: torch.device, seed: int,
                backend: str = "triton", dtype: torch.dtype = torch.bfloat16):
+    """The model of `config` with random weights. GPU_BACKEND_FUSED=0 in the environment
+    turns the fused layer kernels off (an A/B switch for the device scripts)."""
     spec = config.model
     max_len = config.memory_config().effective_max_model_len
     return build_model(spec, device, dtype, qkv_bias=spec.attention_bias,
                        rope_theta=rope_theta(spec.name), seed=seed,
-                       attention_backend=backend, max_position=max_len)  # type: ignore[arg-type]
+                       attention_backend=backend, max_position=max_len,  # type: ignore[arg-type]
+                       fused=fused_layers_enabled())
 
 
 def measure_memory(config: EngineConfig, device: torch.device, seed: int, use_graphs: bool):

@@ -27,6 +27,7 @@ from gpu_backend.engine.memory import (
 from gpu_backend.engine.runner import DecodeGraphs
 from gpu_backend.engine.setup import (
     assemble_engine,
+    fused_layers_enabled,
     make_store,
     plain_store,
     rope_theta,
@@ -75,7 +76,8 @@ def measure_tp_memory(config: EngineConfig, group: TpGroup, seed: int, use_graph
     allocated0 = torch.cuda.memory_allocated(device)
     model = build_tp_model(spec, group, device, qkv_bias=spec.attention_bias,
                            rope_theta=rope_theta(spec.name), seed=seed,
-                           max_position=config.memory_config().effective_max_model_len)
+                           max_position=config.memory_config().effective_max_model_len,
+                           fused=fused_layers_enabled())
     torch.cuda.synchronize(device)
     weights = torch.cuda.memory_allocated(device) - allocated0
     peaks = {n: measure_activation_peak(model, shard, n, config.num_seqs, config.block_size,

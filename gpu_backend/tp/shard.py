@@ -24,7 +24,7 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
-from gpu_backend.model import INIT_STD, Model
+from gpu_backend.model import INIT_STD, Model, set_fused
 from gpu_backend.tp.group import TpGroup
 from sim.core.catalog import ModelSpec
 
@@ -138,11 +138,13 @@ def _full_shapes(model: TpModel) -> dict[str, torch.Size]:
 def build_tp_model(spec: ModelSpec, group: TpGroup, device: torch.device | str,
                    dtype: torch.dtype = torch.bfloat16, qkv_bias: bool = False,
                    rope_theta: float = 500000.0, seed: int = 0,
-                   attention_backend: str = "triton", max_position: int = 131072) -> TpModel:
+                   attention_backend: str = "triton", max_position: int = 131072,
+                   fused: bool = True) -> TpModel:
     """This rank's shard of `build_model(spec, ..., seed=seed)`."""
     with torch.device("meta"):
         model = TpModel(spec, group, qkv_bias=qkv_bias, rope_theta=rope_theta, dtype=dtype,
                         attention_backend=attention_backend, max_position=max_position)
     model.to_empty(device=device)
     model.init_weights(seed)
+    set_fused(model, fused)
     return model.requires_grad_(False).eval()
