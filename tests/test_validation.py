@@ -88,6 +88,17 @@ def test_targets_use_median_or_max_and_fail_without_values():
     assert not missing["ttft_p50_s"]["passed"]
 
 
+def test_reserve_share_target_is_in_points_not_relative():
+    # 0.7% measured, 1.5% predicted: 114% off relatively, but 0.8 points: within 2 points
+    close = {"reserve_share": {"relative_error": 1.14, "difference": 0.008}}
+    far = {"reserve_share": {"relative_error": 0.2, "difference": -0.03}}  # 15% vs 12%
+    result = {t["metric"]: t for t in check_targets([close])}["reserve_share"]
+    assert result["measure"] == "points" and result["value"] == pytest.approx(0.008)
+    assert result["passed"]
+    result = {t["metric"]: t for t in check_targets([close, far])}["reserve_share"]
+    assert result["value"] == pytest.approx(0.03) and not result["passed"]  # max over runs
+
+
 # --------------------------------------------------------------------------- step tables
 def test_chunk_parsing_and_pairs():
     assert parse_chunks("512:0;512:512") == [(512, 0), (512, 512)]

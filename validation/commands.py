@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from sim.outputs import parse_int_list, parse_policies
+from validation.compare import format_target_value
 from validation.runs import GpuRun, TraceSlice, engine_config, find_runs, load_run
 
 
@@ -27,10 +28,11 @@ def load_runs(gpu_dir: Path) -> list[GpuRun]:
 def print_targets(targets: list[dict], title: str = "targets") -> None:
     print(f"{title}:")
     for t in targets:
-        value = "n/a" if t["value"] is None else f"{t['value']:.1%}"
+        measure = t.get("measure", "relative")
+        value = "n/a" if t["value"] is None else format_target_value(t["value"], measure)
         verdict = "PASS" if t["passed"] else "FAIL"
-        print(f"  {verdict}  {t['metric']:<20} {t['aggregate']} |error| {value:>7} "
-              f"(target <= {t['limit']:.0%}) {t['note']}")
+        print(f"  {verdict}  {t['metric']:<20} {t['aggregate']} |error| {value:>8} "
+              f"(target <= {format_target_value(t['limit'], measure)}) {t['note']}")
 
 
 def compare(args: argparse.Namespace) -> int:

@@ -7,7 +7,7 @@ import math
 from dataclasses import asdict
 from pathlib import Path
 
-from validation.compare import METRICS
+from validation.compare import METRICS, format_target_value
 from validation.pipeline import RunComparison, Validation
 
 REFERENCES = ("Vidur reports ~9% latency error; LLMServingSim 2.0 reports 2-14%.")
@@ -82,11 +82,12 @@ def _abs(value: float | None) -> str:
 def _targets_table(targets: list[dict]) -> list[str]:
     lines = ["| metric | over runs | \\|error\\| | target | result |", "|---|---|---|---|---|"]
     for t in targets:
-        value = "-" if t["value"] is None else f"{t['value']:.1%}"
+        measure = t.get("measure", "relative")
+        value = "-" if t["value"] is None else format_target_value(t["value"], measure)
         verdict = "PASS" if t["passed"] else "FAIL"
         note = f" ({t['note']})" if t["note"] else ""
-        lines.append(f"| {t['metric']} | {t['aggregate']} | {value} | <= {t['limit']:.0%} | "
-                     f"**{verdict}**{note} |")
+        lines.append(f"| {t['metric']} | {t['aggregate']} | {value} | "
+                     f"<= {format_target_value(t['limit'], measure)} | **{verdict}**{note} |")
     return lines
 
 

@@ -95,12 +95,12 @@ def _rotary_store_kv_kernel(
 
     offs_h = tl.arange(0, H_PAD)
     mask = (offs_h[:, None] < NUM_HEADS) & d_mask[None, :]
-    src = q_ptr + token * stride_qt + offs_h[:, None] * stride_qh + offs_d[None, :]
-    q1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
-    q2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
-    dst = q_out_ptr + token * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :]
-    tl.store(dst, (q1 * cos - q2 * sin).to(q_out_ptr.dtype.element_ty), mask=mask)
-    tl.store(dst + HALF, (q2 * cos + q1 * sin).to(q_out_ptr.dtype.element_ty), mask=mask)
+    q_src = q_ptr + token * stride_qt + offs_h[:, None] * stride_qh + offs_d[None, :]
+    q1 = tl.load(q_src, mask=mask, other=0.0).to(tl.float32)
+    q2 = tl.load(q_src + HALF, mask=mask, other=0.0).to(tl.float32)
+    q_dst = q_out_ptr + token * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :]
+    tl.store(q_dst, (q1 * cos - q2 * sin).to(q_out_ptr.dtype.element_ty), mask=mask)
+    tl.store(q_dst + HALF, (q2 * cos + q1 * sin).to(q_out_ptr.dtype.element_ty), mask=mask)
 
     slot = tl.load(slot_ptr + token).to(tl.int64)
     if slot >= 0:  # a negative slot is a padding row: nothing is written to the cache
@@ -108,19 +108,19 @@ def _rotary_store_kv_kernel(
         offset = slot % BLOCK_SIZE
         offs_kh = tl.arange(0, KVH_PAD)
         kv_mask = (offs_kh[:, None] < NUM_KV_HEADS) & d_mask[None, :]
-        src = k_ptr + token * stride_kt + offs_kh[:, None] * stride_kh + offs_d[None, :]
-        k1 = tl.load(src, mask=kv_mask, other=0.0).to(tl.float32)
-        k2 = tl.load(src + HALF, mask=kv_mask, other=0.0).to(tl.float32)
-        dst = (k_cache_ptr + block_id * stride_kcb + offset * stride_kcs
-               + offs_kh[:, None] * stride_kch + offs_d[None, :])
-        tl.store(dst, (k1 * cos - k2 * sin).to(k_cache_ptr.dtype.element_ty), mask=kv_mask)
-        tl.store(dst + HALF, (k2 * cos + k1 * sin).to(k_cache_ptr.dtype.element_ty),
+        k_src = k_ptr + token * stride_kt + offs_kh[:, None] * stride_kh + offs_d[None, :]
+        k1 = tl.load(k_src, mask=kv_mask, other=0.0).to(tl.float32)
+        k2 = tl.load(k_src + HALF, mask=kv_mask, other=0.0).to(tl.float32)
+        k_dst = (k_cache_ptr + block_id * stride_kcb + offset * stride_kcs
+                 + offs_kh[:, None] * stride_kch + offs_d[None, :])
+        tl.store(k_dst, (k1 * cos - k2 * sin).to(k_cache_ptr.dtype.element_ty), mask=kv_mask)
+        tl.store(k_dst + HALF, (k2 * cos + k1 * sin).to(k_cache_ptr.dtype.element_ty),
                  mask=kv_mask)
-        src = v_ptr + token * stride_vt + offs_kh[:, None] * stride_vh + offs_d[None, :]
-        dst = (v_cache_ptr + block_id * stride_vcb + offset * stride_vcs
-               + offs_kh[:, None] * stride_vch + offs_d[None, :])
-        tl.store(dst, tl.load(src, mask=kv_mask), mask=kv_mask)
-        tl.store(dst + HALF, tl.load(src + HALF, mask=kv_mask), mask=kv_mask)
+        v_src = v_ptr + token * stride_vt + offs_kh[:, None] * stride_vh + offs_d[None, :]
+        v_dst = (v_cache_ptr + block_id * stride_vcb + offset * stride_vcs
+                 + offs_kh[:, None] * stride_vch + offs_d[None, :])
+        tl.store(v_dst, tl.load(v_src, mask=kv_mask), mask=kv_mask)
+        tl.store(v_dst + HALF, tl.load(v_src + HALF, mask=kv_mask), mask=kv_mask)
 
 
 def rotary_store_kv(q: Tensor, k: Tensor, v: Tensor, positions: Tensor, cos_sin: Tensor,
