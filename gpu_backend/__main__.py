@@ -75,13 +75,16 @@ def build_parser() -> argparse.ArgumentParser:
     fp = sub.add_parser("refit", help="fit a calibration's stored measurements again (no GPU)")
     fp.add_argument("calibration", type=Path)
     fp.add_argument("--out", type=Path, default=None, help="default: overwrite the input")
+    fp.add_argument("--copy-bandwidth", type=float, default=None, metavar="BYTES_S",
+                    help="measured device-to-device copy bandwidth that pins weight streaming "
+                         "(default: the calibration's own copy_bandwidth_bytes_s, if any)")
     return parser
 
 
 def run_refit(args: argparse.Namespace) -> int:
     from gpu_backend.engine.calibrate import refit_calibration, write_calibration
 
-    result = refit_calibration(json.loads(args.calibration.read_text()))
+    result = refit_calibration(json.loads(args.calibration.read_text()), args.copy_bandwidth)
     write_calibration(args.out or args.calibration, result)
     print(json.dumps({"efficiency": result["efficiency"],
                       "median_abs_rel": result["fit_error"]["median_abs_rel"]}, indent=2))

@@ -7,7 +7,7 @@ and in the loss they choose, so the parameter handling lives here once.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import replace
 
 import numpy as np
@@ -17,23 +17,42 @@ from sim.cost_model import FIT_PARAMETERS, Efficiency
 
 
 def fit_efficiency(start: Efficiency, relative_errors: Callable[[Efficiency], np.ndarray],
+                   fixed: Collection[str] = (),
                    **least_squares_options) -> tuple[Efficiency, OptimizeResult]:
     """Efficiency minimising `relative_errors(eff)` within each parameter's bounds.
 
     Parameters are scaled by their typical unit, so the optimiser sees numbers of order one;
-    the start is nudged strictly inside the bounds. Options go to `scipy.optimize.least_squares`.
+    the start is nudged strictly inside the bounds. `fixed` names FIT_PARAMETERS held at
+    their start value (measured elsewhere, or not identifiable from these steps). Options go
+    to `scipy.optimize.least_squares`.
     """
-    units = np.array([unit for _, _, unit in FIT_PARAMETERS])
-    lower = np.array([bounds[0] for _, bounds, _ in FIT_PARAMETERS]) / units
-    upper = np.array([bounds[1] for _, bounds, _ in FIT_PARAMETERS]) / units
-    x0 = np.array([getattr(start, name) for name, _, _ in FIT_PARAMETERS]) / units
+    unknown = set(fixed) - {name for name, _, _ in FIT_PARAMETERS}
+    if unknown:
+        raise ValueError(f"cannot hold {sorted(unknown)} fixed: not fitted parameters")
+    params = [p for p in FIT_PARAMETERS if p[0] not in fixed]
+    units = np.array([unit for _, _, unit in params])
+    lower = np.array([bounds[0] for _, bounds, _ in params]) / units
+    upper = np.array([bounds[1] for _, bounds, _ in params]) / units
+    x0 = np.array([getattr(start, name) for name, _, _ in params]) / units
     inset = 1e-6 * (upper - lower)
     x0 = np.clip(x0, lower + inset, upper - inset)
 
     def efficiency(x: np.ndarray) -> Efficiency:
         return replace(start, **{name: float(v) * unit
-                                 for (name, _, unit), v in zip(FIT_PARAMETERS, x)})
+                                 for (name, _, unit), v in zip(params, x)})
 
     solution = least_squares(lambda x: relative_errors(efficiency(x)), x0,
                              bounds=(lower, upper), **least_squares_options)
     return efficiency(solution.x), solution
+
+
+def eager_launch_start(start: Efficiency, prefill_step_s: np.ndarray) -> Efficiency:
+    """`start` with a usable eager_launch_s when it has none.
+
+    A step costs max(device, launch): from launch 0 every step is device-bound and the
+    launch time has no gradient, so a fit would never move it. The shortest step with
+    prefill tokens bounds the launch time from above, a start the fit can walk down from.
+    """
+    if start.eager_launch_s > 0 or prefill_step_s.size == 0:
+        return start
+    return replace(start, eager_launch_s=float(np.min(prefill_step_s)))

@@ -42,6 +42,40 @@ def test_fit_recovers_known_efficiencies():
     assert fitted.step_overhead_s == pytest.approx(2e-3, rel=0.2)
 
 
+def test_copy_bandwidth_pins_weight_streaming_and_the_step_overhead_takes_the_rest():
+    """Launch overhead hidden in a low 'memory' efficiency would halve under TP=2; pinned to
+    the copy bandwidth, the fixed cost stays in the per-step term."""
+    model, gpu = get_model("llama-3.1-8b"), get_gpu("h200")
+    truth = Efficiency(linear_compute=0.7, memory=0.88, attention_compute=0.4,
+                       step_overhead_s=4e-3, per_seq_overhead_s=1e-5,
+                       linear_serial_fraction=0.5)
+    outputs = [scheduler_output(s) for s in default_grid()]
+    measured = np.array([CostModel(model, gpu, 1, truth).step(o).total_s for o in outputs])
+    copy = 0.88 * gpu.memory_bandwidth_bytes_s
+    fitted, error = fit_efficiency((model, gpu, 1), outputs, measured,
+                                   copy_bandwidth_bytes_s=copy)
+    assert fitted.memory == pytest.approx(0.88, rel=1e-12)  # held, not fitted
+    assert error["median_abs_rel"] < 0.01
+    assert fitted.step_overhead_s == pytest.approx(4e-3, rel=0.1)
+    assert fitted.linear_serial_fraction == pytest.approx(0.5, abs=0.1)
+    # the same TP=1 grid, explained by a fit that is told the weights stream at 0.5
+    wrong, _ = fit_efficiency((model, gpu, 1), outputs, measured,
+                              copy_bandwidth_bytes_s=0.5 * gpu.memory_bandwidth_bytes_s)
+    assert wrong.memory == pytest.approx(0.5) and wrong.step_overhead_s < fitted.step_overhead_s
+
+
+def test_linear_time_between_roofline_and_sum():
+    model, gpu = get_model("llama-3.1-8b"), get_gpu("h200")
+    roof, half, serial = (CostModel(model, gpu, 1, Efficiency(linear_serial_fraction=f))
+                          for f in (0.0, 0.5, 1.0))
+    for tokens in (1, 32, 256, 4096):
+        compute = tokens * roof._layer_flops_per_token / roof._flops_s
+        weights = roof._layer_weight_bytes / roof._bytes_s
+        assert roof.linear_s(tokens) == pytest.approx(max(compute, weights))
+        assert serial.linear_s(tokens) == pytest.approx(compute + weights)
+        assert roof.linear_s(tokens) < half.linear_s(tokens) < serial.linear_s(tokens)
+
+
 def test_scheduler_output_of_a_mixed_step_matches_the_core_fields():
     out = scheduler_output(mixed_shape(100, 50, 3, 20))
     assert (out.num_prefill_tokens, out.num_decode_tokens) == (100, 3)
@@ -119,7 +153,7 @@ def test_refit_recovers_efficiencies_from_stored_measurements():
     from sim.cost_model import CostModel, Efficiency
 
     true = Efficiency(linear_compute=0.66, memory=0.61, kv_memory=0.83, attention_compute=0.35,
-                      step_overhead_s=2e-3, per_seq_overhead_s=1e-5, prefill_step_overhead_s=0.012)
+                      step_overhead_s=2e-3, per_seq_overhead_s=1e-5, eager_launch_s=0.03)
     cost = CostModel(get_model("llama-3.1-8b"), get_gpu("h200"), 1, true)
     measurements = [{**shape.describe(), "measured_s": cost.step(scheduler_output(shape)).total_s}
                     for shape in default_grid()]
@@ -127,5 +161,5 @@ def test_refit_recovers_efficiencies_from_stored_measurements():
             "efficiency": asdict(Efficiency())}
     result = refit_calibration(data)
     assert result["fit_error"]["median_abs_rel"] < 1e-3
-    for name in ("linear_compute", "memory", "kv_memory", "prefill_step_overhead_s"):
+    for name in ("linear_compute", "memory", "kv_memory", "eager_launch_s"):
         assert abs(result["efficiency"][name] - getattr(true, name)) <= 0.03 * getattr(true, name)

@@ -26,7 +26,8 @@ from validation.synthetic import write_calibration_json, write_gpu_style_run
 
 LLAMA_8B, H200 = get_model("llama-3.1-8b"), get_gpu("h200")
 TRUE = Efficiency(linear_compute=0.61, memory=0.79, kv_memory=0.52, attention_compute=0.33,
-                  step_overhead_s=1.7e-3, per_seq_overhead_s=7e-6, prefill_step_overhead_s=4e-3)
+                  step_overhead_s=1.7e-3, per_seq_overhead_s=7e-6, eager_launch_s=0.03,
+                  linear_serial_fraction=0.35)
 SLICE = TraceSlice("azure-code", limit=120)
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sim.calibration import eager_launch_start
 from sim.calibration import fit_efficiency as fit_parameters
 from sim.core.catalog import GpuSpec, ModelSpec
 from sim.core.memory_plan import ActivationProfile
@@ -80,6 +81,7 @@ def fit_efficiency(model: ModelSpec, gpu: GpuSpec, tp: int, fit: StepTable,
     fit = usable_steps(fit)
     if len(fit) < len(FIT_PARAMETERS):
         raise ValueError(f"{len(fit)} usable steps cannot fit {len(FIT_PARAMETERS)} parameters")
+    initial = eager_launch_start(initial, fit.duration_s[fit.num_prefill_tokens > 0])
     fitted, solution = fit_parameters(
         initial, lambda eff: step_errors(model, gpu, tp, eff, fit),
         loss="soft_l1", f_scale=0.05, diff_step=1e-3, x_scale=1.0)

@@ -159,11 +159,12 @@ def predict_step_times(cost: CostModel, table: StepTable) -> np.ndarray:
     # Prefill attention and decode KV reads are linear in pairs and context tokens.
     per_pair_s = cost.prefill_attention_s(((2, 0),)) / 2.0  # a 2-token chunk is 2 pairs
     per_context_token_s = cost.decode_attention_s(1)
-    total = (_per_unique(tokens, cost.linear_s) + _per_unique(tokens, cost.allreduce_s)
-             + _per_unique(table.num_sampled_rows, cost.logits_s)
-             + table.prefill_pairs * per_pair_s + table.decode_context_tokens * per_context_token_s
-             + cost.eff.step_overhead_s + cost.eff.per_seq_overhead_s * table.num_seqs
-             + np.where(table.num_prefill_tokens > 0, cost.eff.prefill_step_overhead_s, 0.0))
+    device = (_per_unique(tokens, cost.linear_s) + _per_unique(tokens, cost.allreduce_s)
+              + _per_unique(table.num_sampled_rows, cost.logits_s)
+              + table.prefill_pairs * per_pair_s + table.decode_context_tokens * per_context_token_s)
+    launch = np.where(table.num_prefill_tokens > 0, cost.eff.eager_launch_s, 0.0)
+    total = (np.maximum(device, launch)
+             + cost.eff.step_overhead_s + cost.eff.per_seq_overhead_s * table.num_seqs)
     # A step that scheduled nothing (an OOM the engine dropped) costs the fixed overhead only.
     return np.where(tokens > 0, total, cost.eff.step_overhead_s)
 

@@ -8,6 +8,14 @@ the engine's steps (host arrays -> device -> forward -> sampled ids on the host)
 The fit: the `sim.cost_model.FIT_PARAMETERS` fields of `Efficiency`, by
 `sim.calibration.fit_efficiency` (scipy least squares) on the relative error of
 `CostModel.step(out)` against the measured medians.
+
+Weight streaming is pinned, not fitted: on one GPU every decode step reads the same weights,
+so "weights at bandwidth x" and "a fixed cost per step" fit the grid equally well, and a fit
+free to choose put the engine's kernel-launch overhead into the bandwidth (memory 0.40,
+step overhead 0). That split matters the moment the weights change size, as under tensor
+parallelism (TP=2 halves them, not the launches). So `memory` is the measured bandwidth of
+a large device-to-device copy over the preset's HBM bandwidth, and the per-step terms take
+the rest.
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +38,7 @@ from gpu_backend.engine.shapes import (
     scheduler_output,
 )
 from gpu_backend.env import versions
+from sim.calibration import eager_launch_start
 from sim.calibration import fit_efficiency as fit_parameters
 from sim.core.catalog import get_gpu, get_model
 from sim.core.engine_config import EngineConfig
@@ -52,16 +61,29 @@ def default_grid(quick: bool = False) -> list[StepShape]:
 
 
 def fit_efficiency(cost_args: tuple, outputs: list, measured_s: np.ndarray,
-                   start: Efficiency | None = None) -> tuple[Efficiency, dict]:
-    """Least squares on relative error; returns (fitted Efficiency, error report)."""
+                   start: Efficiency | None = None,
+                   copy_bandwidth_bytes_s: float | None = None) -> tuple[Efficiency, dict]:
+    """Least squares on relative error; returns (fitted Efficiency, error report).
+
+    With `copy_bandwidth_bytes_s`, `memory` is held at that bandwidth over the GPU preset's
+    (see the module docstring); without it, `memory` is fitted like the rest.
+    """
     start = start or Efficiency()
+    fixed: tuple[str, ...] = ()
+    if copy_bandwidth_bytes_s is not None:
+        gpu = cost_args[1]
+        start = replace(start, memory=min(1.0, copy_bandwidth_bytes_s
+                                          / gpu.memory_bandwidth_bytes_s))
+        fixed = ("memory",)
+    eager = np.array([o.num_prefill_tokens > 0 for o in outputs], dtype=bool)
+    start = eager_launch_start(start, measured_s[eager])
 
     def relative_errors(eff: Efficiency) -> np.ndarray:
         cost = CostModel(*cost_args, efficiency=eff)
         return np.array([cost.step(o).total_s for o in outputs]) / measured_s - 1.0
 
     before = relative_errors(start)
-    fitted, _ = fit_parameters(start, relative_errors, x_scale="jac")
+    fitted, _ = fit_parameters(start, relative_errors, fixed, x_scale="jac")
     after = relative_errors(fitted)
     return fitted, {
         "median_abs_rel": float(np.median(np.abs(after))),
@@ -90,6 +112,7 @@ def calibrate(config: EngineConfig, *, seed: int = 0, quick: bool = False,
     from gpu_backend.engine.memory import dummy_store, kv_caches_of
     from gpu_backend.engine.runner import DecodeGraphs, ModelRunner
     from gpu_backend.engine.setup import measure_memory
+    from gpu_backend.env import copy_bandwidth_bytes_s
 
     device = torch.device("cuda", torch.cuda.current_device())
     grid = default_grid(quick)
@@ -116,7 +139,9 @@ def calibrate(config: EngineConfig, *, seed: int = 0, quick: bool = False,
         outputs.append(scheduler_output(shape))
         times.append(seconds)
     cost_args = (config.model, config.gpu, 1)
-    efficiency, fit_error = fit_efficiency(cost_args, outputs, np.array(times))
+    bandwidth = copy_bandwidth_bytes_s()
+    efficiency, fit_error = fit_efficiency(cost_args, outputs, np.array(times),
+                                           copy_bandwidth_bytes_s=bandwidth)
     cost = CostModel(*cost_args, efficiency=efficiency)
     for entry, out in zip(measurements, outputs):
         entry["predicted_s"] = cost.step(out).total_s
@@ -129,28 +154,33 @@ def calibrate(config: EngineConfig, *, seed: int = 0, quick: bool = False,
                        "non_torch_bytes": m.profile.non_torch_bytes},
         "activation_peaks": {str(k): v for k, v in m.activation_peaks.items()},
         "weights_bytes": m.weights_bytes, "graph_capture_s": graphs.capture_s,
+        "copy_bandwidth_bytes_s": bandwidth,
         "measurements": measurements, "fit_error": fit_error,
     }
 
 
-def refit_calibration(data: dict) -> dict:
+def refit_calibration(data: dict, copy_bandwidth_bytes_s: float | None = None) -> dict:
     """Fit the cost model again to a calibration's stored measurements (no GPU needed).
 
     For when the cost model gains a term: the grid measured on the GPU stays valid, only the
-    fitted efficiencies change. Returns the calibration with new efficiency and errors.
+    fitted efficiencies change. `memory` is pinned to `copy_bandwidth_bytes_s`, else to the
+    calibration's own "copy_bandwidth_bytes_s", else fitted (older files have none).
+    Returns the calibration with new efficiency and errors.
     """
+    bandwidth = copy_bandwidth_bytes_s or data.get("copy_bandwidth_bytes_s")
     shapes = [StepShape(m["kind"], tuple(tuple(p) for p in m["prefills"]),
                         (int(m["decode_context"]),) * int(m["num_decodes"]))
               for m in data["measurements"]]
     outputs = [scheduler_output(shape) for shape in shapes]
     times = np.array([m["measured_s"] for m in data["measurements"]])
     cost_args = (get_model(data["model"]), get_gpu(data["gpu_preset"]), 1)
-    efficiency, fit_error = fit_efficiency(cost_args, outputs, times)
+    efficiency, fit_error = fit_efficiency(cost_args, outputs, times,
+                                           copy_bandwidth_bytes_s=bandwidth)
     cost = CostModel(*cost_args, efficiency=efficiency)
     measurements = [{**m, "predicted_s": cost.step(out).total_s}
                     for m, out in zip(data["measurements"], outputs)]
     return {**data, "efficiency": asdict(efficiency), "fit_error": fit_error,
-            "measurements": measurements}
+            "copy_bandwidth_bytes_s": bandwidth, "measurements": measurements}
 
 
 def write_calibration(path: Path, result: dict) -> None:
