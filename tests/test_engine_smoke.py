@@ -61,6 +61,13 @@ def test_outputs_have_the_simulator_columns(model, tmp_path):
         steps = list(csv.DictReader(f))
     assert list(steps[0]) == list(STEP_COLUMNS)
     assert len(steps) == summary["num_engine_steps"]
+    for row in steps:  # the longest decode context bounds the sum from below and above
+        rows, longest = int(row["num_decode_tokens"]), int(row["max_decode_context"])
+        total = int(row["decode_context_tokens"])
+        assert (longest == 0) == (rows == 0)
+        assert longest <= total <= rows * longest
+    assert any(int(r["max_decode_context"]) * int(r["num_decode_tokens"])
+               > int(r["decode_context_tokens"]) for r in steps)  # mixed lengths were seen
 
 
 def test_preemption_and_migration_keep_tokens(model):

@@ -33,7 +33,8 @@ REQUIRED_COLUMNS = ("num_prefill_tokens", "num_decode_tokens", "decode_context_t
                     "num_seqs")
 DURATION_COLUMNS = ("measured_s", "duration_s", "step_s")
 OPTIONAL_COLUMNS = ("start_s", "num_preempted", "kv_blocks_used", "kv_blocks_usable",
-                    "reserve_lent_blocks", "lent_blocks", "oom")
+                    "reserve_lent_blocks", "lent_blocks", "oom",
+                    "max_decode_context")  # longest decode row's context (GPU runs since 2026-11-30)
 
 
 @dataclass(frozen=True)

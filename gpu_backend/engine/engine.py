@@ -28,7 +28,8 @@ from sim.metrics import ReplicaRecorder
 
 STEP_COLUMNS = ("step_id", "start_s", "num_prefill_tokens", "num_decode_tokens",
                 "decode_context_tokens", "num_seqs", "measured_s", "graph", "lent_blocks",
-                "mapped_elastic_bytes", "oom", "num_sampled_rows", "prefill_chunks")
+                "mapped_elastic_bytes", "oom", "num_sampled_rows", "max_decode_context",
+                "prefill_chunks")
 
 
 class Clock(Protocol):
@@ -177,4 +178,6 @@ class GpuEngine:
                            out.decode_context_tokens, len(out.scheduled), duration_s, int(graph),
                            out.num_lent_blocks, self.elastic.mapped_bytes,
                            int(out.oom is not None), out.num_sampled_rows,
+                           max((s.num_computed_tokens + 1 for s in out.scheduled if s.is_decode),
+                               default=0),
                            ";".join(f"{c}:{p}" for c, p in out.prefill_chunks)))
