@@ -148,8 +148,12 @@ class Model(nn.Module):
             elif name.endswith(".bias"):
                 param.zero_()
             else:
-                param.normal_(0.0, INIT_STD, generator=gen)
+                self._draw_weight(name, param, gen)
         self.rotary.reset_table()
+
+    def _draw_weight(self, name: str, param: Tensor, gen: torch.Generator) -> None:
+        """Fill one weight matrix from `gen` (the TP model draws the full one and slices it)."""
+        param.normal_(0.0, INIT_STD, generator=gen)
 
     @torch.no_grad()
     def compute_logits(self, batch: ForwardBatch, kv_caches: KVCaches) -> Tensor:

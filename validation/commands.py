@@ -28,7 +28,7 @@ def load_runs(gpu_dir: Path) -> list[GpuRun]:
 def print_targets(targets: list[dict], title: str = "targets") -> None:
     print(f"{title}:")
     for t in targets:
-        measure = t.get("measure", "relative")
+        measure = t["measure"]
         value = "n/a" if t["value"] is None else format_target_value(t["value"], measure)
         verdict = "PASS" if t["passed"] else "FAIL"
         print(f"  {verdict}  {t['metric']:<20} {t['aggregate']} |error| {value:>8} "

@@ -153,7 +153,7 @@ def check_targets(per_run: Sequence[dict[str, dict]]) -> list[dict]:
     results = []
     for target in TARGETS:
         field = "difference" if target.measure == "points" else "relative_error"
-        errors = [run[target.metric][field] for run in per_run if target.metric in run]
+        errors = [run.get(target.metric, {}).get(field) for run in per_run]
         finite = [abs(e) for e in errors if e is not None]
         head = {"metric": target.metric, "aggregate": target.aggregate, "limit": target.limit,
                 "measure": target.measure}

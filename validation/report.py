@@ -82,7 +82,7 @@ def _abs(value: float | None) -> str:
 def _targets_table(targets: list[dict]) -> list[str]:
     lines = ["| metric | over runs | \\|error\\| | target | result |", "|---|---|---|---|---|"]
     for t in targets:
-        measure = t.get("measure", "relative")
+        measure = t["measure"]
         value = "-" if t["value"] is None else format_target_value(t["value"], measure)
         verdict = "PASS" if t["passed"] else "FAIL"
         note = f" ({t['note']})" if t["note"] else ""

@@ -108,21 +108,17 @@ class TpModel(Model):
     @torch.no_grad()
     def init_weights(self, seed: int) -> None:
         """Draw each full parameter as `Model.init_weights` does and keep this rank's slice."""
-        device = next(self.parameters()).device
-        gen = torch.Generator(device=device).manual_seed(seed)
-        full_shapes = _full_shapes(self)
-        tp, rank = self.group.world_size, self.group.rank
-        for name, param in self.named_parameters():
-            if name.endswith("norm.weight"):
-                param.fill_(1.0)
-            elif name.endswith(".bias"):
-                param.zero_()
-            else:
-                full = torch.empty(full_shapes[name], dtype=param.dtype, device=device)
-                full.normal_(0.0, INIT_STD, generator=gen)
-                param.copy_(take_shard(name, full, self.full_spec, tp, rank))
-                del full
-        self.rotary.reset_table()
+        self._full = _full_shapes(self)
+        try:
+            super().init_weights(seed)
+        finally:
+            del self._full
+
+    def _draw_weight(self, name: str, param: Tensor, gen: torch.Generator) -> None:
+        full = torch.empty(self._full[name], dtype=param.dtype, device=param.device)
+        full.normal_(0.0, INIT_STD, generator=gen)
+        param.copy_(take_shard(name, full, self.full_spec, self.group.world_size,
+                               self.group.rank))
 
 
 def _full_shapes(model: TpModel) -> dict[str, torch.Size]:
