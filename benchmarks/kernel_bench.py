@@ -1,7 +1,9 @@
 """Paged-attention kernel benchmark on one GPU (Llama-3.1-8B attention shapes).
 
 * decode: time per step (CUDA-graph replay, as the engine runs decode) against the
-  memory roofline, KV bytes / bandwidth of a large device-to-device copy;
+  memory roofline, KV bytes / bandwidth of a large device-to-device copy, for batches of
+  one context and skewed ones (one long sequence among short ones), with the per-step split
+  plan and with the earlier even split (only when the batch leaves SMs idle) for comparison;
 * prefill: a 16,384-token prompt in one pass, and in chunks of 512..8192 tokens each
   attending over the cached prefix; the sum over chunks / one pass should be ~1.0-1.1
   (chunking must not inflate attention cost). torch SDPA causal is the reference.
@@ -27,10 +29,21 @@ from gpu_backend.env import (  # noqa: E402
     write_result,
 )
 from gpu_backend.kernels import paged_attention  # noqa: E402
+from gpu_backend.kernels.attention import choose_num_splits  # noqa: E402
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
 DTYPE = torch.bfloat16
-DECODE_CASES = [(64, 1024), (32, 4096), (128, 4096)]  # (batch, context)
+# (label, contexts): uniform batches, then one long sequence among short ones
+DECODE_CASES = [
+    ("64x1024", [1024] * 64),
+    ("32x4096", [4096] * 32),
+    ("128x4096", [4096] * 128),
+    ("8x4096", [4096] * 8),
+    ("31x1024+1x16384", [1024] * 31 + [16384]),
+    ("20x12000", [12000] * 20),
+    ("63x512+1x32768", [512] * 63 + [32768]),
+    ("128x1024+1x8192", [1024] * 128 + [8192]),
+]
 PREFILL_TOKENS = 16384
 CHUNK_SIZES = [512, 1024, 2048, 4096, 8192]
 QUEUE_AHEAD_CYCLES = 1_000_000  # ~0.5 ms of GPU sleep before each timed call
@@ -77,25 +90,34 @@ def make_cache(num_tokens_per_seq: list[int]) -> tuple[torch.Tensor, ...]:
     return pool[:, 1, 0], pool[:, 1, 1], block_tables
 
 
-def bench_decode(batch: int, context: int, bandwidth_gbps: float) -> dict:
-    k_cache, v_cache, block_tables = make_cache([context] * batch)
+def bench_decode(label: str, contexts: list[int], bandwidth_gbps: float) -> dict:
+    batch = len(contexts)
+    k_cache, v_cache, block_tables = make_cache(contexts)
     q = torch.randn(batch, NUM_HEADS, HEAD_DIM, device="cuda", dtype=DTYPE)
-    seq_lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
+    seq_lens = torch.tensor(contexts, dtype=torch.int32, device="cuda")
     qsl = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
+    # As the engine's graphs: captured with max_seq_len = max_model_len (32k here).
+    even = choose_num_splits(batch * NUM_KV_HEADS, 32768, q.device)
 
-    def step() -> torch.Tensor:
-        return paged_attention(q, k_cache, v_cache, block_tables, seq_lens, qsl,
-                               HEAD_DIM ** -0.5, max_query_len=1, max_seq_len=context)
-
-    step()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    def graph_ms(num_splits: int | None) -> float:
+        def step() -> torch.Tensor:
+            return paged_attention(q, k_cache, v_cache, block_tables, seq_lens, qsl,
+                                   HEAD_DIM ** -0.5, max_query_len=1, max_seq_len=32768,
+                                   num_splits=num_splits)
         step()
-    ms = time_ms(graph.replay, reps=50)
-    kv_bytes = 2 * batch * context * NUM_KV_HEADS * HEAD_DIM * DTYPE.itemsize
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        return time_ms(graph.replay, reps=50)
+
+    ms, even_ms = graph_ms(None), graph_ms(even)
+    kv_bytes = 2 * sum(contexts) * NUM_KV_HEADS * HEAD_DIM * DTYPE.itemsize
     roofline_ms = kv_bytes / bandwidth_gbps / 1e6
-    return {"batch": batch, "context": context, "ms": ms, "roofline_ms": roofline_ms,
-            "achieved_gbps": kv_bytes / ms / 1e6, "fraction_of_roofline": roofline_ms / ms}
+    return {"case": label, "batch": batch, "context": sum(contexts) // batch,
+            "longest": max(contexts), "ms": ms, "roofline_ms": roofline_ms,
+            "achieved_gbps": kv_bytes / ms / 1e6, "fraction_of_roofline": roofline_ms / ms,
+            "even_split": even, "even_split_ms": even_ms,
+            "even_split_fraction_of_roofline": roofline_ms / even_ms}
 
 
 def causal_tflops(num_new: int, prefix: int, ms: float) -> float:
@@ -140,10 +162,12 @@ def environment() -> dict:
 def print_report(res: dict) -> None:
     print(f"{res['env']['gpu']}  torch {res['env']['torch']}  triton {res['env']['triton']}")
     print(f"copy bandwidth: {res['copy_bandwidth_gbps']:.0f} GB/s")
-    print(f"{'decode batch':>12} {'context':>8} {'ms':>8} {'roofline':>9} {'GB/s':>7} {'frac':>5}")
+    print(f"{'decode batch':>18} {'ms':>8} {'roofline':>9} {'GB/s':>7} {'frac':>5} "
+          f"{'even split ms':>14} {'frac':>5}")
     for d in res["decode"]:
-        print(f"{d['batch']:>12} {d['context']:>8} {d['ms']:>8.4f} {d['roofline_ms']:>9.4f} "
-              f"{d['achieved_gbps']:>7.0f} {d['fraction_of_roofline']:>5.2f}")
+        print(f"{d['case']:>18} {d['ms']:>8.4f} {d['roofline_ms']:>9.4f} "
+              f"{d['achieved_gbps']:>7.0f} {d['fraction_of_roofline']:>5.2f} "
+              f"{d['even_split_ms']:>14.4f} {d['even_split_fraction_of_roofline']:>5.2f}")
     p = res["prefill"]
     print(f"prefill {p['tokens']} tokens: one pass {p['one_pass_ms']:.2f} ms "
           f"({p['one_pass_tflops']:.0f} TFLOP/s), torch SDPA causal {p['sdpa_causal_ms']:.2f} ms")
@@ -162,7 +186,7 @@ def main() -> None:
     torch.manual_seed(0)
     bandwidth = copy_bandwidth_gbps()
     res = {"env": environment(), "copy_bandwidth_gbps": bandwidth,
-           "decode": [bench_decode(b, c, bandwidth) for b, c in DECODE_CASES],
+           "decode": [bench_decode(label, c, bandwidth) for label, c in DECODE_CASES],
            "prefill": bench_prefill(4096 if args.quick else PREFILL_TOKENS)}
     print_report(res)
     print(f"wrote {write_result(res, args.out, 'kernels', res['env']['gpu'])}")

@@ -87,21 +87,22 @@ stage_replay() {
 }
 
 # validation: the replays `python -m validation compare` turns into the committed reports.
-# Each line: NAME MODEL TRACE LIMIT RATE_SCALE (static and elastic are replayed for each);
+# Each line: NAME MODEL TRACE LIMIT RATE_SCALE SECONDS (static and elastic are replayed for
+# each, SECONDS at most per replay: the small model's replay runs ~10k steps, host-bound);
 # GPU_ALL_VALIDATION (names, space-separated) runs a subset.
 VALIDATION_RUNS=(
-  "h200_llama-3.1-8b_azure-code llama-3.1-8b azure-code 150 2"
-  "h200_llama-3.1-8b_mooncake-conv llama-3.1-8b mooncake-conv 40 1"
-  "h200_qwen2.5-0.5b_azure-conv qwen2.5-0.5b azure-conv 300 2"
+  "h200_llama-3.1-8b_azure-code llama-3.1-8b azure-code 150 2 150"
+  "h200_llama-3.1-8b_mooncake-conv llama-3.1-8b mooncake-conv 40 1 150"
+  "h200_qwen2.5-0.5b_azure-conv qwen2.5-0.5b azure-conv 300 2 240"
 )
 
 stage_validation() {
   local log="$OUT/validation.log"
   for line in "${VALIDATION_RUNS[@]}"; do
-    read -r name model trace limit rate <<<"$line"
+    read -r name model trace limit rate seconds <<<"$line"
     [ -n "${GPU_ALL_VALIDATION:-}" ] && [[ " $GPU_ALL_VALIDATION " != *" $name "* ]] && continue
     for policy in static elastic; do
-      run_step "$log" 150 "$PY" -m gpu_backend replay --trace "$trace" --limit "$limit" \
+      run_step "$log" "$seconds" "$PY" -m gpu_backend replay --trace "$trace" --limit "$limit" \
         --rate-scale "$rate" --model "$model" --policy "$policy" --max-num-seqs 256 \
         --max-model-len 32768 --no-wait --out "$WORK/validation/$name/$policy"
     done

@@ -3,11 +3,14 @@
 #
 #   OUT=/path bash scripts/gpu_pair.sh        (from the repo root)
 #
-# GPU 0: tests, the engine benchmark, the calibration profiles, then the Qwen validation
-# replays; GPU 1: the Azure-conv replays and the Llama validation replays. Each track is
-# `scripts/gpu_all.sh` with its own deadline (GPU_PAIR_BUDGET_S, default 540 s). Results:
-# gpu0.tar.gz and gpu1.tar.gz (each track's logs, tarballs and status.txt), status.txt and
-# fused_smoke.log (the fused-kernel GPU tests, run first).
+# First the kernel tests (tests_gpu/test_kernels_gpu.py) on GPU 0: a failing group turns its
+# kernels off for both tracks (decode split plan: GPU_BACKEND_DECODE_PLAN=0; fused layers:
+# GPU_BACKEND_FUSED=0). Then GPU 0: GPU_PAIR_TRACK0 stages (default: tests bench profile
+# validation, bench = GPU_ALL_BENCH or engine, validation = the Qwen replays); GPU 1:
+# GPU_PAIR_TRACK1 (default: replay validation = the Azure-conv and Llama validation
+# replays). Each track is `scripts/gpu_all.sh` with its own deadline (GPU_PAIR_BUDGET_S,
+# default 540 s). Results: gpu0.tar.gz and gpu1.tar.gz (each track's logs, tarballs and
+# status.txt), status.txt and kernel_smoke.log.
 set -o pipefail
 OUT="${OUT:?set OUT to the folder whose files come back}"
 BUDGET_S="${GPU_PAIR_BUDGET_S:-540}"
@@ -20,18 +23,28 @@ track() {  # track GPU STAGES...
     > "/tmp/pair$gpu/out/console.log" 2>&1
 }
 start=$(date +%s)
-# The fused layer kernels first: if they fail here, both tracks run the torch layers instead.
-CUDA_VISIBLE_DEVICES=0 timeout 120 "${PYTHON:-python}" -m pytest tests_gpu/test_kernels_gpu.py -q \
-  -k "rms or silu or rotary or fused" 2>&1 | tail -5 > "$OUT/fused_smoke.log"
-if ! grep -q " passed" "$OUT/fused_smoke.log" || grep -q "failed\|error" "$OUT/fused_smoke.log"; then
+# The kernels first: a group that fails here is turned off for both tracks.
+CUDA_VISIBLE_DEVICES=0 timeout "${GPU_PAIR_SMOKE_S:-150}" "${PYTHON:-python}" -m pytest \
+  tests_gpu/test_kernels_gpu.py -q -rf 2>&1 | tail -40 > "$OUT/kernel_smoke.log"
+if ! grep -q " passed" "$OUT/kernel_smoke.log"; then
+  export GPU_BACKEND_FUSED=0 GPU_BACKEND_DECODE_PLAN=0
+  echo "kernel tests did not run: GPU_BACKEND_FUSED=0 GPU_BACKEND_DECODE_PLAN=0" >> "$OUT/status.txt"
+fi
+if grep "^FAILED" "$OUT/kernel_smoke.log" | grep -q "attention\|splits\|graph"; then
+  export GPU_BACKEND_DECODE_PLAN=0
+  echo "attention tests failed: GPU_BACKEND_DECODE_PLAN=0" >> "$OUT/status.txt"
+fi
+if grep "^FAILED" "$OUT/kernel_smoke.log" | grep -q "rms\|silu\|rotary\|fused"; then
   export GPU_BACKEND_FUSED=0
-  echo "fused kernels failed their smoke test: GPU_BACKEND_FUSED=0" >> "$OUT/status.txt"
+  echo "fused kernel tests failed: GPU_BACKEND_FUSED=0" >> "$OUT/status.txt"
 fi
 BUDGET_S=$(( BUDGET_S - ($(date +%s) - start) ))
-GPU_ALL_BENCH=engine GPU_ALL_VALIDATION=h200_qwen2.5-0.5b_azure-conv \
-  track 0 tests bench profile validation &
+read -r -a stages0 <<<"${GPU_PAIR_TRACK0:-tests bench profile validation}"
+read -r -a stages1 <<<"${GPU_PAIR_TRACK1:-replay validation}"
+GPU_ALL_BENCH="${GPU_ALL_BENCH:-engine}" GPU_ALL_VALIDATION=h200_qwen2.5-0.5b_azure-conv \
+  track 0 "${stages0[@]}" &
 GPU_ALL_VALIDATION="h200_llama-3.1-8b_azure-code h200_llama-3.1-8b_mooncake-conv" \
-  track 1 replay validation &
+  track 1 "${stages1[@]}" &
 wait
 for gpu in 0 1; do
   tar -C "/tmp/pair$gpu/out" -czf "$OUT/gpu$gpu.tar.gz" .

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import numpy as np
@@ -163,3 +164,25 @@ def test_refit_recovers_efficiencies_from_stored_measurements():
     assert result["fit_error"]["median_abs_rel"] < 1e-3
     for name in ("linear_compute", "memory", "kv_memory", "eager_launch_s"):
         assert abs(result["efficiency"][name] - getattr(true, name)) <= 0.03 * getattr(true, name)
+
+
+def test_step_shape_records_round_trip_skewed_batches_and_read_old_files():
+    """A calibration stores each grid step as a record; a skewed decode batch (one long
+    sequence among short ones) must come back with every row's context, and records written
+    before decode_groups existed (one context for all rows) must still load."""
+    from gpu_backend.engine.shapes import (
+        StepShape,
+        mixed_shape,
+        scheduler_output,
+        skewed_decode_shape,
+    )
+
+    for shape in (skewed_decode_shape(20, 256, 12000, 4), mixed_shape(512, 2048, 3, 700),
+                  StepShape("prefill", ((64, 0),))):
+        back = StepShape.from_record(json.loads(json.dumps(shape.describe())))
+        assert back == shape
+        assert scheduler_output(back).decode_context_tokens == sum(shape.decodes)
+    old = {"kind": "decode", "prefills": [], "num_decodes": 3, "decode_context": 900}
+    assert StepShape.from_record(old).decodes == (900, 900, 900)
+    skewed = skewed_decode_shape(32, 512, 16384)
+    assert sorted(skewed.decodes)[-1] == 16384 and sum(skewed.decodes) == 31 * 512 + 16384

@@ -19,7 +19,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# name -> (query_lens, prefix_lens, H, KVH, D, block_size, dtype, num_splits)
+# name -> (query_lens, prefix_lens, H, KVH, D, block_size, dtype, num_splits[, min_split_keys])
+# Decode cases without num_splits run the per-step split plan; the interpreter counts 4 SMs
+# (8 target programs), so a small min_split_keys makes long sequences take several shares.
 CASES: dict[str, tuple] = {
     "decode_mha_d64_bs16": ([1] * 5, [0, 15, 16, 40, 130], 4, 4, 64, 16, "float32", None),
     "decode_gqa4_d128_bs32": ([1] * 4, [3, 31, 77, 200], 8, 2, 128, 32, "float16", None),
@@ -34,7 +36,22 @@ CASES: dict[str, tuple] = {
     "prefill_split4_gqa4": ([40, 75], [200, 31], 8, 2, 64, 16, "float16", 4),
     "mixed_split3_gqa7": ([1, 30, 1], [90, 60, 0], 7, 1, 128, 32, "float32", 3),
     "mixed_gqa7_d128": ([3, 1, 50], [20, 45, 10], 7, 1, 128, 16, "float32", None),
+    "decode_plan_one_long_mqa": ([1, 1], [2000, 10], 7, 1, 64, 16, "float32", None, 16),
+    "decode_plan_skewed_gqa4": ([1] * 6, [700, 3, 40, 0, 130, 64], 8, 2, 64, 16, "float16",
+                                None, 16),
+    "decode_plan_mha_d128": ([1] * 3, [900, 1, 333], 4, 4, 128, 32, "float32", None, 64),
 }
+
+# Split plans checked for their invariants: (seq_lens, KVH, min_keys, block_n)
+PLAN_CASES = [
+    ([5], 1, 16, 64),
+    ([2000, 10], 1, 16, 64),
+    ([700, 3, 40, 1, 130, 64], 2, 16, 64),
+    ([1] * 40 + [9000], 8, 256, 64),
+    ([300] * 17, 8, 256, 64),
+    ([70000, 2, 5], 8, 256, 64),  # longest / MAX_NUM_SPLITS sets the share
+    ([1, 0, 1, 0], 2, 16, 16),  # padded graph rows: length 0 still gets one share
+]
 
 
 def _run_case(name: str) -> float:
@@ -43,15 +60,44 @@ def _run_case(name: str) -> float:
     from gpu_backend.kernels import paged_attention, store_kvcache
     from tests.kernel_cases import dense_reference, make_problem, rel_error
 
-    query_lens, prefix_lens, heads, kv_heads, head_dim, block_size, dtype, splits = CASES[name]
+    query_lens, prefix_lens, heads, kv_heads, head_dim, block_size, dtype, splits, *rest = (
+        CASES[name])
     pb = make_problem(query_lens, prefix_lens, heads, kv_heads, head_dim, block_size,
                       getattr(torch, dtype), seed=zlib.crc32(name.encode()))
     store_kvcache(pb.new_k, pb.new_v, pb.k_cache, pb.v_cache, pb.slot_mapping)
     out = paged_attention(pb.q, pb.k_cache, pb.v_cache, pb.block_tables, pb.seq_lens,
                           pb.query_start_loc, pb.scale, max_query_len=pb.max_query_len,
-                          max_seq_len=pb.max_seq_len, num_splits=splits)
+                          max_seq_len=pb.max_seq_len, num_splits=splits,
+                          min_split_keys=rest[0] if rest else 256)
     assert out.dtype == pb.q.dtype and out.shape == pb.q.shape
     return rel_error(out, dense_reference(pb))
+
+
+def _plan_violations(seq_lens: list[int], kv_heads: int, min_keys: int, block_n: int) -> list[str]:
+    """Every invariant of a decode split plan that the device plan breaks (empty: none)."""
+    import torch
+
+    from gpu_backend.kernels.attention import (
+        MAX_NUM_SPLITS,
+        SPLIT_TARGET_WAVES,
+        _num_sms,
+        plan_decode_splits,
+    )
+
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    plan = plan_decode_splits(lens, kv_heads, block_n, min_keys)
+    start, keys = plan.split_start.tolist(), int(plan.split_keys.item())
+    target = SPLIT_TARGET_WAVES * _num_sms(lens.device)
+    bad = []
+    if keys % block_n or keys < min_keys or keys * target < sum(seq_lens) * kv_heads:
+        bad.append(f"share of {keys} keys")
+    if start[0] != 0 or start[-1] > plan.max_shares:
+        bad.append(f"{start[-1]} shares for a launch of {plan.max_shares}")
+    for i, n in enumerate(seq_lens):
+        shares = start[i + 1] - start[i]
+        if not 1 <= shares <= MAX_NUM_SPLITS or shares * keys < n or (shares - 1) * keys >= max(n, 1):
+            bad.append(f"sequence {i} of {n} keys in {shares} shares of {keys}")
+    return bad
 
 
 def _run_store_case() -> float:
@@ -112,6 +158,7 @@ def _main() -> None:
     results |= {name: _run_fused_case(name) for name in FUSED_CASES}
     results["store"] = _run_store_case()
     results["model"] = _run_model_case()
+    results["plans"] = [_plan_violations(*case) for case in PLAN_CASES]
     print(json.dumps(results))
 
 
@@ -134,6 +181,13 @@ def test_paged_attention_matches_reference(interp_results: dict[str, float], nam
 def test_fused_kernel_matches_torch_layers(interp_results: dict[str, float], name: str) -> None:
     tol = 1e-5 if FUSED_CASES[name][1]["dtype"] == "float32" else 2e-3
     assert interp_results[name] < tol, f"{name}: rel error {interp_results[name]}"
+
+
+@pytest.mark.parametrize("case", range(len(PLAN_CASES)))
+def test_decode_split_plan_covers_every_sequence(interp_results: dict, case: int) -> None:
+    """Shares cover each sequence exactly (no share past its end), fit the launch, spread
+    the batch's keys over at most the target number of programs, and stay under the cap."""
+    assert interp_results["plans"][case] == [], PLAN_CASES[case]
 
 
 def test_store_kvcache_matches_reference(interp_results: dict[str, float]) -> None:

@@ -22,6 +22,8 @@ BF16_TOL = 2e-2
 BATCHES = {
     "decode": ([1] * 37, [0, 1, 15, 16, 17, 100, 511, 1000, 2047, 3000] + [257] * 27),
     "decode_few_long": ([1] * 3, [4000, 9000, 123]),
+    # one long sequence among many short ones: the split plan gives it many shares
+    "decode_skewed": ([1] * 41, [20000] + [5, 300, 1000] * 13 + [64]),
     "prefill_one_chunk": ([1000, 77], [0, 0]),
     "prefill_chunked": ([512, 300, 129], [1024, 777, 3000]),
     "mixed": ([1, 700, 1, 1, 64, 1], [500, 0, 33, 4096, 2000, 9]),
@@ -77,6 +79,30 @@ def test_decode_graph_capture() -> None:
     torch.cuda.synchronize()
     expect = paged_attention(*args, max_query_len=1, max_seq_len=4096)
     assert torch.equal(out, expect)
+
+
+def test_decode_graph_replans_after_capture() -> None:
+    """The split plan is made inside the graph: lengths that change after capture (a short
+    sequence growing long, a long one shrinking) change the shares and stay exact."""
+    lens = [5000, 40, 700, 2222, 3, 90, 16, 1]
+    pb = make_problem([1] * 8, lens, 32, 8, 128, 16, torch.bfloat16, device="cuda", seed=7)
+    store_kvcache(pb.new_k, pb.new_v, pb.k_cache, pb.v_cache, pb.slot_mapping)
+    args = (pb.q, pb.k_cache, pb.v_cache, pb.block_tables, pb.seq_lens, pb.query_start_loc,
+            pb.scale)
+    paged_attention(*args, max_query_len=1, max_seq_len=8192)  # compile outside capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = paged_attention(*args, max_query_len=1, max_seq_len=8192)
+    graph.replay()
+    assert rel_error(out, dense_reference(pb)) < BF16_TOL
+    # Attend over shorter prefixes of the same cache: sequence 0 shrinks to 200 keys,
+    # sequence 2 keeps 700; the reference is the dense attention over those prefixes.
+    new_lens = torch.tensor([200, 41, 701, 2223, 4, 91, 17, 2], dtype=torch.int32)
+    pb.seq_lens.copy_(new_lens)
+    graph.replay()
+    torch.cuda.synchronize()
+    expect = paged_attention(*args, max_query_len=1, max_seq_len=8192, num_splits=1)
+    assert rel_error(out, expect.float().cpu()) < BF16_TOL
 
 
 def test_store_kvcache_bf16_strided() -> None:

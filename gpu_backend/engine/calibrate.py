@@ -36,6 +36,7 @@ from gpu_backend.engine.shapes import (
     mixed_shape,
     prefill_shape,
     scheduler_output,
+    skewed_decode_shape,
 )
 from gpu_backend.env import versions
 from sim.calibration import eager_launch_start
@@ -55,6 +56,10 @@ def default_grid(quick: bool = False) -> list[StepShape]:
     # Long contexts per sequence (Mooncake-like): the replays showed them slower than the
     # shorter grid points predict.
     grid += [decode_shape(b, 16384) for b in (4, 16, 32)]
+    # One or two long sequences among short ones: a decode step should cost its total keys,
+    # not its longest sequence (the attention kernel's split plan; see kernels/attention.py).
+    grid += [skewed_decode_shape(32, 512, 16384), skewed_decode_shape(64, 1024, 16384, 2),
+             skewed_decode_shape(20, 256, 12000, 4), skewed_decode_shape(128, 512, 8192)]
     grid += [mixed_shape(2048, 0, 64, 1024), mixed_shape(512, 2048, 32, 2048),
              mixed_shape(1024, 0, 128, 512)]
     return grid
@@ -168,9 +173,7 @@ def refit_calibration(data: dict, copy_bandwidth_bytes_s: float | None = None) -
     Returns the calibration with new efficiency and errors.
     """
     bandwidth = copy_bandwidth_bytes_s or data.get("copy_bandwidth_bytes_s")
-    shapes = [StepShape(m["kind"], tuple(tuple(p) for p in m["prefills"]),
-                        (int(m["decode_context"]),) * int(m["num_decodes"]))
-              for m in data["measurements"]]
+    shapes = [StepShape.from_record(m) for m in data["measurements"]]
     outputs = [scheduler_output(shape) for shape in shapes]
     times = np.array([m["measured_s"] for m in data["measurements"]])
     cost_args = (get_model(data["model"]), get_gpu(data["gpu_preset"]), 1)

@@ -28,13 +28,38 @@ class StepShape:
         return sum(n for n, _ in self.prefills) + len(self.decodes)
 
     def describe(self) -> dict:
+        """A JSON record; decode rows as [count, context] runs (`decode_groups`)."""
+        groups: list[list[int]] = []
+        for c in self.decodes:
+            if groups and groups[-1][1] == c:
+                groups[-1][0] += 1
+            else:
+                groups.append([1, int(c)])
         return {"kind": self.kind, "prefills": [list(p) for p in self.prefills],
                 "num_decodes": len(self.decodes),
-                "decode_context": int(self.decodes[0]) if self.decodes else 0}
+                "decode_context": int(self.decodes[0]) if self.decodes else 0,
+                "decode_groups": groups}
+
+    @classmethod
+    def from_record(cls, record: dict) -> StepShape:
+        """Inverse of describe(); records without decode_groups (calibrations before
+        2026-11-30 evening) had one context for every decode row."""
+        groups = record.get("decode_groups")
+        if groups is None:
+            groups = [[int(record["num_decodes"]), int(record["decode_context"])]]
+        decodes = tuple(int(c) for n, c in groups for _ in range(int(n)))
+        return cls(record["kind"], tuple(tuple(p) for p in record["prefills"]), decodes)
 
 
 def decode_shape(batch_size: int, context: int) -> StepShape:
     return StepShape("decode", decodes=(context,) * batch_size)
+
+
+def skewed_decode_shape(batch_size: int, context: int, long_context: int,
+                        num_long: int = 1) -> StepShape:
+    """A decode batch with `num_long` long sequences among short ones (as in trace replays)."""
+    return StepShape("decode", decodes=(context,) * (batch_size - num_long)
+                     + (long_context,) * num_long)
 
 
 def prefill_shape(new_tokens: int, prefix_tokens: int = 0) -> StepShape:

@@ -3,14 +3,18 @@
 Dispatch, on Python ints only (no host sync, so decode steps stay graph-capturable):
 
 * `max_query_len == 1` (pure decode): small tiles (BLOCK_M = 16 rows = the GQA group,
-  padded), one tile per sequence.
+  padded), one tile per sequence, keys split by a per-step plan made on the device
+  (flash-decoding): the batch's keys x KV heads are cut into shares of one size so that
+  they spread over SPLIT_TARGET_WAVES programs per SM, each sequence taking as many
+  shares as its context needs, and a second kernel merges the partials. A decode step
+  then costs about its total keys even when one long sequence sits among short ones;
+  splitting each sequence evenly, and only when the batch left SMs idle, made such
+  steps follow the longest sequence (Mooncake replays: 17-32 sequences of ~11k tokens
+  took twice what their keys predict).
 * otherwise (prefill chunks, or mixed batches): 128-row tiles over every sequence in
-  one launch.
-* either way, when tiles x KV heads would leave SMs idle (a small decode batch, a short
-  chunk of a single sequence) each tile's key range is split across programs
-  (flash-decoding) and a second kernel merges the partials. On the H200 this pays for
-  decode (8 seqs x 4k context: 1.2 -> 2.7 TB/s); for prefill chunks it was measured
-  neutral, so it only kicks in below one program per SM.
+  one launch; when tiles x KV heads would leave SMs idle (a short chunk of a single
+  sequence) each tile's key range is split evenly across programs. For prefill chunks
+  this was measured neutral, so it only kicks in below one program per SM.
 
 Measured on one H200 (Llama-3.1-8B heads, bf16, benchmarks/kernel_bench.py): decode at
 0.86-1.0x of the copy-bandwidth roofline; a 16k-token causal prefill at ~400 TFLOP/s; the
@@ -20,6 +24,7 @@ same prompt in chunks of 512 / 2048 / 8192 costs 1.23 / 1.12 / 1.03x the single 
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +34,7 @@ from torch import Tensor
 from gpu_backend.kernels.attention_kernel import (
     LOG2E,
     combine_splits_kernel,
+    decode_split_plan_kernel,
     paged_attention_kernel,
 )
 from gpu_backend.kernels.checks import check_cache_pair, check_int_tensor, check_same_device
@@ -36,6 +42,9 @@ from gpu_backend.kernels.checks import check_cache_pair, check_int_tensor, check
 MAX_NUM_SPLITS = 32
 MIN_KEYS_PER_SPLIT = 256
 SPLIT_TARGET_WAVES = 2  # when splitting, aim for this many programs per SM
+# GPU_BACKEND_DECODE_PLAN=0 splits decode like prefill (evenly, only when SMs sit idle): the
+# earlier behaviour, for A/B runs and as a fallback.
+DECODE_SPLIT_PLAN = os.environ.get("GPU_BACKEND_DECODE_PLAN", "1") != "0"
 
 
 @dataclass(frozen=True)
@@ -79,6 +88,30 @@ def choose_num_splits(num_programs: int, max_seq_len: int | None, device: torch.
     return max(1, min(splits, MAX_NUM_SPLITS))
 
 
+@dataclass
+class DecodePlan:
+    """Device buffers of one decode launch's split plan (see decode_split_plan_kernel)."""
+    split_start: Tensor  # [S + 1] int32: first share of each sequence
+    split_keys: Tensor  # [1] int32: keys per share
+    max_shares: int  # launch size per KV head: an upper bound on split_start[S]
+
+
+def plan_decode_splits(seq_lens: Tensor, num_kv_heads: int, block_n: int,
+                       min_keys: int = MIN_KEYS_PER_SPLIT) -> DecodePlan:
+    """Launch the one-program plan kernel for a decode batch (no host sync)."""
+    num_seqs = seq_lens.shape[0]
+    target = SPLIT_TARGET_WAVES * _num_sms(seq_lens.device)
+    split_start = torch.empty(num_seqs + 1, dtype=torch.int32, device=seq_lens.device)
+    split_keys = torch.empty(1, dtype=torch.int32, device=seq_lens.device)
+    decode_split_plan_kernel[(1,)](
+        seq_lens, split_start, split_keys, num_seqs, num_kv_heads, target,
+        SEQS_PAD=triton.next_power_of_2(max(num_seqs, 1)), MIN_KEYS=min_keys,
+        MAX_SPLITS=MAX_NUM_SPLITS, BLOCK_N=block_n, num_warps=4,
+    )
+    # shares = sum ceil(len / keys) <= total / keys + S, and keys >= total x KVH / target.
+    return DecodePlan(split_start, split_keys, num_seqs + triton.cdiv(target, num_kv_heads))
+
+
 def _check_args(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor,
                 seq_lens: Tensor, query_start_loc: Tensor) -> None:
     check_cache_pair(k_cache, v_cache)
@@ -120,6 +153,7 @@ def paged_attention(
     max_seq_len: int | None = None,
     num_splits: int | None = None,
     tile_config: TileConfig | None = None,
+    min_split_keys: int = MIN_KEYS_PER_SPLIT,
     out: Tensor | None = None,
 ) -> Tensor:
     """Causal varlen attention of new tokens over a paged KV cache (K/V already stored).
@@ -128,7 +162,9 @@ def paged_attention(
     block_tables: [S, max_blocks]; seq_lens: [S] context length including the new
     tokens; query_start_loc: [S+1]. Returns out: [T, H, D] in q's dtype.
     `max_query_len` (and `max_seq_len`, used to bound split-K) are host-side ints;
-    `num_splits` and `tile_config` override the heuristics (tests, tuning).
+    `num_splits` (an even split of every tile; for decode it replaces the plan),
+    `tile_config` and `min_split_keys` (the smallest decode share) override the heuristics
+    (tests, tuning).
     """
     _check_args(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc)
     num_tokens, num_heads, head_dim = q.shape
@@ -147,32 +183,44 @@ def paged_attention(
     block_q = cfg.block_m // group
     one_tile_per_seq = max_query_len <= block_q
     num_tiles = num_seqs if one_tile_per_seq else num_tokens // block_q + num_seqs
-    if num_splits is None:
-        num_splits = choose_num_splits(num_tiles * num_kv_heads, max_seq_len, q.device)
     head_dim_pad = triton.next_power_of_2(head_dim)
-    if num_splits > 1:
+    plan = None
+    if num_splits is None and max_query_len <= 1 and DECODE_SPLIT_PLAN:
+        plan = plan_decode_splits(seq_lens, num_kv_heads, cfg.block_n, min_split_keys)
+        num_tiles, num_splits = plan.max_shares, 1
+        rows = plan.max_shares * num_heads
+    else:
+        if num_splits is None:
+            num_splits = choose_num_splits(num_tiles * num_kv_heads, max_seq_len, q.device)
+        if not 1 <= num_splits <= MAX_NUM_SPLITS:
+            raise ValueError(f"num_splits {num_splits}: use 1..{MAX_NUM_SPLITS}")
         rows = num_tokens * num_heads * num_splits
+    if plan is not None or num_splits > 1:
         part_acc = torch.empty(rows, head_dim_pad, dtype=torch.float32, device=q.device)
         part_ml = torch.empty(rows, 2, dtype=torch.float32, device=q.device)
     else:
         part_acc = part_ml = out  # unused by the kernel
+    split_start = plan.split_start if plan is not None else seq_lens  # unused without a plan
+    split_keys = plan.split_keys if plan is not None else seq_lens
     paged_attention_kernel[(num_tiles, num_kv_heads, num_splits)](
         q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc,
-        part_acc, part_ml,
-        scale * LOG2E, num_seqs, num_heads,
+        part_acc, part_ml, split_start, split_keys,
+        scale * LOG2E, num_seqs, num_heads, num_splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         BLOCK_SIZE=block_size, GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
         BLOCK_M=cfg.block_m, BLOCK_Q=block_q, BLOCK_N=cfg.block_n,
-        ONE_TILE_PER_SEQ=one_tile_per_seq, NUM_SPLITS=num_splits,
+        ONE_TILE_PER_SEQ=one_tile_per_seq, SPLIT_PLAN=plan is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    if num_splits > 1:
-        combine_splits_kernel[(num_tokens, num_heads)](
-            out, part_acc, part_ml, query_start_loc, num_seqs, num_heads,
-            out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, NUM_SPLITS=num_splits,
-            SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4,
+    if plan is not None or num_splits > 1:
+        # plan: one program per sequence, merging its shares; else one per token
+        combine_splits_kernel[(num_seqs if plan is not None else num_tokens, num_heads)](
+            out, part_acc, part_ml, query_start_loc, split_start, num_seqs, num_heads,
+            num_splits, out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
+            SPLITS_PAD=triton.next_power_of_2(MAX_NUM_SPLITS), SPLIT_PLAN=plan is not None,
+            num_warps=4,
         )
     return out

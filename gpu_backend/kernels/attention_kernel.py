@@ -16,9 +16,17 @@ is independent of block_size). Keys every row may see run in an unmasked loop; o
 diagonal tail is masked, and the walk stops at the tile's last visible key (causal early
 exit), so a chunk of c tokens over a prefix p costs ~ c * (p + c / 2).
 
-With NUM_SPLITS > 1 (too few tiles x KV heads to fill the GPU: decode of a small batch,
-or a short chunk over a long prefix) each tile's key range is split across programs
-(flash-decoding) which write un-normalised partials; `combine_splits_kernel` merges them.
+With num_splits > 1 (too few tiles x KV heads to fill the GPU: a short chunk over a long
+prefix) each tile's key range is split across programs (flash-decoding) which write
+un-normalised partials; `combine_splits_kernel` merges them.
+
+Decode (one token per sequence) splits by a plan made on the device for each step
+(`decode_split_plan_kernel`): one key share for the whole batch, sized so that the batch's
+keys x KV heads spread over a target number of programs, and each sequence cut into as many
+shares as its context needs. Program i of the launch is the i-th share in batch order, so
+a long sequence among short ones is worked on by many programs instead of one: the step
+costs about the batch's total keys, not its longest sequence. A sequence of one share
+writes its output directly; the others leave partials indexed by share.
 """
 
 from __future__ import annotations
@@ -42,6 +50,48 @@ def _find_seq_idx(query_start_loc_ptr, tile_idx, num_seqs, BLOCK_Q: tl.constexpr
         else:
             right = mid
     return left - 1
+
+
+@triton.jit
+def _last_leq(sorted_ptr, value, n):
+    """Largest i in [0, n) with sorted_ptr[i] <= value (sorted_ptr[0] <= value)."""
+    left = 0
+    right = n
+    while left < right:
+        mid = (left + right) // 2
+        if tl.load(sorted_ptr + mid) <= value:
+            left = mid + 1
+        else:
+            right = mid
+    return left - 1
+
+
+@triton.jit
+def decode_split_plan_kernel(
+    seq_lens_ptr, split_start_ptr, split_keys_ptr, num_seqs, num_kv_heads, target_programs,
+    SEQS_PAD: tl.constexpr, MIN_KEYS: tl.constexpr, MAX_SPLITS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """One program: the decode split plan of a step.
+
+    split_keys[0] = keys per share: ceil(total keys x KV heads / target_programs), at least
+    MIN_KEYS and ceil(longest / MAX_SPLITS), rounded up to BLOCK_N. split_start[i] = first
+    share of sequence i (split_start[num_seqs] = number of shares); every sequence has at
+    least one share, so a launch of num_seqs + ceil(target_programs / KV heads) programs
+    per head covers any plan.
+    """
+    offs = tl.arange(0, SEQS_PAD)
+    valid = offs < num_seqs
+    lens = tl.load(seq_lens_ptr + offs, mask=valid, other=0).to(tl.int64)
+    total = tl.sum(lens, 0)
+    keys = tl.maximum(tl.cdiv(total * num_kv_heads, target_programs), MIN_KEYS)
+    keys = tl.maximum(keys, tl.cdiv(tl.max(lens, 0), MAX_SPLITS))
+    keys = tl.cdiv(keys, BLOCK_N) * BLOCK_N
+    shares = tl.where(valid, tl.maximum(tl.cdiv(lens, keys), 1), 0)
+    ends = tl.cumsum(shares, 0)
+    tl.store(split_start_ptr + 1 + offs, ends.to(tl.int32), mask=valid)
+    tl.store(split_start_ptr, 0)
+    tl.store(split_keys_ptr, keys.to(tl.int32))
 
 
 @triton.jit
@@ -88,23 +138,34 @@ def _attend_tile(
     return acc, m_new, l_i
 
 
-@triton.jit
+# Batch sizes and split counts change every step: specialising on them (divisibility by 16,
+# == 1, or a constexpr) would compile a variant for each, seconds apiece in a replay.
+@triton.jit(do_not_specialize=["num_seqs", "num_splits"])
 def paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
     block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
-    part_acc_ptr, part_ml_ptr,
-    scale_log2, num_seqs, num_heads,
+    part_acc_ptr, part_ml_ptr, split_start_ptr, split_keys_ptr,
+    scale_log2, num_seqs, num_heads, num_splits,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
-    ONE_TILE_PER_SEQ: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    ONE_TILE_PER_SEQ: tl.constexpr, SPLIT_PLAN: tl.constexpr,
 ):
     tile_idx = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    if ONE_TILE_PER_SEQ:
+    num_shares = num_splits  # programs sharing this tile's keys (plan: launched with 1)
+    if SPLIT_PLAN:  # decode: program tile_idx is share tile_idx of the step's plan
+        if tile_idx >= tl.load(split_start_ptr + num_seqs):
+            return
+        seq_idx = _last_leq(split_start_ptr, tile_idx, num_seqs)
+        first_share = tl.load(split_start_ptr + seq_idx)
+        num_shares = tl.load(split_start_ptr + seq_idx + 1) - first_share
+        split = tile_idx - first_share
+        q0 = 0
+    elif ONE_TILE_PER_SEQ:
         seq_idx = tile_idx
         q0 = 0
     else:
@@ -131,13 +192,12 @@ def paged_attention_kernel(
     # Keys < kv_end are visible to some row; keys < kv_all to every row.
     kv_end = prefix + tl.minimum(q0 + BLOCK_Q, query_len)
     kv_all = prefix + q0 + 1
-    if NUM_SPLITS == 1:
-        lo = 0
-        hi = kv_end
-    else:
-        per_split = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), BLOCK_N) * BLOCK_N
-        lo = tl.minimum(split * per_split, kv_end)
-        hi = tl.minimum(lo + per_split, kv_end)
+    if SPLIT_PLAN:
+        share = tl.load(split_keys_ptr)
+    else:  # an even split of the tile's keys (all of them when num_splits == 1)
+        share = tl.cdiv(tl.cdiv(kv_end, num_splits), BLOCK_N) * BLOCK_N
+    lo = tl.minimum(split * share, kv_end)
+    hi = tl.minimum(lo + share, kv_end)
     mid = tl.maximum(tl.minimum(kv_all // BLOCK_N * BLOCK_N, hi), lo)
 
     block_table_row = block_tables_ptr + seq_idx.to(tl.int64) * stride_bt
@@ -159,37 +219,56 @@ def paged_attention_kernel(
             HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, BLOCK_N, True,
         )
 
-    if NUM_SPLITS == 1:
+    if num_shares == 1:
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)
         out = acc / l_safe[:, None]
         o_rows = (q_start + q_pos).to(tl.int64) * stride_ot + head * stride_oh
         tl.store(out_ptr + o_rows[:, None] + offs_d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=io_mask)
     else:
-        # Partials indexed [token, head, split].
-        part = ((q_start + q_pos).to(tl.int64) * num_heads + head) * NUM_SPLITS + split
+        if SPLIT_PLAN:  # partials indexed [share, head]
+            part = tile_idx.to(tl.int64) * num_heads + head
+        else:  # partials indexed [token, head, split]
+            part = ((q_start + q_pos).to(tl.int64) * num_heads + head) * num_splits + split
         tl.store(part_acc_ptr + part[:, None] * HEAD_DIM_PAD + offs_d[None, :], acc,
                  mask=row_valid[:, None])
         tl.store(part_ml_ptr + part * 2, m_i, mask=row_valid)
         tl.store(part_ml_ptr + part * 2 + 1, l_i, mask=row_valid)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_seqs", "num_splits"])
 def combine_splits_kernel(
-    out_ptr, part_acc_ptr, part_ml_ptr, query_start_loc_ptr,
-    num_seqs, num_heads, stride_ot, stride_oh,
+    out_ptr, part_acc_ptr, part_ml_ptr, query_start_loc_ptr, split_start_ptr,
+    num_seqs, num_heads, num_splits, stride_ot, stride_oh,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr,
+    SPLITS_PAD: tl.constexpr, SPLIT_PLAN: tl.constexpr,
 ):
-    """Merge the split-K partials of one (token, head) into the final output."""
+    """Merge the split-K partials of one (token, head) into the final output.
+
+    With SPLIT_PLAN program 0 is a sequence (decode: one token each) whose shares are
+    split_start[seq] .. split_start[seq + 1]; one share means the output is written."""
     token = tl.program_id(0)
     head = tl.program_id(1)
-    if token >= tl.load(query_start_loc_ptr + num_seqs):  # padding past the last sequence
-        return
     offs_s = tl.arange(0, SPLITS_PAD)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    s_valid = offs_s < NUM_SPLITS
-    part = (token.to(tl.int64) * num_heads + head) * NUM_SPLITS + offs_s  # [SPLITS_PAD]
+    if SPLIT_PLAN:
+        seq = token
+        if seq >= num_seqs:
+            return
+        token = tl.load(query_start_loc_ptr + seq)
+        if tl.load(query_start_loc_ptr + seq + 1) == token:  # no query token
+            return
+        first_share = tl.load(split_start_ptr + seq)
+        num_shares = tl.load(split_start_ptr + seq + 1) - first_share
+        if num_shares == 1:
+            return
+        s_valid = offs_s < num_shares
+        part = (first_share + offs_s).to(tl.int64) * num_heads + head  # [SPLITS_PAD]
+    else:
+        if token >= tl.load(query_start_loc_ptr + num_seqs):  # padding past the last sequence
+            return
+        s_valid = offs_s < num_splits
+        part = (token.to(tl.int64) * num_heads + head) * num_splits + offs_s  # [SPLITS_PAD]
     m = tl.load(part_ml_ptr + part * 2, mask=s_valid, other=float("-inf"))
     l_part = tl.load(part_ml_ptr + part * 2 + 1, mask=s_valid, other=0.0)
     m_max = tl.max(m, 0)
