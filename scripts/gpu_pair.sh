@@ -3,7 +3,8 @@
 #
 #   OUT=/path bash scripts/gpu_pair.sh        (from the repo root)
 #
-# First the kernel tests (tests_gpu/test_kernels_gpu.py) on GPU 0: a failing group turns its
+# First the kernel tests (tests_gpu/test_kernels_gpu.py, the -k subset GPU_PAIR_SMOKE_K) on
+# GPU 0: a failing group turns its
 # kernels off for both tracks (decode split plan: GPU_BACKEND_DECODE_PLAN=0; fused layers:
 # GPU_BACKEND_FUSED=0). Then GPU 0: GPU_PAIR_TRACK0 stages (default: tests bench profile
 # validation, bench = GPU_ALL_BENCH or engine, validation = the Qwen replays); GPU 1:
@@ -25,7 +26,8 @@ track() {  # track GPU STAGES...
 start=$(date +%s)
 # The kernels first: a group that fails here is turned off for both tracks.
 CUDA_VISIBLE_DEVICES=0 timeout "${GPU_PAIR_SMOKE_S:-150}" "${PYTHON:-python}" -m pytest \
-  tests_gpu/test_kernels_gpu.py -q -rf 2>&1 | tail -40 > "$OUT/kernel_smoke.log"
+  tests_gpu/test_kernels_gpu.py -q -rf -k "${GPU_PAIR_SMOKE_K:-skewed or few_long or splits \
+  or graph or fused or rotary or rms or silu}" 2>&1 | tail -40 > "$OUT/kernel_smoke.log"
 if ! grep -q " passed" "$OUT/kernel_smoke.log"; then
   export GPU_BACKEND_FUSED=0 GPU_BACKEND_DECODE_PLAN=0
   echo "kernel tests did not run: GPU_BACKEND_FUSED=0 GPU_BACKEND_DECODE_PLAN=0" >> "$OUT/status.txt"
