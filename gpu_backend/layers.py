@@ -9,6 +9,7 @@ decode step built from these layers can be captured in a CUDA graph.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Literal
 
 import torch
@@ -21,6 +22,7 @@ from gpu_backend.kernels import (
     store_kvcache,
     store_kvcache_ref,
 )
+from gpu_backend.kernels.attention import DECODE_SPLIT_PLAN, decode_config, plan_decode_splits
 
 if TYPE_CHECKING:
     from gpu_backend.model import ForwardBatch
@@ -105,6 +107,15 @@ class PagedAttention(nn.Module):
         store(k, v, k_cache, v_cache, batch.slot_mapping)
         return self.attend(q, k_cache, v_cache, batch)
 
+    def prepare(self, batch: ForwardBatch) -> ForwardBatch:
+        """The batch with its decode split plan (Triton decode steps; else unchanged), made
+        once per step: every layer has the same sequence lengths and head counts."""
+        if self.backend != "triton" or batch.max_query_len > 1 or not DECODE_SPLIT_PLAN:
+            return batch
+        block_n = decode_config(self.num_heads // self.num_kv_heads).block_n
+        return replace(batch, decode_plan=plan_decode_splits(batch.seq_lens, self.num_kv_heads,
+                                                             block_n))
+
     def attend(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, batch: ForwardBatch) -> Tensor:
         """Attention over a cache that already holds this step's K/V: [T, H, D]."""
         if self.backend == "torch":
@@ -112,4 +123,5 @@ class PagedAttention(nn.Module):
                                        batch.query_start_loc, self.scale)
         return paged_attention(q, k_cache, v_cache, batch.block_tables, batch.seq_lens,
                                batch.query_start_loc, self.scale,
-                               max_query_len=batch.max_query_len, max_seq_len=batch.max_seq_len)
+                               max_query_len=batch.max_query_len, max_seq_len=batch.max_seq_len,
+                               plan=batch.decode_plan)

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from gpu_backend.kernels import add_rms_norm, rotary_store_kv
 from gpu_backend.kernels import silu_and_mul as fused_silu_and_mul
+from gpu_backend.kernels.attention import DecodePlan
 from gpu_backend.layers import (
     AttentionBackend,
     PagedAttention,
@@ -58,6 +59,7 @@ class ForwardBatch:
     logits_indices: Tensor  # [R] int64 rows of T that sample
     max_query_len: int
     max_seq_len: int
+    decode_plan: DecodePlan | None = None  # made by Model.compute_logits for decode steps
 
 
 class DecoderLayer(nn.Module):
@@ -160,6 +162,7 @@ class Model(nn.Module):
         """Logits [R, vocab] of the rows in batch.logits_indices."""
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"got {len(kv_caches)} KV caches for {len(self.layers)} layers")
+        batch = self.layers[0].attn.prepare(batch)  # decode: one split plan for every layer
         hidden = self.embed(batch.input_ids)  # [T, hidden]
         residual = None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):

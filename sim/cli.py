@@ -9,11 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 from sim.core.catalog import MIB, get_gpu, get_model
-from sim.core.elastic import DrainStrategy
+from sim.core.elastic import DrainStrategy, VmmCosts
 from sim.core.engine_config import EngineConfig
 from sim.core.memory_plan import ActivationProfile
 from sim.cost_model import load_efficiency
@@ -64,6 +64,22 @@ def engine_configs(args: argparse.Namespace) -> list[EngineConfig]:
     return [replace(base, policy=p, max_num_batched_tokens=c) for c in chunks for p in policies]
 
 
+def load_vmm_costs(path: Path | None) -> VmmCosts | None:
+    """A calibration's measured elastic transition costs ("vmm": {"costs": {...}}), or None
+    (older calibrations, or none given: the simulator keeps its H200 driver figures)."""
+    if path is None:
+        return None
+    vmm = json.loads(Path(path).read_text()).get("vmm")
+    if not vmm:
+        return None
+    costs = vmm.get("costs")
+    known = {f.name for f in fields(VmmCosts)}
+    if not isinstance(costs, dict) or set(costs) - known:
+        raise ValueError(f"{path}: \"vmm\" needs a \"costs\" object with keys among "
+                         f"{sorted(known)}; got {costs!r}")
+    return VmmCosts(**costs)
+
+
 def load_calibration(path: Path | None):
     """(Efficiency, ActivationProfile) from a calibration JSON, or (None, None)."""
     if path is None:
@@ -102,13 +118,14 @@ def main(argv: list[str] | None = None) -> int:
         trace = trace_from_args(args)
         configs = engine_configs(args)
         efficiency, profile = load_calibration(args.calibration)
+        vmm_costs = load_vmm_costs(args.calibration)
     except (TraceError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     slo = Slo(args.slo_ttft, args.slo_tpot)
     results: list[RunResult] = []
     for config in configs:
-        spec = RunSpec(config, args.replicas, args.router, efficiency, profile, slo)
+        spec = RunSpec(config, args.replicas, args.router, efficiency, profile, slo, vmm_costs)
         try:
             with progress_bar(spec.label, trace, disabled=args.no_progress) as progress:
                 results.append(simulate(spec, trace, progress))

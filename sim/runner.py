@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import simpy
 
+from sim.core.elastic import VmmCosts
 from sim.core.engine_config import EngineConfig, EngineCore, build_core
 from sim.core.memory_plan import ActivationProfile
 from sim.cost_model import CostModel, Efficiency
@@ -30,6 +31,7 @@ class RunSpec:
     efficiency: Efficiency | None = None
     profile: ActivationProfile | None = None
     slo: Slo = field(default_factory=Slo)
+    vmm_costs: VmmCosts | None = None  # a calibration's attach/detach costs (else H200 defaults)
 
     def __post_init__(self) -> None:
         if self.num_replicas < 1:
@@ -59,7 +61,8 @@ def simulate(spec: RunSpec, trace: Trace, progress: ProgressFn | None = None,
     env = simpy.Environment()
     requests = trace.requests()
     fleet = Fleet(env, requests, spec.router)
-    cores = [build_core(spec.engine, spec.profile) for _ in range(spec.num_replicas)]
+    vmm = spec.engine.vmm_cost(spec.vmm_costs)
+    cores = [build_core(spec.engine, spec.profile, vmm) for _ in range(spec.num_replicas)]
     cost = CostModel(spec.engine.model, spec.engine.gpu, spec.engine.tensor_parallel_size,
                      spec.efficiency)
     for replica_id, core in enumerate(cores):

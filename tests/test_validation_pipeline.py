@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from sim.core.catalog import get_gpu, get_model
-from sim.core.elastic import Policy
+from sim.core.elastic import Policy, VmmCosts
 from sim.core.engine_config import EngineConfig
 from sim.cost_model import CostModel, Efficiency
 from sim.runner import RunSpec
@@ -116,3 +116,53 @@ def test_cli_fit_on_one_set_judged_on_another(gpu_dir, tmp_path):
                  "--out", str(out)]) == 0
     fit = json.loads(out.read_text())["fit"]
     assert fit["holdout_after"]["median_abs"] < 1e-3
+
+
+ENGINE_VMM = VmmCosts(attach_handle_s=0.2e-3, attach_gib_s=0.0, detach_handle_s=0.1e-3,
+                      detach_gib_s=0.0, attach_fixed_s=0.9e-3, detach_fixed_s=0.5e-3)
+
+
+def test_measured_transition_costs_reach_the_simulated_attach_time(tmp_path):
+    """A replay whose engine pays fixed costs per transition (syncs, torch's cache) is matched
+    only when the calibration's VMM costs are used; the driver defaults under-predict."""
+    spec = RunSpec(config(Policy.ELASTIC, 1024), efficiency=TRUE, vmm_costs=ENGINE_VMM)
+    write_gpu_style_run(tmp_path, spec, SLICE)
+    runs = [load_run(folder) for folder in find_runs(tmp_path)]
+    with_costs = validate(runs, TRUE, None, "true", fit=False, vmm_costs=ENGINE_VMM,
+                          log=lambda _: None)
+    without = validate(runs, TRUE, None, "true", fit=False, log=lambda _: None)
+    measured = with_costs.runs[0].metrics["attach_time_s"]
+    assert measured["measured"] > 0
+    assert abs(measured["relative_error"]) < 1e-9
+    assert without.runs[0].metrics["attach_time_s"]["relative_error"] < -0.3
+
+
+def test_load_vmm_costs_reads_a_calibration_and_names_bad_keys(tmp_path):
+    from sim.cli import load_vmm_costs
+
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps({"efficiency": asdict(TRUE)}))
+    assert load_vmm_costs(path) is None  # calibrations before the measurement: driver figures
+    path.write_text(json.dumps({"vmm": {"costs": asdict(ENGINE_VMM)}}))
+    assert load_vmm_costs(path) == ENGINE_VMM
+    path.write_text(json.dumps({"vmm": {"costs": {"attach_s": 1e-3}}}))
+    with pytest.raises(ValueError, match="cal.json.*attach_s"):
+        load_vmm_costs(path)
+    path.write_text(json.dumps({"vmm": {"costs": {**asdict(ENGINE_VMM), "attach_fixed_s": -1}}}))
+    with pytest.raises(ValueError, match="attach_fixed_s"):
+        load_vmm_costs(path)
+
+
+def test_transition_costs_fit_fixed_and_per_handle_terms():
+    from gpu_backend.engine.calibrate import transition_costs
+
+    points = [{"handles": n, "attach_s": 1e-3 + n * 60e-6, "detach_s": 4e-4 + n * 45e-6}
+              for n in (1, 2, 4)]
+    costs = transition_costs(points)
+    assert costs["attach_fixed_s"] == pytest.approx(1e-3)
+    assert costs["attach_handle_s"] == pytest.approx(60e-6)
+    assert costs["detach_fixed_s"] == pytest.approx(4e-4)
+    assert VmmCosts(**costs).detach_handle_s == pytest.approx(45e-6)
+    flat = transition_costs([{"handles": n, "attach_s": 2e-3 - n * 1e-5, "detach_s": 1e-3}
+                             for n in (1, 2, 4)])
+    assert flat["attach_handle_s"] == 0.0  # a falling line is clipped, never negative

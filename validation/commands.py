@@ -36,17 +36,18 @@ def print_targets(targets: list[dict], title: str = "targets") -> None:
 
 
 def compare(args: argparse.Namespace) -> int:
-    from sim.cli import load_calibration
+    from sim.cli import load_calibration, load_vmm_costs
     from validation.calibrate import write_calibration
     from validation.pipeline import validate
     from validation.report import write_report
 
     efficiency, profile = load_calibration(args.calibration)
+    vmm_costs = load_vmm_costs(args.calibration)
     source = str(args.calibration) if args.calibration else "simulator defaults (uncalibrated)"
     runs = load_runs(args.gpu_dir)
     v = validate(runs, efficiency, profile, source, slice_override=slice_from_args(args),
                  gpu_name=args.gpu, holdout_fraction=args.holdout, fit=not args.no_fit,
-                 resimulate_fitted=args.resimulate_fitted)
+                 resimulate_fitted=args.resimulate_fitted, vmm_costs=vmm_costs)
     paths = write_report(args.out, v, plots=not args.no_plots)
     print_targets(v.targets)
     if v.refit_targets:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sim.core.elastic import VmmCosts
 from sim.core.memory_plan import ActivationProfile
 from sim.cost_model import CostModel, Efficiency
 from sim.runner import RunResult, RunSpec
@@ -67,16 +68,17 @@ class Validation:
     fit_note: str = ""
     refit_runs: list[RunComparison] = field(default_factory=list)
     refit_targets: list[dict] = field(default_factory=list)
+    vmm_costs: VmmCosts | None = None  # the calibration's transition costs, if it has them
 
 
 def compare_run(gpu: GpuRun, efficiency: Efficiency | None, profile: ActivationProfile | None,
-                slice_override: TraceSlice | None = None, gpu_name: str | None = None
-                ) -> RunComparison:
+                slice_override: TraceSlice | None = None, gpu_name: str | None = None,
+                vmm_costs: VmmCosts | None = None) -> RunComparison:
     config = engine_config(gpu.summary, gpu_name)
     ts = trace_slice(gpu.summary, slice_override)
     trace = ts.load()
-    result, recorder = simulate_logged(RunSpec(config, efficiency=efficiency, profile=profile),
-                                       trace)
+    spec = RunSpec(config, efficiency=efficiency, profile=profile, vmm_costs=vmm_costs)
+    result, recorder = simulate_logged(spec, trace)
     predicted = metric_values(result.summary)
     measured = metric_values(gpu.summary, gpu.measured_kv_capacity_tokens())
     cost = CostModel(config.model, config.gpu, config.tensor_parallel_size, efficiency)
@@ -104,12 +106,14 @@ def validate(gpu_runs: Sequence[GpuRun], efficiency: Efficiency | None,
              profile: ActivationProfile | None, calibration_source: str, *,
              slice_override: TraceSlice | None = None, gpu_name: str | None = None,
              holdout_fraction: float = DEFAULT_HOLDOUT_FRACTION, fit: bool = True,
-             resimulate_fitted: bool = False, log: Log = print) -> Validation:
+             resimulate_fitted: bool = False, vmm_costs: VmmCosts | None = None,
+             log: Log = print) -> Validation:
     runs = []
     for gpu in gpu_runs:
         log(f"simulating {gpu.label} ({gpu.path.name}) ...")
-        runs.append(compare_run(gpu, efficiency, profile, slice_override, gpu_name))
-    result = Validation(runs, efficiency or Efficiency(), calibration_source)
+        runs.append(compare_run(gpu, efficiency, profile, slice_override, gpu_name, vmm_costs))
+    result = Validation(runs, efficiency or Efficiency(), calibration_source,
+                        vmm_costs=vmm_costs)
     result.targets = check_targets([r.metrics for r in runs])
     result.gains = gains([r.pair() for r in runs])
     if fit:
@@ -117,8 +121,8 @@ def validate(gpu_runs: Sequence[GpuRun], efficiency: Efficiency | None,
     if resimulate_fitted and result.fit is not None:
         for gpu in gpu_runs:
             log(f"re-simulating {gpu.label} with the fitted efficiency ...")
-            result.refit_runs.append(
-                compare_run(gpu, result.fit.efficiency, profile, slice_override, gpu_name))
+            result.refit_runs.append(compare_run(gpu, result.fit.efficiency, profile,
+                                                 slice_override, gpu_name, vmm_costs))
         result.refit_targets = check_targets([r.metrics for r in result.refit_runs])
     return result
 

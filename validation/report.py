@@ -30,6 +30,7 @@ def run_dict(run: RunComparison) -> dict:
 def report_dict(v: Validation) -> dict:
     data = {
         "calibration": v.calibration_source, "efficiency": asdict(v.efficiency),
+        "vmm_costs": asdict(v.vmm_costs) if v.vmm_costs else None,
         "runs": [run_dict(r) for r in v.runs], "targets": v.targets, "gains": v.gains,
         "fit": v.fit.to_dict() if v.fit else None, "fit_note": v.fit_note,
     }
@@ -157,6 +158,15 @@ def _fit_lines(v: Validation) -> list[str]:
     return lines
 
 
+def _vmm_source(v: Validation) -> str:
+    c = v.vmm_costs
+    if c is None:
+        return "the simulator's H200 driver figures"
+    return (f"measured on the engine (attach {c.attach_fixed_s * 1e3:.2f} ms + "
+            f"{c.attach_handle_s * 1e3:.3f} ms/handle, detach {c.detach_fixed_s * 1e3:.2f} ms + "
+            f"{c.detach_handle_s * 1e3:.3f} ms/handle)")
+
+
 def markdown(v: Validation, images: list[str]) -> str:
     first = v.runs[0]
     ts = first.trace_slice
@@ -164,7 +174,7 @@ def markdown(v: Validation, images: list[str]) -> str:
            f"Model {first.sim.summary['model']} on {first.sim.summary['gpu']}, TP "
            f"{first.sim.summary['tensor_parallel_size']}; trace {ts.trace} (limit {ts.limit}, "
            f"window {ts.window_s}, rate x{ts.rate_scale:g}); cost model efficiencies: "
-           f"{v.calibration_source}.", "",
+           f"{v.calibration_source}; elastic transition costs: {_vmm_source(v)}.", "",
            "## Targets", "", *_targets_table(v.targets), "",
            f"Reference: {REFERENCES}", "",
            "## Predicted / measured (relative error), per run", "", *_metrics_table(v.runs), "",

@@ -161,7 +161,66 @@ def calibrate(config: EngineConfig, *, seed: int = 0, quick: bool = False,
         "weights_bytes": m.weights_bytes, "graph_capture_s": graphs.capture_s,
         "copy_bandwidth_bytes_s": bandwidth,
         "measurements": measurements, "fit_error": fit_error,
+        "vmm": measure_transitions(runner, config, device, num_blocks),
     }
+
+
+TRANSITION_HANDLES = (1, 2, 4)
+
+
+def measure_transitions(runner, config: EngineConfig, device, num_pool_blocks: int,
+                        cycles: int = 5) -> dict:
+    """The engine's elastic transitions, timed as `ElasticExecutor` times them in replays.
+
+    The engine lends in release mode: ATTACH hands torch's cached blocks back
+    (empty_cache) and creates and maps the reserve's handles, DETACH unmaps and releases
+    them; each is timed with perf_counter between device syncs. Each cycle first runs a
+    prefill step so that its activations sit in torch's cache, as after a replay's last
+    prefill. Reserves of 1, 2 and 4 handles of `config.vmm_handle_bytes`; a line through the
+    medians gives the fixed and per-handle costs the simulator's VmmCosts take.
+    """
+    import torch
+
+    from gpu_backend.engine.memory import kv_layout
+    from gpu_backend.vmm import ElasticKVPool
+
+    handle = config.vmm_handle_bytes
+    prefill = host_batch(prefill_shape(min(8192, config.max_num_batched_tokens)),
+                         config.block_size, num_pool_blocks)
+    layout = kv_layout(config.model, config.block_size)
+    points = []
+    for handles in TRANSITION_HANDLES:
+        attach, detach = [], []
+        with ElasticKVPool(layout, 1, handles * handle, elastic_handle_bytes=handle,
+                           reclaim="release", device_ordinal=device.index or 0) as pool:
+            for _ in range(cycles):
+                runner.execute(prefill)
+                torch.cuda.synchronize(device)
+                start = time.perf_counter()
+                torch.cuda.empty_cache()
+                pool.attach()
+                torch.cuda.synchronize(device)
+                attach.append(time.perf_counter() - start)
+                start = time.perf_counter()
+                pool.detach()
+                detach.append(time.perf_counter() - start)
+        points.append({"handles": handles, "attach_s": statistics.median(attach),
+                       "detach_s": statistics.median(detach)})
+    return {"handle_bytes": handle, "reclaim": "release", "points": points,
+            "costs": transition_costs(points)}
+
+
+def transition_costs(points: list[dict]) -> dict[str, float]:
+    """Least squares `fixed + handles x per_handle` through the attach and detach medians,
+    clipped at zero (VmmCosts' fields; the per-GiB terms stay 0 at one handle size)."""
+    handles = np.array([p["handles"] for p in points], dtype=float)
+    costs: dict[str, float] = {}
+    for kind in ("attach", "detach"):
+        slope, intercept = np.polyfit(handles, [p[f"{kind}_s"] for p in points], 1)
+        costs[f"{kind}_handle_s"] = max(float(slope), 0.0)
+        costs[f"{kind}_gib_s"] = 0.0
+        costs[f"{kind}_fixed_s"] = max(float(intercept), 0.0)
+    return costs
 
 
 def refit_calibration(data: dict, copy_bandwidth_bytes_s: float | None = None) -> dict:

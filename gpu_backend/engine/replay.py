@@ -12,6 +12,7 @@ per engine step for the validation layer's step-by-step comparison.
 from __future__ import annotations
 
 import csv
+import gc
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -29,7 +30,22 @@ ProgressFn = Callable[[float, int, int], None]  # (now_s, num_submitted, num_ste
 
 def replay(engine: GpuEngine, requests: Sequence[Request], *, wait: bool,
            progress: ProgressFn | None = None, progress_every: int = 500) -> float:
-    """Drive the engine over `requests` (sorted by arrival); returns the final clock time."""
+    """Drive the engine over `requests` (sorted by arrival); returns the final clock time.
+
+    The objects made during setup (model, graphs, pools) are frozen out of the garbage
+    collector first, as serving engines do: eager, launch-bound prefill steps of Qwen2.5-0.5B
+    replays had 20-100 ms outliers, which a full collection over them inside a step explains.
+    """
+    gc.collect()
+    gc.freeze()
+    try:
+        return _drive(engine, requests, wait, progress, progress_every)
+    finally:
+        gc.unfreeze()
+
+
+def _drive(engine: GpuEngine, requests: Sequence[Request], wait: bool,
+           progress: ProgressFn | None, progress_every: int) -> float:
     first_s = requests[0].arrival_s if requests else 0.0
     clock = WallClock(first_s) if wait else VirtualClock(first_s)
     index, num_steps = 0, 0
@@ -70,9 +86,18 @@ def engine_summary(engine: GpuEngine, measured: dict, slo: Slo | None = None) ->
         "num_graph_steps": getattr(engine.runner, "num_graph_steps", 0),
         "num_eager_steps": getattr(engine.runner, "num_eager_steps", 0),
         "num_compiling_steps_retimed": getattr(engine.runner, "num_compiling_steps", 0),
+        "kernels": kernel_flags(),
     }
     summary["executor"] = "gpu"
     return summary
+
+
+def kernel_flags() -> dict[str, bool]:
+    """Which engine kernels ran (the env switches of the A/B and fallback runs)."""
+    from gpu_backend.engine.setup import fused_layers_enabled
+    from gpu_backend.kernels.attention import DECODE_SPLIT_PLAN
+
+    return {"fused_layers": fused_layers_enabled(), "decode_split_plan": DECODE_SPLIT_PLAN}
 
 
 def _stats(values: list[float]) -> dict:

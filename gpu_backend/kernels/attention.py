@@ -90,26 +90,37 @@ def choose_num_splits(num_programs: int, max_seq_len: int | None, device: torch.
 
 @dataclass
 class DecodePlan:
-    """Device buffers of one decode launch's split plan (see decode_split_plan_kernel)."""
+    """Device buffers of one decode step's split plan (see decode_split_plan_kernel); made
+    once per step and shared by every layer (same sequence lengths, same KV heads)."""
     split_start: Tensor  # [S + 1] int32: first share of each sequence
     split_keys: Tensor  # [1] int32: keys per share
+    share_seq: Tensor  # [max_shares] int32: the sequence of each share
+    share_split: Tensor  # [max_shares] int32: its index within the sequence, -1 if alone
+    num_kv_heads: int
+    block_n: int
     max_shares: int  # launch size per KV head: an upper bound on split_start[S]
 
 
-def plan_decode_splits(seq_lens: Tensor, num_kv_heads: int, block_n: int,
+def plan_decode_splits(seq_lens: Tensor, num_kv_heads: int, block_n: int = 64,
                        min_keys: int = MIN_KEYS_PER_SPLIT) -> DecodePlan:
-    """Launch the one-program plan kernel for a decode batch (no host sync)."""
+    """Launch the one-program plan kernel for a decode batch (no host sync). `block_n` must
+    be the decode tile's (decode_config(group).block_n, 64)."""
     num_seqs = seq_lens.shape[0]
-    target = SPLIT_TARGET_WAVES * _num_sms(seq_lens.device)
-    split_start = torch.empty(num_seqs + 1, dtype=torch.int32, device=seq_lens.device)
-    split_keys = torch.empty(1, dtype=torch.int32, device=seq_lens.device)
+    device = seq_lens.device
+    target = SPLIT_TARGET_WAVES * _num_sms(device)
+    # shares = sum ceil(len / keys) <= total / keys + S, and keys >= total x KVH / target.
+    max_shares = num_seqs + triton.cdiv(target, num_kv_heads)
+    split_start = torch.empty(num_seqs + 1, dtype=torch.int32, device=device)
+    split_keys = torch.empty(1, dtype=torch.int32, device=device)
+    share_seq = torch.empty(max_shares, dtype=torch.int32, device=device)
+    share_split = torch.empty(max_shares, dtype=torch.int32, device=device)
     decode_split_plan_kernel[(1,)](
-        seq_lens, split_start, split_keys, num_seqs, num_kv_heads, target,
-        SEQS_PAD=triton.next_power_of_2(max(num_seqs, 1)), MIN_KEYS=min_keys,
+        seq_lens, split_start, split_keys, share_seq, share_split, num_seqs, num_kv_heads,
+        target, SEQS_PAD=triton.next_power_of_2(max(num_seqs, 1)), MIN_KEYS=min_keys,
         MAX_SPLITS=MAX_NUM_SPLITS, BLOCK_N=block_n, num_warps=4,
     )
-    # shares = sum ceil(len / keys) <= total / keys + S, and keys >= total x KVH / target.
-    return DecodePlan(split_start, split_keys, num_seqs + triton.cdiv(target, num_kv_heads))
+    return DecodePlan(split_start, split_keys, share_seq, share_split, num_kv_heads, block_n,
+                      max_shares)
 
 
 def _check_args(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor,
@@ -154,6 +165,7 @@ def paged_attention(
     num_splits: int | None = None,
     tile_config: TileConfig | None = None,
     min_split_keys: int = MIN_KEYS_PER_SPLIT,
+    plan: DecodePlan | None = None,
     out: Tensor | None = None,
 ) -> Tensor:
     """Causal varlen attention of new tokens over a paged KV cache (K/V already stored).
@@ -164,7 +176,8 @@ def paged_attention(
     `max_query_len` (and `max_seq_len`, used to bound split-K) are host-side ints;
     `num_splits` (an even split of every tile; for decode it replaces the plan),
     `tile_config` and `min_split_keys` (the smallest decode share) override the heuristics
-    (tests, tuning).
+    (tests, tuning). `plan`: a decode step's split plan made once for all layers
+    (plan_decode_splits of these seq_lens); without it a decode call makes its own.
     """
     _check_args(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc)
     num_tokens, num_heads, head_dim = q.shape
@@ -184,9 +197,14 @@ def paged_attention(
     one_tile_per_seq = max_query_len <= block_q
     num_tiles = num_seqs if one_tile_per_seq else num_tokens // block_q + num_seqs
     head_dim_pad = triton.next_power_of_2(head_dim)
-    plan = None
     if num_splits is None and max_query_len <= 1 and DECODE_SPLIT_PLAN:
-        plan = plan_decode_splits(seq_lens, num_kv_heads, cfg.block_n, min_split_keys)
+        if plan is None:
+            plan = plan_decode_splits(seq_lens, num_kv_heads, cfg.block_n, min_split_keys)
+        elif (plan.num_kv_heads, plan.block_n, plan.split_start.shape[0]) != (
+                num_kv_heads, cfg.block_n, num_seqs + 1):
+            raise ValueError(f"decode plan for {plan.split_start.shape[0] - 1} sequences, "
+                             f"{plan.num_kv_heads} KV heads, block_n {plan.block_n} does not fit "
+                             f"this call ({num_seqs}, {num_kv_heads}, {cfg.block_n})")
         num_tiles, num_splits = plan.max_shares, 1
         rows = plan.max_shares * num_heads
     else:
@@ -195,16 +213,19 @@ def paged_attention(
         if not 1 <= num_splits <= MAX_NUM_SPLITS:
             raise ValueError(f"num_splits {num_splits}: use 1..{MAX_NUM_SPLITS}")
         rows = num_tokens * num_heads * num_splits
+        plan = None
     if plan is not None or num_splits > 1:
         part_acc = torch.empty(rows, head_dim_pad, dtype=torch.float32, device=q.device)
         part_ml = torch.empty(rows, 2, dtype=torch.float32, device=q.device)
     else:
         part_acc = part_ml = out  # unused by the kernel
-    split_start = plan.split_start if plan is not None else seq_lens  # unused without a plan
-    split_keys = plan.split_keys if plan is not None else seq_lens
+    # without a plan its four buffers are unused: any int32 tensor stands in
+    buffers = ((plan.split_start, plan.split_keys, plan.share_seq, plan.share_split)
+               if plan is not None else (seq_lens,) * 4)
+    split_start = buffers[0]
     paged_attention_kernel[(num_tiles, num_kv_heads, num_splits)](
         q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc,
-        part_acc, part_ml, split_start, split_keys,
+        part_acc, part_ml, *buffers,
         scale * LOG2E, num_seqs, num_heads, num_splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),

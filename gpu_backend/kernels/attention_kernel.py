@@ -52,23 +52,10 @@ def _find_seq_idx(query_start_loc_ptr, tile_idx, num_seqs, BLOCK_Q: tl.constexpr
     return left - 1
 
 
-@triton.jit
-def _last_leq(sorted_ptr, value, n):
-    """Largest i in [0, n) with sorted_ptr[i] <= value (sorted_ptr[0] <= value)."""
-    left = 0
-    right = n
-    while left < right:
-        mid = (left + right) // 2
-        if tl.load(sorted_ptr + mid) <= value:
-            left = mid + 1
-        else:
-            right = mid
-    return left - 1
-
-
-@triton.jit
+@triton.jit(do_not_specialize=["num_seqs"])
 def decode_split_plan_kernel(
-    seq_lens_ptr, split_start_ptr, split_keys_ptr, num_seqs, num_kv_heads, target_programs,
+    seq_lens_ptr, split_start_ptr, split_keys_ptr, share_seq_ptr, share_split_ptr,
+    num_seqs, num_kv_heads, target_programs,
     SEQS_PAD: tl.constexpr, MIN_KEYS: tl.constexpr, MAX_SPLITS: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -78,7 +65,9 @@ def decode_split_plan_kernel(
     MIN_KEYS and ceil(longest / MAX_SPLITS), rounded up to BLOCK_N. split_start[i] = first
     share of sequence i (split_start[num_seqs] = number of shares); every sequence has at
     least one share, so a launch of num_seqs + ceil(target_programs / KV heads) programs
-    per head covers any plan.
+    per head covers any plan. Share w belongs to sequence share_seq[w] and covers its keys
+    [k x keys, (k + 1) x keys) for k = share_split[w], or all of them when share_split[w]
+    is -1 (a sequence of one share: its program writes the output itself).
     """
     offs = tl.arange(0, SEQS_PAD)
     valid = offs < num_seqs
@@ -89,9 +78,15 @@ def decode_split_plan_kernel(
     keys = tl.cdiv(keys, BLOCK_N) * BLOCK_N
     shares = tl.where(valid, tl.maximum(tl.cdiv(lens, keys), 1), 0)
     ends = tl.cumsum(shares, 0)
+    starts = ends - shares
     tl.store(split_start_ptr + 1 + offs, ends.to(tl.int32), mask=valid)
     tl.store(split_start_ptr, 0)
     tl.store(split_keys_ptr, keys.to(tl.int32))
+    for k in range(MAX_SPLITS):
+        mine = valid & (k < shares)
+        tl.store(share_seq_ptr + starts + k, offs.to(tl.int32), mask=mine)
+        tl.store(share_split_ptr + starts + k, tl.where(shares == 1, -1, k).to(tl.int32),
+                 mask=mine)
 
 
 @triton.jit
@@ -144,7 +139,7 @@ def _attend_tile(
 def paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
     block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
-    part_acc_ptr, part_ml_ptr, split_start_ptr, split_keys_ptr,
+    part_acc_ptr, part_ml_ptr, split_start_ptr, split_keys_ptr, share_seq_ptr, share_split_ptr,
     scale_log2, num_seqs, num_heads, num_splits,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
@@ -160,10 +155,10 @@ def paged_attention_kernel(
     if SPLIT_PLAN:  # decode: program tile_idx is share tile_idx of the step's plan
         if tile_idx >= tl.load(split_start_ptr + num_seqs):
             return
-        seq_idx = _last_leq(split_start_ptr, tile_idx, num_seqs)
-        first_share = tl.load(split_start_ptr + seq_idx)
-        num_shares = tl.load(split_start_ptr + seq_idx + 1) - first_share
-        split = tile_idx - first_share
+        seq_idx = tl.load(share_seq_ptr + tile_idx)
+        split = tl.load(share_split_ptr + tile_idx)
+        num_shares = tl.where(split < 0, 1, 2)  # only "one share or several" matters below
+        split = tl.maximum(split, 0)
         q0 = 0
     elif ONE_TILE_PER_SEQ:
         seq_idx = tile_idx

@@ -58,12 +58,21 @@ class DrainStrategy(enum.Enum):
 
 @dataclass(frozen=True)
 class VmmCosts:
-    """Attach and detach time of a reserve: a cost per handle plus a cost per GiB."""
+    """Attach and detach time of a reserve: a cost per handle plus a cost per GiB, plus a
+    fixed cost per transition (an engine's own: device syncs, handing torch's cached blocks
+    back; measured by `python -m gpu_backend profile`, zero for the driver microbenchmark)."""
 
     attach_handle_s: float
     attach_gib_s: float
     detach_handle_s: float
     detach_gib_s: float
+    attach_fixed_s: float = 0.0
+    detach_fixed_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name, value in vars(self).items():
+            if not value >= 0.0:
+                raise ValueError(f"VMM cost {name} = {value!r}: must be a number >= 0")
 
 
 # Least-squares fits (relative error) to benchmarks/results/vmm_latency_nvidia-h200.json: one
@@ -110,12 +119,18 @@ class VmmCostModel:
         return -(-num_bytes // self.handle_bytes)
 
     def attach_s(self, num_bytes: int) -> float:
+        if num_bytes <= 0:
+            return 0.0
         c = self.measured
-        return self.num_handles(num_bytes) * c.attach_handle_s + num_bytes / GIB * c.attach_gib_s
+        return (c.attach_fixed_s + self.num_handles(num_bytes) * c.attach_handle_s
+                + num_bytes / GIB * c.attach_gib_s)
 
     def detach_s(self, num_bytes: int) -> float:
+        if num_bytes <= 0:
+            return 0.0
         c = self.measured
-        return self.num_handles(num_bytes) * c.detach_handle_s + num_bytes / GIB * c.detach_gib_s
+        return (c.detach_fixed_s + self.num_handles(num_bytes) * c.detach_handle_s
+                + num_bytes / GIB * c.detach_gib_s)
 
 
 ActivationFn = Callable[[int, int], int]

@@ -8,7 +8,14 @@ from functools import partial
 from sim.core.block_pool import BlockPool
 from sim.core.catalog import GIB, MIB, GpuSpec, ModelSpec
 from sim.core.controller import ElasticController
-from sim.core.elastic import DrainStrategy, Policy, ReserveLayout, VmmCostModel, plan_reserve
+from sim.core.elastic import (
+    DrainStrategy,
+    Policy,
+    ReserveLayout,
+    VmmCostModel,
+    VmmCosts,
+    plan_reserve,
+)
 from sim.core.memory_plan import (
     ActivationProfile,
     MemoryConfig,
@@ -76,8 +83,9 @@ class EngineConfig:
             hash_block_tokens=self.hash_block_tokens,
         )
 
-    def vmm_cost(self) -> VmmCostModel:
-        return VmmCostModel(handle_bytes=self.vmm_handle_bytes, reclaim=self.reclaim)
+    def vmm_cost(self, costs: VmmCosts | None = None) -> VmmCostModel:
+        """The VMM transition model; `costs` (a calibration's) replace the H200 defaults."""
+        return VmmCostModel(handle_bytes=self.vmm_handle_bytes, reclaim=self.reclaim, costs=costs)
 
     def with_(self, **changes) -> EngineConfig:
         return replace(self, **changes)
