@@ -86,17 +86,25 @@ def _plan_violations(seq_lens: list[int], kv_heads: int, min_keys: int, block_n:
 
     lens = torch.tensor(seq_lens, dtype=torch.int32)
     plan = plan_decode_splits(lens, kv_heads, block_n, min_keys)
-    start, keys = plan.split_start.tolist(), int(plan.split_keys.item())
+    shares, starts = plan.seq_shares.tolist(), plan.extra_start.tolist()
+    keys = int(plan.split_keys.item())
+    num_extras = starts[-1]
+    extras = list(zip(plan.extra_seq.tolist()[:num_extras], plan.extra_split.tolist()[:num_extras]))
     target = SPLIT_TARGET_WAVES * _num_sms(lens.device)
     bad = []
     if keys % block_n or keys < min_keys or keys * target < sum(seq_lens) * kv_heads:
         bad.append(f"share of {keys} keys")
-    if start[0] != 0 or start[-1] > plan.max_shares:
-        bad.append(f"{start[-1]} shares for a launch of {plan.max_shares}")
+    if num_extras > plan.extra_seq.shape[0]:
+        bad.append(f"{num_extras} extra shares for a launch of {plan.extra_seq.shape[0]}")
     for i, n in enumerate(seq_lens):
-        shares = start[i + 1] - start[i]
-        if not 1 <= shares <= MAX_NUM_SPLITS or shares * keys < n or (shares - 1) * keys >= max(n, 1):
-            bad.append(f"sequence {i} of {n} keys in {shares} shares of {keys}")
+        k = shares[i]
+        if not 1 <= k <= MAX_NUM_SPLITS or k * keys < n or (k - 1) * keys >= max(n, 1):
+            bad.append(f"sequence {i} of {n} keys in {k} shares of {keys}")
+        mine = extras[starts[i]:starts[i] + k - 1]
+        if mine != [(i, j) for j in range(1, k)]:
+            bad.append(f"sequence {i}: extra shares {mine}")
+    if sum(k - 1 for k in shares) != num_extras:
+        bad.append(f"{num_extras} extras for shares {shares}")
     return bad
 
 

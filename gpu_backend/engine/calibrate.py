@@ -21,6 +21,7 @@ the rest.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import time
 from dataclasses import asdict, replace
@@ -166,6 +167,7 @@ def calibrate(config: EngineConfig, *, seed: int = 0, quick: bool = False,
 
 
 TRANSITION_HANDLES = (1, 2, 4)
+GRANULE_BYTES = 2 * 1024 * 1024  # CUDA VMM allocation granularity on the H200
 
 
 def measure_transitions(runner, config: EngineConfig, device, num_pool_blocks: int,
@@ -188,10 +190,12 @@ def measure_transitions(runner, config: EngineConfig, device, num_pool_blocks: i
     prefill = host_batch(prefill_shape(min(8192, config.max_num_batched_tokens)),
                          config.block_size, num_pool_blocks)
     layout = kv_layout(config.model, config.block_size)
+    # the fewest base blocks that end on the 2 MiB granule (the elastic part starts there)
+    num_base = GRANULE_BYTES // math.gcd(layout.block_bytes, GRANULE_BYTES)
     points = []
     for handles in TRANSITION_HANDLES:
         attach, detach = [], []
-        with ElasticKVPool(layout, 1, handles * handle, elastic_handle_bytes=handle,
+        with ElasticKVPool(layout, num_base, handles * handle, elastic_handle_bytes=handle,
                            reclaim="release", device_ordinal=device.index or 0) as pool:
             for _ in range(cycles):
                 runner.execute(prefill)

@@ -92,13 +92,26 @@ def choose_num_splits(num_programs: int, max_seq_len: int | None, device: torch.
 class DecodePlan:
     """Device buffers of one decode step's split plan (see decode_split_plan_kernel); made
     once per step and shared by every layer (same sequence lengths, same KV heads)."""
-    split_start: Tensor  # [S + 1] int32: first share of each sequence
+    seq_shares: Tensor  # [S] int32: shares of each sequence (>= 1)
+    extra_start: Tensor  # [S + 1] int32: first extra share of each sequence; [S] = count
+    extra_seq: Tensor  # [max_extras] int32: the sequence of each extra share
+    extra_split: Tensor  # [max_extras] int32: its index within the sequence (>= 1)
     split_keys: Tensor  # [1] int32: keys per share
-    share_seq: Tensor  # [max_shares] int32: the sequence of each share
-    share_split: Tensor  # [max_shares] int32: its index within the sequence, -1 if alone
     num_kv_heads: int
     block_n: int
-    max_shares: int  # launch size per KV head: an upper bound on split_start[S]
+
+    @property
+    def num_seqs(self) -> int:
+        return self.seq_shares.shape[0]
+
+    @property
+    def launch_size(self) -> int:
+        """Programs per KV head: one per sequence, then the most extras a plan can have."""
+        return self.num_seqs + self.extra_seq.shape[0]
+
+    def buffers(self) -> tuple[Tensor, ...]:
+        return (self.seq_shares, self.extra_start, self.extra_seq, self.extra_split,
+                self.split_keys)
 
 
 def plan_decode_splits(seq_lens: Tensor, num_kv_heads: int, block_n: int = 64,
@@ -108,19 +121,20 @@ def plan_decode_splits(seq_lens: Tensor, num_kv_heads: int, block_n: int = 64,
     num_seqs = seq_lens.shape[0]
     device = seq_lens.device
     target = SPLIT_TARGET_WAVES * _num_sms(device)
-    # shares = sum ceil(len / keys) <= total / keys + S, and keys >= total x KVH / target.
-    max_shares = num_seqs + triton.cdiv(target, num_kv_heads)
-    split_start = torch.empty(num_seqs + 1, dtype=torch.int32, device=device)
-    split_keys = torch.empty(1, dtype=torch.int32, device=device)
-    share_seq = torch.empty(max_shares, dtype=torch.int32, device=device)
-    share_split = torch.empty(max_shares, dtype=torch.int32, device=device)
+    # extras = sum (ceil(len / keys) - 1) <= total / keys, and keys >= total x KVH / target
+    max_extras = triton.cdiv(target, num_kv_heads)
+
+    def ints(n: int) -> Tensor:
+        return torch.empty(n, dtype=torch.int32, device=device)
+
+    plan = DecodePlan(ints(num_seqs), ints(num_seqs + 1), ints(max_extras), ints(max_extras),
+                      ints(1), num_kv_heads, block_n)
     decode_split_plan_kernel[(1,)](
-        seq_lens, split_start, split_keys, share_seq, share_split, num_seqs, num_kv_heads,
-        target, SEQS_PAD=triton.next_power_of_2(max(num_seqs, 1)), MIN_KEYS=min_keys,
+        seq_lens, *plan.buffers(), num_seqs, num_kv_heads, target,
+        SEQS_PAD=triton.next_power_of_2(max(num_seqs, 1)), MIN_KEYS=min_keys,
         MAX_SPLITS=MAX_NUM_SPLITS, BLOCK_N=block_n, num_warps=4,
     )
-    return DecodePlan(split_start, split_keys, share_seq, share_split, num_kv_heads, block_n,
-                      max_shares)
+    return plan
 
 
 def _check_args(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor,
@@ -200,13 +214,13 @@ def paged_attention(
     if num_splits is None and max_query_len <= 1 and DECODE_SPLIT_PLAN:
         if plan is None:
             plan = plan_decode_splits(seq_lens, num_kv_heads, cfg.block_n, min_split_keys)
-        elif (plan.num_kv_heads, plan.block_n, plan.split_start.shape[0]) != (
-                num_kv_heads, cfg.block_n, num_seqs + 1):
-            raise ValueError(f"decode plan for {plan.split_start.shape[0] - 1} sequences, "
+        elif (plan.num_kv_heads, plan.block_n, plan.num_seqs) != (
+                num_kv_heads, cfg.block_n, num_seqs):
+            raise ValueError(f"decode plan for {plan.num_seqs} sequences, "
                              f"{plan.num_kv_heads} KV heads, block_n {plan.block_n} does not fit "
                              f"this call ({num_seqs}, {num_kv_heads}, {cfg.block_n})")
-        num_tiles, num_splits = plan.max_shares, 1
-        rows = plan.max_shares * num_heads
+        num_tiles, num_splits = plan.launch_size, 1
+        rows = plan.launch_size * num_heads
     else:
         if num_splits is None:
             num_splits = choose_num_splits(num_tiles * num_kv_heads, max_seq_len, q.device)
@@ -219,10 +233,8 @@ def paged_attention(
         part_ml = torch.empty(rows, 2, dtype=torch.float32, device=q.device)
     else:
         part_acc = part_ml = out  # unused by the kernel
-    # without a plan its four buffers are unused: any int32 tensor stands in
-    buffers = ((plan.split_start, plan.split_keys, plan.share_seq, plan.share_split)
-               if plan is not None else (seq_lens,) * 4)
-    split_start = buffers[0]
+    # without a plan its buffers are unused: any int32 tensor stands in
+    buffers = plan.buffers() if plan is not None else (seq_lens,) * 5
     paged_attention_kernel[(num_tiles, num_kv_heads, num_splits)](
         q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc,
         part_acc, part_ml, *buffers,
@@ -238,7 +250,7 @@ def paged_attention(
     if plan is not None or num_splits > 1:
         # plan: one program per sequence, merging its shares; else one per token
         combine_splits_kernel[(num_seqs if plan is not None else num_tokens, num_heads)](
-            out, part_acc, part_ml, query_start_loc, split_start, num_seqs, num_heads,
+            out, part_acc, part_ml, query_start_loc, buffers[0], buffers[1], num_seqs, num_heads,
             num_splits, out.stride(0), out.stride(1),
             HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
             SPLITS_PAD=triton.next_power_of_2(MAX_NUM_SPLITS), SPLIT_PLAN=plan is not None,

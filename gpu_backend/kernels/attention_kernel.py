@@ -54,20 +54,19 @@ def _find_seq_idx(query_start_loc_ptr, tile_idx, num_seqs, BLOCK_Q: tl.constexpr
 
 @triton.jit(do_not_specialize=["num_seqs"])
 def decode_split_plan_kernel(
-    seq_lens_ptr, split_start_ptr, split_keys_ptr, share_seq_ptr, share_split_ptr,
-    num_seqs, num_kv_heads, target_programs,
+    seq_lens_ptr, seq_shares_ptr, extra_start_ptr, extra_seq_ptr, extra_split_ptr,
+    split_keys_ptr, num_seqs, num_kv_heads, target_programs,
     SEQS_PAD: tl.constexpr, MIN_KEYS: tl.constexpr, MAX_SPLITS: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     """One program: the decode split plan of a step.
 
     split_keys[0] = keys per share: ceil(total keys x KV heads / target_programs), at least
-    MIN_KEYS and ceil(longest / MAX_SPLITS), rounded up to BLOCK_N. split_start[i] = first
-    share of sequence i (split_start[num_seqs] = number of shares); every sequence has at
-    least one share, so a launch of num_seqs + ceil(target_programs / KV heads) programs
-    per head covers any plan. Share w belongs to sequence share_seq[w] and covers its keys
-    [k x keys, (k + 1) x keys) for k = share_split[w], or all of them when share_split[w]
-    is -1 (a sequence of one share: its program writes the output itself).
+    MIN_KEYS and ceil(longest / MAX_SPLITS), rounded up to BLOCK_N. Sequence i has
+    seq_shares[i] >= 1 shares. Its first share is worked on by program i (as without a
+    plan); its others, share k >= 1, by program num_seqs + e for the "extra" shares
+    e = extra_start[i] + k - 1, listed in extra_seq[e] = i, extra_split[e] = k
+    (extra_start[num_seqs] = number of extras <= ceil(target_programs / KV heads)).
     """
     offs = tl.arange(0, SEQS_PAD)
     valid = offs < num_seqs
@@ -77,16 +76,16 @@ def decode_split_plan_kernel(
     keys = tl.maximum(keys, tl.cdiv(tl.max(lens, 0), MAX_SPLITS))
     keys = tl.cdiv(keys, BLOCK_N) * BLOCK_N
     shares = tl.where(valid, tl.maximum(tl.cdiv(lens, keys), 1), 0)
-    ends = tl.cumsum(shares, 0)
-    starts = ends - shares
-    tl.store(split_start_ptr + 1 + offs, ends.to(tl.int32), mask=valid)
-    tl.store(split_start_ptr, 0)
+    extras = tl.where(valid, shares - 1, 0)
+    starts = tl.cumsum(extras, 0) - extras
+    tl.store(seq_shares_ptr + offs, shares.to(tl.int32), mask=valid)
+    tl.store(extra_start_ptr + offs, starts.to(tl.int32), mask=valid)
+    tl.store(extra_start_ptr + num_seqs, tl.sum(extras, 0).to(tl.int32))
     tl.store(split_keys_ptr, keys.to(tl.int32))
-    for k in range(MAX_SPLITS):
+    for k in range(1, MAX_SPLITS):
         mine = valid & (k < shares)
-        tl.store(share_seq_ptr + starts + k, offs.to(tl.int32), mask=mine)
-        tl.store(share_split_ptr + starts + k, tl.where(shares == 1, -1, k).to(tl.int32),
-                 mask=mine)
+        tl.store(extra_seq_ptr + starts + k - 1, offs.to(tl.int32), mask=mine)
+        tl.store(extra_split_ptr + starts + k - 1, (offs * 0 + k).to(tl.int32), mask=mine)
 
 
 @triton.jit
@@ -139,7 +138,8 @@ def _attend_tile(
 def paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
     block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
-    part_acc_ptr, part_ml_ptr, split_start_ptr, split_keys_ptr, share_seq_ptr, share_split_ptr,
+    part_acc_ptr, part_ml_ptr,
+    seq_shares_ptr, extra_start_ptr, extra_seq_ptr, extra_split_ptr, split_keys_ptr,
     scale_log2, num_seqs, num_heads, num_splits,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
@@ -152,13 +152,17 @@ def paged_attention_kernel(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     num_shares = num_splits  # programs sharing this tile's keys (plan: launched with 1)
-    if SPLIT_PLAN:  # decode: program tile_idx is share tile_idx of the step's plan
-        if tile_idx >= tl.load(split_start_ptr + num_seqs):
+    if SPLIT_PLAN:  # decode: program i < num_seqs is sequence i's first share, then extras
+        is_extra = tile_idx >= num_seqs
+        extra = tl.maximum(tile_idx - num_seqs, 0)
+        if is_extra & (extra >= tl.load(extra_start_ptr + num_seqs)):
             return
-        seq_idx = tl.load(share_seq_ptr + tile_idx)
-        split = tl.load(share_split_ptr + tile_idx)
-        num_shares = tl.where(split < 0, 1, 2)  # only "one share or several" matters below
-        split = tl.maximum(split, 0)
+        seq_idx = tile_idx
+        split = tile_idx * 0
+        if is_extra:
+            seq_idx = tl.load(extra_seq_ptr + extra)
+            split = tl.load(extra_split_ptr + extra)
+        num_shares = tl.load(seq_shares_ptr + seq_idx)
         q0 = 0
     elif ONE_TILE_PER_SEQ:
         seq_idx = tile_idx
@@ -221,7 +225,7 @@ def paged_attention_kernel(
         tl.store(out_ptr + o_rows[:, None] + offs_d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=io_mask)
     else:
-        if SPLIT_PLAN:  # partials indexed [share, head]
+        if SPLIT_PLAN:  # partials indexed [program, head]
             part = tile_idx.to(tl.int64) * num_heads + head
         else:  # partials indexed [token, head, split]
             part = ((q_start + q_pos).to(tl.int64) * num_heads + head) * num_splits + split
@@ -233,15 +237,16 @@ def paged_attention_kernel(
 
 @triton.jit(do_not_specialize=["num_seqs", "num_splits"])
 def combine_splits_kernel(
-    out_ptr, part_acc_ptr, part_ml_ptr, query_start_loc_ptr, split_start_ptr,
+    out_ptr, part_acc_ptr, part_ml_ptr, query_start_loc_ptr, seq_shares_ptr, extra_start_ptr,
     num_seqs, num_heads, num_splits, stride_ot, stride_oh,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     SPLITS_PAD: tl.constexpr, SPLIT_PLAN: tl.constexpr,
 ):
     """Merge the split-K partials of one (token, head) into the final output.
 
-    With SPLIT_PLAN program 0 is a sequence (decode: one token each) whose shares are
-    split_start[seq] .. split_start[seq + 1]; one share means the output is written."""
+    With SPLIT_PLAN program 0 is a sequence (decode: one token each): its partials are
+    those of program seq and of programs num_seqs + extra_start[seq] + k - 1 for its shares
+    k >= 1; a sequence of one share already has its output written."""
     token = tl.program_id(0)
     head = tl.program_id(1)
     offs_s = tl.arange(0, SPLITS_PAD)
@@ -253,12 +258,12 @@ def combine_splits_kernel(
         token = tl.load(query_start_loc_ptr + seq)
         if tl.load(query_start_loc_ptr + seq + 1) == token:  # no query token
             return
-        first_share = tl.load(split_start_ptr + seq)
-        num_shares = tl.load(split_start_ptr + seq + 1) - first_share
+        num_shares = tl.load(seq_shares_ptr + seq)
         if num_shares == 1:
             return
         s_valid = offs_s < num_shares
-        part = (first_share + offs_s).to(tl.int64) * num_heads + head  # [SPLITS_PAD]
+        program = tl.where(offs_s == 0, seq, num_seqs + tl.load(extra_start_ptr + seq) + offs_s - 1)
+        part = program.to(tl.int64) * num_heads + head  # [SPLITS_PAD]
     else:
         if token >= tl.load(query_start_loc_ptr + num_seqs):  # padding past the last sequence
             return
