@@ -19,6 +19,7 @@ import numpy as np
 from sim.calibration import eager_launch_start
 from sim.calibration import fit_efficiency as fit_parameters
 from sim.core.catalog import GpuSpec, ModelSpec
+from sim.core.elastic import VmmCosts
 from sim.core.memory_plan import ActivationProfile
 from sim.cost_model import FIT_PARAMETERS, CostModel, Efficiency
 from validation.steps import StepTable, error_stats, predict_step_times, relative_errors
@@ -105,11 +106,14 @@ def calibrate(model: ModelSpec, gpu: GpuSpec, tp: int, fit: StepTable, holdout: 
 
 
 def write_calibration(path: Path, result: FitResult, profile: ActivationProfile | None,
-                      provenance: dict) -> None:
-    """A calibration JSON that `python -m sim --calibration FILE` loads."""
+                      provenance: dict, vmm_costs: VmmCosts | None = None) -> None:
+    """A calibration JSON that `python -m sim --calibration FILE` loads; the starting
+    calibration's activation profile and measured VMM costs are carried over."""
     data: dict = {"efficiency": asdict(result.efficiency)}
     if profile is not None:
         data["activation"] = asdict(profile)
+    if vmm_costs is not None:
+        data["vmm"] = {"costs": asdict(vmm_costs), "source": "the starting calibration"}
     data["fit"] = {**provenance, "num_fit_steps": result.num_fit_steps,
                    "num_holdout_steps": result.num_holdout_steps,
                    "holdout_before": result.holdout_before, "holdout_after": result.holdout_after}

@@ -58,7 +58,8 @@ def compare(args: argparse.Namespace) -> int:
               f"{v.fit.holdout_before['median_abs']:.1%} -> {after:.1%}")
         if args.save_calibration:
             write_calibration(args.save_calibration, v.fit, profile,
-                              {"gpu_dir": str(args.gpu_dir), "holdout_fraction": args.holdout})
+                              {"gpu_dir": str(args.gpu_dir), "holdout_fraction": args.holdout},
+                              vmm_costs)
             print(f"wrote {args.save_calibration}")
     print(f"wrote {', '.join(str(p) for p in paths)}")
     return 0
@@ -110,10 +111,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def fit(args: argparse.Namespace) -> int:
-    from sim.cli import load_calibration
+    from sim.cli import load_calibration, load_vmm_costs
     from validation.calibrate import calibrate, concat, split_tail, usable_steps, write_calibration
 
     efficiency, profile = load_calibration(args.calibration)
+    vmm_costs = load_vmm_costs(args.calibration)
     runs = load_runs(args.gpu_dir)
     test_runs = load_runs(args.test_dir) if args.test_dir else []
     configs = [engine_config(r.summary, args.gpu) for r in runs + test_runs]
@@ -134,7 +136,7 @@ def fit(args: argparse.Namespace) -> int:
                   "holdout_fraction": None if test_runs else args.holdout,
                   "model": config.model.name, "gpu": config.gpu.name,
                   "tensor_parallel_size": config.tensor_parallel_size}
-    write_calibration(args.out, result, profile, provenance)
+    write_calibration(args.out, result, profile, provenance, vmm_costs)
     b, a = result.holdout_before, result.holdout_after
     print(f"fit on {result.num_fit_steps} steps, judged on {result.num_holdout_steps} held-out "
           f"steps: median |error| {b['median_abs']:.1%} -> {a['median_abs']:.1%}, "
