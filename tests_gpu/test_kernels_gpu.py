@@ -64,16 +64,22 @@ def test_splits_agree(num_splits: int, query_len: int) -> None:
     assert rel_error(out, dense_reference(pb)) < BF16_TOL
 
 
-def test_decode_graph_capture() -> None:
-    """A captured decode step replays correctly after the inputs change in place."""
-    pb = make_problem([1] * 8, [100] * 8, 32, 8, 128, 16, torch.bfloat16, device="cuda")
+def _captured_decode(pb, max_seq_len: int):
+    """(graph, its output, the attention args) of one decode step captured over `pb`."""
     store_kvcache(pb.new_k, pb.new_v, pb.k_cache, pb.v_cache, pb.slot_mapping)
     args = (pb.q, pb.k_cache, pb.v_cache, pb.block_tables, pb.seq_lens, pb.query_start_loc,
             pb.scale)
-    paged_attention(*args, max_query_len=1, max_seq_len=4096)  # compile outside capture
+    paged_attention(*args, max_query_len=1, max_seq_len=max_seq_len)  # compile outside capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = paged_attention(*args, max_query_len=1, max_seq_len=4096)
+        out = paged_attention(*args, max_query_len=1, max_seq_len=max_seq_len)
+    return graph, out, args
+
+
+def test_decode_graph_capture() -> None:
+    """A captured decode step replays correctly after the inputs change in place."""
+    pb = make_problem([1] * 8, [100] * 8, 32, 8, 128, 16, torch.bfloat16, device="cuda")
+    graph, out, args = _captured_decode(pb, 4096)
     pb.seq_lens.sub_(torch.arange(8, device="cuda", dtype=torch.int32))
     graph.replay()
     torch.cuda.synchronize()
@@ -82,17 +88,11 @@ def test_decode_graph_capture() -> None:
 
 
 def test_decode_graph_replans_after_capture() -> None:
-    """The split plan is made inside the graph: lengths that change after capture (a short
-    sequence growing long, a long one shrinking) change the shares and stay exact."""
+    """The split plan is made inside the graph: lengths that change after capture (the long
+    sequence shrinking to a short one) change the shares, and the output stays exact."""
     lens = [5000, 40, 700, 2222, 3, 90, 16, 1]
     pb = make_problem([1] * 8, lens, 32, 8, 128, 16, torch.bfloat16, device="cuda", seed=7)
-    store_kvcache(pb.new_k, pb.new_v, pb.k_cache, pb.v_cache, pb.slot_mapping)
-    args = (pb.q, pb.k_cache, pb.v_cache, pb.block_tables, pb.seq_lens, pb.query_start_loc,
-            pb.scale)
-    paged_attention(*args, max_query_len=1, max_seq_len=8192)  # compile outside capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = paged_attention(*args, max_query_len=1, max_seq_len=8192)
+    graph, out, args = _captured_decode(pb, 8192)
     graph.replay()
     assert rel_error(out, dense_reference(pb)) < BF16_TOL
     # Attend over shorter prefixes of the same cache: sequence 0 shrinks to 200 keys,
