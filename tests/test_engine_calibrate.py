@@ -186,3 +186,29 @@ def test_step_shape_records_round_trip_skewed_batches_and_read_old_files():
     assert StepShape.from_record(old).decodes == (900, 900, 900)
     skewed = skewed_decode_shape(32, 512, 16384)
     assert sorted(skewed.decodes)[-1] == 16384 and sum(skewed.decodes) == 31 * 512 + 16384
+
+
+def test_engine_step_builds_what_host_batch_builds():
+    """The calibration times the engine's own RequestMirror.build (as replays time it); the
+    batch it builds must be the grid step host_batch describes: same tokens, positions, slots,
+    sequence lengths and sampled rows, and the same blocks in every used table entry."""
+    from gpu_backend.engine.shapes import (
+        engine_step,
+        host_batch,
+        mixed_shape,
+        prefill_shape,
+        skewed_decode_shape,
+    )
+
+    for shape in (mixed_shape(100, 40, 5, 70), skewed_decode_shape(9, 33, 300, 2),
+                  prefill_shape(64, 17)):
+        expect = host_batch(shape, 16, 50)
+        mirror, out = engine_step(shape, 16, 50, vocab_size=1000)
+        got = mirror.build(out)
+        for name in ("input_ids", "positions", "slot_mapping", "seq_lens", "query_start_loc",
+                     "logits_indices"):
+            np.testing.assert_array_equal(getattr(got, name), getattr(expect, name), name)
+        used = -(-expect.seq_lens // 16)
+        for row, n in enumerate(used):
+            np.testing.assert_array_equal(got.block_tables[row, :n], expect.block_tables[row, :n])
+        assert (got.max_query_len, got.max_seq_len) == (expect.max_query_len, expect.max_seq_len)

@@ -1,9 +1,13 @@
 """`python -m gpu_backend profile`: measure step times, fit the simulator's cost model.
 
 Grid (default, < 2 min for Llama-3.1-8B on an H200): prefills of 16..16,384 tokens, chunks
-over long prefixes, decode batches 1..256 x contexts 256..8,192 (CUDA graphs, as the engine
-runs them), and mixed steps. Each point: warm-up, then the median of several runs timed like
-the engine's steps (host arrays -> device -> forward -> sampled ids on the host).
+over long prefixes, decode batches 1..256 x contexts 256..16,384 and skewed ones (CUDA graphs,
+as the engine runs them), and mixed steps. Each point: warm-up, then the median of several
+runs timed like the engine's steps in a replay (the engine's RequestMirror builds the host
+arrays -> device -> forward -> sampled ids on the host). Before 2026-11-30's second session
+the host arrays were built outside the timed region, and replays' decode steps came out up to
+10% above the fit, more so the more sequences they held. The engine's elastic transitions
+are timed too (`measure_transitions`).
 
 The fit: the `sim.cost_model.FIT_PARAMETERS` fields of `Efficiency`, by
 `sim.calibration.fit_efficiency` (scipy least squares) on the relative error of
@@ -25,6 +29,7 @@ import math
 import statistics
 import time
 from dataclasses import asdict, replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +38,7 @@ from gpu_backend.engine.shapes import (
     StepShape,
     blocks_needed,
     decode_shape,
+    engine_step,
     host_batch,
     mixed_shape,
     prefill_shape,
@@ -100,13 +106,15 @@ def fit_efficiency(cost_args: tuple, outputs: list, measured_s: np.ndarray,
     }
 
 
-def time_step(runner, batch, warmup: int, repeat: int) -> float:
+def time_step(runner, build, warmup: int, repeat: int) -> float:
+    """Median seconds of `runner.execute(build())`: building the host batch is timed too,
+    as the engine times it in a replay (GpuEngine._run)."""
     for _ in range(warmup):
-        runner.execute(batch)
+        runner.execute(build())
     times = []
     for _ in range(repeat):
         start = time.perf_counter()
-        runner.execute(batch)  # ends with the sampled ids on the host (a sync)
+        runner.execute(build())  # ends with the sampled ids on the host (a sync)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
@@ -139,8 +147,8 @@ def calibrate(config: EngineConfig, *, seed: int = 0, quick: bool = False,
     runner = ModelRunner(model, caches, device, graphs)
     measurements, outputs, times = [], [], []
     for shape in grid:
-        batch = host_batch(shape, config.block_size, num_blocks)
-        seconds = time_step(runner, batch, warmup, repeat)
+        mirror, out = engine_step(shape, config.block_size, num_blocks, config.model.vocab_size)
+        seconds = time_step(runner, partial(mirror.build, out), warmup, repeat)
         measurements.append({**shape.describe(), "measured_s": seconds})
         outputs.append(scheduler_output(shape))
         times.append(seconds)

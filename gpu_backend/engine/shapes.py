@@ -9,11 +9,11 @@ is scratch), so a big grid reuses a bounded cache: step time does not depend on 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from gpu_backend.engine.inputs import HostBatch
+from gpu_backend.engine.inputs import HostBatch, RequestMirror
 from sim.core.step import ScheduledRequest, SchedulerOutput
 
 
@@ -105,6 +105,24 @@ def scheduler_output(shape: StepShape) -> SchedulerOutput:
         preempted_ids=(), elastic=None, oom=None, activation_bytes=0,
         activation_available_bytes=0, num_used_blocks=0, num_usable_blocks=0, num_lent_blocks=0,
         num_sampled_rows=len(items))
+
+
+def engine_step(shape: StepShape, block_size: int, num_pool_blocks: int,
+                vocab_size: int) -> tuple[RequestMirror, SchedulerOutput]:
+    """The engine's own host side of `shape`: a RequestMirror holding the step's requests and
+    the SchedulerOutput it builds from. `mirror.build(out)` gives the arrays `host_batch` gives
+    (same tables, slots and token ids), by the code a replay runs, so a calibration that times
+    build + execute times what a replay's step time holds."""
+    out = replace(scheduler_output(shape), num_usable_blocks=num_pool_blocks)
+    mirror = RequestMirror(vocab_size, block_size, block_id_offset=1)
+    usable, first = num_pool_blocks - 1, 0
+    for item in out.scheduled:
+        total = item.num_computed_tokens + item.num_new_tokens
+        num_blocks = -(-total // block_size)
+        mirror.tables[item.request_id] = [(first + j) % usable for j in range(num_blocks)]
+        mirror.tokens[item.request_id] = [t % 128 for t in range(total)]
+        first += num_blocks
+    return mirror, out
 
 
 def blocks_needed(shape: StepShape, block_size: int) -> int:
