@@ -5,8 +5,8 @@ over long prefixes, decode batches 1..256 x contexts 256..16,384 and skewed ones
 as the engine runs them), and mixed steps. Each point: warm-up, then the median of several
 runs timed like the engine's steps in a replay (the engine's RequestMirror builds the host
 arrays -> device -> forward -> sampled ids on the host). Before 2026-11-30's second session
-the host arrays were built outside the timed region, and replays' decode steps came out up to
-10% above the fit, more so the more sequences they held. The engine's elastic transitions
+the host arrays were built outside the timed region: part of why replays' decode steps of
+many sequences came out up to 10% above the fit (~3.6 us per sequence on a 2-core CPU). The engine's elastic transitions
 are timed too (`measure_transitions`).
 
 The fit: the `sim.cost_model.FIT_PARAMETERS` fields of `Efficiency`, by
