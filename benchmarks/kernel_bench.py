@@ -29,7 +29,11 @@ from gpu_backend.env import (  # noqa: E402
     write_result,
 )
 from gpu_backend.kernels import paged_attention  # noqa: E402
-from gpu_backend.kernels.attention import choose_num_splits  # noqa: E402
+from gpu_backend.kernels.attention import (  # noqa: E402
+    DecodePlan,
+    choose_num_splits,
+    plan_decode_splits,
+)
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
 DTYPE = torch.bfloat16
@@ -99,25 +103,33 @@ def bench_decode(label: str, contexts: list[int], bandwidth_gbps: float) -> dict
     # As the engine's graphs: captured with max_seq_len = max_model_len (32k here).
     even = choose_num_splits(batch * NUM_KV_HEADS, 32768, q.device)
 
-    def graph_ms(num_splits: int | None) -> float:
-        def step() -> torch.Tensor:
-            return paged_attention(q, k_cache, v_cache, block_tables, seq_lens, qsl,
-                                   HEAD_DIM ** -0.5, max_query_len=1, max_seq_len=32768,
-                                   num_splits=num_splits)
+    def graph_ms(step) -> float:
         step()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             step()
         return time_ms(graph.replay, reps=50)
 
-    ms, even_ms = graph_ms(None), graph_ms(even)
+    def attention(num_splits: int | None = None, plan: DecodePlan | None = None):
+        return lambda: paged_attention(q, k_cache, v_cache, block_tables, seq_lens, qsl,
+                                       HEAD_DIM ** -0.5, max_query_len=1, max_seq_len=32768,
+                                       num_splits=num_splits, plan=plan)
+
+    def make_plan() -> DecodePlan:
+        return plan_decode_splits(seq_lens, NUM_KV_HEADS)
+
+    ms, even_ms = graph_ms(attention()), graph_ms(attention(even))
+    # Where the plan's time goes (the engine makes the plan once per step, not per layer):
+    # attention + merge with a plan made outside the graph, and the plan kernel alone.
+    outside_ms, plan_ms = graph_ms(attention(plan=make_plan())), graph_ms(make_plan)
     kv_bytes = 2 * sum(contexts) * NUM_KV_HEADS * HEAD_DIM * DTYPE.itemsize
     roofline_ms = kv_bytes / bandwidth_gbps / 1e6
     return {"case": label, "batch": batch, "context": sum(contexts) // batch,
             "longest": max(contexts), "ms": ms, "roofline_ms": roofline_ms,
             "achieved_gbps": kv_bytes / ms / 1e6, "fraction_of_roofline": roofline_ms / ms,
             "even_split": even, "even_split_ms": even_ms,
-            "even_split_fraction_of_roofline": roofline_ms / even_ms}
+            "even_split_fraction_of_roofline": roofline_ms / even_ms,
+            "plan_made_outside_ms": outside_ms, "plan_kernel_ms": plan_ms}
 
 
 def causal_tflops(num_new: int, prefix: int, ms: float) -> float:
@@ -163,11 +175,12 @@ def print_report(res: dict) -> None:
     print(f"{res['env']['gpu']}  torch {res['env']['torch']}  triton {res['env']['triton']}")
     print(f"copy bandwidth: {res['copy_bandwidth_gbps']:.0f} GB/s")
     print(f"{'decode batch':>18} {'ms':>8} {'roofline':>9} {'GB/s':>7} {'frac':>5} "
-          f"{'even split ms':>14} {'frac':>5}")
+          f"{'even split ms':>14} {'frac':>5} {'plan outside':>12} {'plan alone':>10}")
     for d in res["decode"]:
         print(f"{d['case']:>18} {d['ms']:>8.4f} {d['roofline_ms']:>9.4f} "
               f"{d['achieved_gbps']:>7.0f} {d['fraction_of_roofline']:>5.2f} "
-              f"{d['even_split_ms']:>14.4f} {d['even_split_fraction_of_roofline']:>5.2f}")
+              f"{d['even_split_ms']:>14.4f} {d['even_split_fraction_of_roofline']:>5.2f} "
+              f"{d['plan_made_outside_ms']:>12.4f} {d['plan_kernel_ms']:>10.4f}")
     p = res["prefill"]
     print(f"prefill {p['tokens']} tokens: one pass {p['one_pass_ms']:.2f} ms "
           f"({p['one_pass_tflops']:.0f} TFLOP/s), torch SDPA causal {p['sdpa_causal_ms']:.2f} ms")
