@@ -136,3 +136,19 @@ def test_reserve_share_shrinks_less_than_published_because_of_the_sampler():
     assert tp1["forward_only_share"] / tp4["forward_only_share"] > 3  # ~1/TP
     assert tp1["reserve_share"] / tp4["reserve_share"] < 1.5  # sampler peak is flat in TP
     assert reserve_rows(["qwen2.5-7b"], "h100", [8], [8192])[0]["fits"] is False
+
+
+def test_sweep_cases_price_transitions_with_a_calibrations_vmm_costs():
+    """A sweep given a calibration with measured transition costs prices elastic attaches
+    with them (0.2 s each here, so the total is unmistakable) instead of the driver figures."""
+    from sim.core.elastic import VmmCosts
+
+    slow = VmmCosts(attach_handle_s=0.0, attach_gib_s=0.0, detach_handle_s=0.0,
+                    detach_gib_s=0.0, attach_fixed_s=0.2, detach_fixed_s=0.1)
+    trace = small_trace()
+    plain, priced = (Case("qwen2.5-0.5b", "h200", 1, 8192, "elastic", trace, vmm_costs=costs)
+                     for costs in (None, slow))
+    rows = run_sweep([plain, priced], QUIET)
+    assert rows[1]["num_attach"] > 0
+    assert rows[1]["attach_time_s"] == pytest.approx(0.2 * rows[1]["num_attach"])
+    assert rows[0]["attach_time_s"] < 0.01 * rows[0]["num_attach"]

@@ -11,7 +11,7 @@ import functools
 from dataclasses import dataclass, field
 
 from sim.core.catalog import MIB, get_gpu, get_model
-from sim.core.elastic import DrainStrategy, Policy
+from sim.core.elastic import DrainStrategy, Policy, VmmCosts
 from sim.core.engine_config import EngineConfig
 from sim.core.memory_plan import ActivationProfile
 from sim.cost_model import Efficiency
@@ -133,6 +133,7 @@ class Case:
     num_replicas: int = 1
     efficiency: Efficiency | None = None
     profile: ActivationProfile | None = None
+    vmm_costs: VmmCosts | None = None  # a calibration's measured elastic transition costs
 
     def engine(self) -> EngineConfig:
         """The engine config; raises ValueError for unknown names or invalid shapes."""
@@ -148,7 +149,7 @@ class Case:
 
     def run_spec(self) -> RunSpec:
         return RunSpec(self.engine(), self.num_replicas, efficiency=self.efficiency,
-                       profile=self.profile, slo=self.slo)
+                       profile=self.profile, slo=self.slo, vmm_costs=self.vmm_costs)
 
     def scaled_trace(self) -> Trace:
         return build_trace(self.trace).scaled(self.rate_scale)

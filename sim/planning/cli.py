@@ -16,7 +16,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from sim.cli import add_engine_arguments, load_calibration
+from sim.cli import add_engine_arguments, load_calibration, load_vmm_costs
 from sim.metrics import Slo
 from sim.outputs import parse_int_list, parse_policies
 from sim.planning import gain_map, plan, report, reserve
@@ -102,8 +102,10 @@ def sweep_main(argv: list[str]) -> int:
     _add_executor_arguments(parser)
     args = parser.parse_args(argv)
     spec = load_sweep(args.config) if args.config else _sweep_from_flags(args)
-    efficiency, profile = load_calibration(spec.calibration or args.calibration)
-    rows = run_sweep(spec.cases(efficiency, profile), _executor(args, spec.workers))
+    calibration = spec.calibration or args.calibration
+    efficiency, profile = load_calibration(calibration)
+    rows = run_sweep(spec.cases(efficiency, profile, load_vmm_costs(calibration)),
+                     _executor(args, spec.workers))
     out = args.out or spec.out
     if args.json:
         print(json.dumps(rows, indent=1, default=str))
@@ -158,7 +160,8 @@ def plan_main(argv: list[str]) -> int:
         slo=Slo(args.slo_ttft, args.slo_tpot), chunks=tuple(chunks), options=_options(args),
         rate_scale=args.rate_scale, search_max_rate=not args.no_max_rate,
         rel_tol=args.rate_tol, min_attainment=args.attainment, tie_pct=args.tie_pct,
-        pays_pct=args.pays_pct, efficiency=efficiency, profile=profile)
+        pays_pct=args.pays_pct, efficiency=efficiency, profile=profile,
+        vmm_costs=load_vmm_costs(args.calibration))
     result = plan.run_plan(query, _executor(args))
     if args.json:
         print(json.dumps(result.as_dict(), indent=1, default=str))

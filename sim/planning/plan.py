@@ -45,12 +45,14 @@ class PlanQuery:
     pays_pct: float = 5.0
     efficiency: object | None = None
     profile: object | None = None
+    vmm_costs: object | None = None
 
     def cases(self) -> list[Case]:
         options = replace(self.options, max_model_len=self.max_model_len())
         return [Case(model=self.model, gpu=self.gpu, tp=self.tp, chunk=chunk, policy=policy,
                      trace=self.trace, rate_scale=self.rate_scale, options=options,
-                     slo=self.slo, efficiency=self.efficiency, profile=self.profile)
+                     slo=self.slo, efficiency=self.efficiency, profile=self.profile,
+                     vmm_costs=self.vmm_costs)
                 for policy in ("static", "elastic") for chunk in self.chunks]
 
     def max_model_len(self) -> int | None:

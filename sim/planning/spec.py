@@ -39,14 +39,14 @@ class SweepSpec:
             if not getattr(self, name):
                 raise ValueError(f"the sweep grid needs at least one value for {name}")
 
-    def cases(self, efficiency=None, profile=None) -> list[Case]:
+    def cases(self, efficiency=None, profile=None, vmm_costs=None) -> list[Case]:
         """One case per grid point, in a fixed nested order (model outermost, policy innermost)."""
         grid = itertools.product(self.models, self.gpus, self.tps, self.traces,
                                  self.rate_scales, self.chunks, self.policies)
         return [
             Case(model=m, gpu=g, tp=tp, chunk=c, policy=p, trace=t, rate_scale=r,
                  options=self.options, slo=self.slo, num_replicas=self.num_replicas,
-                 efficiency=efficiency, profile=profile)
+                 efficiency=efficiency, profile=profile, vmm_costs=vmm_costs)
             for m, g, tp, t, r, c, p in grid
         ]
 
