@@ -33,8 +33,9 @@ def replay(engine: GpuEngine, requests: Sequence[Request], *, wait: bool,
     """Drive the engine over `requests` (sorted by arrival); returns the final clock time.
 
     The objects made during setup (model, graphs, pools) are frozen out of the garbage
-    collector first, as serving engines do: eager, launch-bound prefill steps of Qwen2.5-0.5B
-    replays had 20-100 ms outliers, which a full collection over them inside a step explains.
+    collector first, as serving engines do, so that no full collection over them lands inside
+    a timed step. (Eager, launch-bound prefill steps of Qwen2.5-0.5B replays have 20-100 ms
+    outliers; with the freeze they still had 30-50 ms ones, so the collector is not all of it.)
     """
     gc.collect()
     gc.freeze()
