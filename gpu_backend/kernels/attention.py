@@ -235,10 +235,14 @@ def paged_attention(
         part_acc = part_ml = out  # unused by the kernel
     # without a plan its buffers are unused: any int32 tensor stands in
     buffers = plan.buffers() if plan is not None else (seq_lens,) * 5
-    paged_attention_kernel[(num_tiles, num_kv_heads, num_splits)](
+    # plan: one flat launch, first shares of every head before any extra share (see kernel)
+    grid = ((num_tiles * num_kv_heads, 1, 1) if plan is not None
+            else (num_tiles, num_kv_heads, num_splits))
+    max_extras = plan.extra_seq.shape[0] if plan is not None else 0
+    paged_attention_kernel[grid](
         q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc,
         part_acc, part_ml, *buffers,
-        scale * LOG2E, num_seqs, num_heads, num_splits,
+        scale * LOG2E, num_seqs, num_heads, num_splits, max_extras,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),

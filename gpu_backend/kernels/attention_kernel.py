@@ -134,13 +134,13 @@ def _attend_tile(
 
 # Batch sizes and split counts change every step: specialising on them (divisibility by 16,
 # == 1, or a constexpr) would compile a variant for each, seconds apiece in a replay.
-@triton.jit(do_not_specialize=["num_seqs", "num_splits"])
+@triton.jit(do_not_specialize=["num_seqs", "num_splits", "max_extras"])
 def paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
     block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
     part_acc_ptr, part_ml_ptr,
     seq_shares_ptr, extra_start_ptr, extra_seq_ptr, extra_split_ptr, split_keys_ptr,
-    scale_log2, num_seqs, num_heads, num_splits,
+    scale_log2, num_seqs, num_heads, num_splits, max_extras,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr,
@@ -153,7 +153,16 @@ def paged_attention_kernel(
     split = tl.program_id(2)
     num_shares = num_splits  # programs sharing this tile's keys (plan: launched with 1)
     if SPLIT_PLAN:  # decode: program i < num_seqs is sequence i's first share, then extras
-        is_extra = tile_idx >= num_seqs
+        # One flat launch: every KV head's first shares, then every head's extra shares. A
+        # batch without long sequences then runs its programs in the order, and waves, of the
+        # launch without a plan, and the extra programs (idle then) start last instead of
+        # between them, taking SM slots the real programs would have had.
+        firsts = num_seqs * (num_heads // GROUP)
+        is_extra = tile_idx >= firsts
+        rel = tl.where(is_extra, tile_idx - firsts, tile_idx)
+        width = tl.where(is_extra, max_extras, num_seqs)
+        kv_head = rel // width
+        tile_idx = tl.where(is_extra, num_seqs, 0) + rel % width
         extra = tl.maximum(tile_idx - num_seqs, 0)
         if is_extra & (extra >= tl.load(extra_start_ptr + num_seqs)):
             return
