@@ -7,6 +7,8 @@
     python -m validation compare --gpu-dir gpu_runs/ --out validation/reports/h200-llama8b/
     # fit the cost model on one set of runs, judge it on another
     python -m validation fit --gpu-dir runs_conv/ --test-dir runs_code/ --out calibration.json
+    # the targets of several reports side by side, and over all their runs pooled
+    python -m validation table validation/reports/h200_*
 """
 
 from __future__ import annotations
@@ -83,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="Efficiency fields of the fake GPU, NAME=VALUE,...")
     fake.add_argument("--noise", type=float, default=0.02, help="relative step-time noise")
     fake.add_argument("--out", type=Path, required=True)
+
+    tab = commands.add_parser("table", help="several reports' targets side by side, and pooled")
+    tab.add_argument("reports", type=Path, nargs="+", help="report folders (or report.json files)")
     return parser
 
 
@@ -91,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     from validation import commands
 
     handler = {"compare": commands.compare, "run": commands.run, "fit": commands.fit,
-               "fake-gpu": commands.fake_gpu}[args.command]
+               "fake-gpu": commands.fake_gpu, "table": commands.table}[args.command]
     try:
         return handler(args)
     except (TraceError, ValueError) as exc:

@@ -145,6 +145,13 @@ def fit(args: argparse.Namespace) -> int:
     return 0
 
 
+def table(args: argparse.Namespace) -> int:
+    from validation.table import table as markdown_table
+
+    print(markdown_table(args.reports), end="")
+    return 0
+
+
 def parse_efficiency(text: str):
     from dataclasses import fields
 

@@ -1,0 +1,44 @@
+"""`python -m validation table`: reports side by side, and every run pooled."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from validation.cli import main
+from validation.table import table
+
+METRICS = ("ttft_p50_s", "tpot_p50_s", "throughput_tok_s", "ttft_p99_s", "kv_capacity_tokens")
+
+
+def write_report(folder, errors: list[float]) -> None:
+    """A report whose runs all carry the relative error errors[i] on every metric."""
+    runs = [{"label": f"run{i}", "metrics": {
+        **{m: {"predicted": 1 + e, "measured": 1.0, "difference": e, "relative_error": e}
+           for m in METRICS},
+        "reserve_share": {"predicted": 0.01, "measured": 0.01, "difference": 0.001,
+                          "relative_error": 0.1}}} for i, e in enumerate(errors)]
+    folder.mkdir()
+    (folder / "report.json").write_text(json.dumps({"runs": runs}))
+
+
+def test_pooled_row_takes_the_median_over_every_run(tmp_path):
+    write_report(tmp_path / "a", [0.01, -0.03])
+    write_report(tmp_path / "b", [0.20, -0.08, 0.09])
+    rows = table([tmp_path / "a", tmp_path / "b"]).splitlines()
+    a, b, pooled = rows[2], rows[3], rows[4]
+    assert a.startswith("| a | 2 | 2.0% | 2.0% | 2.0% | 2.0% | **3.0%** |")  # KV: max, limit 2%
+    assert b.startswith("| b | 3 | **9.0%** |")
+    # pooled |errors| 1, 3, 8, 9, 20 %: median 8% (not the median of the two rows' medians)
+    assert pooled.startswith("| all of the above | 5 | **8.0%** | **8.0%** | **8.0%** | 8.0% |")
+    assert pooled.endswith("| **20.0%** | 0.10 pp |")
+
+
+def test_a_folder_without_a_report_is_a_clear_error(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert main(["table", str(tmp_path / "empty")]) == 2
+    assert "empty/report.json: cannot read a validation report" in capsys.readouterr().err
+    (tmp_path / "empty" / "report.json").write_text(json.dumps({"runs": []}))
+    with pytest.raises(ValueError, match="no \"runs\""):
+        table([tmp_path / "empty"])

@@ -1,0 +1,65 @@
+"""`python -m validation table REPORT_DIR ...`: the targets of several reports side by side.
+
+Each report folder's `report.json` gives one row (its targets over its own runs); a last row
+pools every run of the listed reports, which is how the validation targets read ("median
+absolute error over the configurations"). Markdown, for a report index such as
+validation/reports/README.md.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from validation.compare import TARGETS, check_targets, format_target_value
+
+COLUMNS = {"ttft_p50_s": "TTFT p50", "tpot_p50_s": "TPOT p50",
+           "throughput_tok_s": "throughput", "ttft_p99_s": "TTFT p99",
+           "kv_capacity_tokens": "KV capacity", "reserve_share": "reserve share"}
+
+
+def read_report(folder: Path) -> dict:
+    path = folder / "report.json" if folder.is_dir() else folder
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read a validation report: {exc}") from None
+    if not isinstance(data.get("runs"), list) or not data["runs"]:
+        raise ValueError(f"{path}: no \"runs\" in this report; write it with "
+                         "`python -m validation compare`")
+    for i, run in enumerate(data["runs"]):
+        if not isinstance(run.get("metrics"), dict):
+            raise ValueError(f"{path}: run {i} has no \"metrics\" object")
+    return data
+
+
+def _cells(targets: list[dict]) -> list[str]:
+    by_metric = {t["metric"]: t for t in targets}
+    cells = []
+    for target in TARGETS:
+        t = by_metric[target.metric]
+        if t["value"] is None:
+            cells.append("n/a")
+            continue
+        text = format_target_value(t["value"], t["measure"])
+        cells.append(text if t["passed"] else f"**{text}**")
+    return cells
+
+
+def table(folders: list[Path]) -> str:
+    """Markdown: one row per report, then every run pooled."""
+    header = ["report", "runs", *(COLUMNS[t.metric] for t in TARGETS)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    pooled: list[dict] = []
+    for folder in folders:
+        report = read_report(folder)
+        metrics = [run["metrics"] for run in report["runs"]]
+        pooled += metrics
+        name = folder.name if folder.is_dir() else folder.parent.name
+        lines.append(f"| {name} | {len(metrics)} | " + " | ".join(_cells(check_targets(metrics)))
+                     + " |")
+    lines.append(f"| all of the above | {len(pooled)} | "
+                 + " | ".join(_cells(check_targets(pooled))) + " |")
+    limits = ", ".join(f"{COLUMNS[t.metric]} {t.aggregate} <= "
+                       f"{format_target_value(t.limit, t.measure)}" for t in TARGETS)
+    return "\n".join(lines) + f"\n\nTargets: {limits} (over the runs of each row). Bold: missed.\n"
