@@ -112,6 +112,7 @@ def run_replay(args: argparse.Namespace) -> int:
 
     from gpu_backend.engine.replay import engine_summary, replay, write_outputs
     from gpu_backend.engine.setup import build_gpu_engine
+    from gpu_backend.env import versions
 
     trace = trace_from_args(args)
     config = engine_config(args, Policy.parse(args.policy))
@@ -136,7 +137,8 @@ def run_replay(args: argparse.Namespace) -> int:
     measured = {
         "setup_s": setup_s, "replay_wall_s": time.perf_counter() - wall_start,
         "clock": "wall" if not args.no_wait else "virtual",
-        "gpu_name": torch.cuda.get_device_name(), "weights_bytes": m.weights_bytes if m else None,
+        "gpu_name": torch.cuda.get_device_name(), "versions": versions(),
+        "weights_bytes": m.weights_bytes if m else None,
         "activation_peaks": {str(k): v for k, v in (m.activation_peaks if m else {}).items()},
         "activation_profile": asdict(m.profile) if m else None,
         "non_torch_bytes": m.non_torch_bytes if m else None,

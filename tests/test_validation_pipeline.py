@@ -166,3 +166,20 @@ def test_transition_costs_fit_fixed_and_per_handle_terms():
     flat = transition_costs([{"handles": n, "attach_s": 2e-3 - n * 1e-5, "detach_s": 1e-3}
                              for n in (1, 2, 4)])
     assert flat["attach_handle_s"] == 0.0  # a falling line is clipped, never negative
+
+
+def test_report_names_the_gpu_and_versions_it_was_measured_with(runs):
+    """The replays' own versions when they recorded them, else the calibration's profile run's,
+    and says which; never a silent blank."""
+    import copy
+
+    from validation.report import markdown
+
+    v = validate([copy.deepcopy(runs[0])], TRUE, None, "true", fit=False, log=lambda _: None)
+    assert "driver and library versions not recorded" in markdown(v, [])
+    v.calibration_versions = {"driver": "580.1", "triton": "3.6.0", "cuda-bindings": None}
+    assert "driver 580.1, triton 3.6.0 (of the calibration's profile run)" in markdown(v, [])
+    v.runs[0].gpu.summary.setdefault("measured", {}).update(
+        gpu_name="NVIDIA H200", versions={"driver": "590.2", "torch": "2.11"})
+    text = markdown(v, [])
+    assert "Measured on NVIDIA H200; driver 590.2, torch 2.11 (recorded by the replays)" in text

@@ -4,6 +4,7 @@ the commands that use them: the GPU machine may have neither, and `run --gpu-onl
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import subprocess
 import sys
@@ -48,6 +49,8 @@ def compare(args: argparse.Namespace) -> int:
     v = validate(runs, efficiency, profile, source, slice_override=slice_from_args(args),
                  gpu_name=args.gpu, holdout_fraction=args.holdout, fit=not args.no_fit,
                  resimulate_fitted=args.resimulate_fitted, vmm_costs=vmm_costs)
+    if args.calibration is not None:
+        v.calibration_versions = json.loads(args.calibration.read_text()).get("versions")
     paths = write_report(args.out, v, plots=not args.no_plots)
     print_targets(v.targets)
     if v.refit_targets:

@@ -69,6 +69,7 @@ class Validation:
     refit_runs: list[RunComparison] = field(default_factory=list)
     refit_targets: list[dict] = field(default_factory=list)
     vmm_costs: VmmCosts | None = None  # the calibration's transition costs, if it has them
+    calibration_versions: dict | None = None  # the calibration's GPU-side versions, if any
 
 
 def compare_run(gpu: GpuRun, efficiency: Efficiency | None, profile: ActivationProfile | None,

@@ -31,6 +31,7 @@ def report_dict(v: Validation) -> dict:
     data = {
         "calibration": v.calibration_source, "efficiency": asdict(v.efficiency),
         "vmm_costs": asdict(v.vmm_costs) if v.vmm_costs else None,
+        "environment": _environment(v),
         "runs": [run_dict(r) for r in v.runs], "targets": v.targets, "gains": v.gains,
         "fit": v.fit.to_dict() if v.fit else None, "fit_note": v.fit_note,
     }
@@ -167,6 +168,20 @@ def _vmm_source(v: Validation) -> str:
             f"{c.detach_handle_s * 1e3:.3f} ms/handle)")
 
 
+def _environment(v: Validation) -> str:
+    """GPU, driver and library versions: the replays' own, else the calibration's."""
+    measured = v.runs[0].gpu.summary.get("measured", {})
+    gpu = measured.get("gpu_name") or "GPU not recorded"
+    if measured.get("versions"):
+        versions, source = measured["versions"], "recorded by the replays"
+    elif v.calibration_versions:
+        versions, source = v.calibration_versions, "of the calibration's profile run"
+    else:
+        return f"Measured on {gpu}; driver and library versions not recorded."
+    listed = ", ".join(f"{k} {val}" for k, val in versions.items() if val)
+    return f"Measured on {gpu}; {listed} ({source})."
+
+
 def markdown(v: Validation, images: list[str]) -> str:
     first = v.runs[0]
     ts = first.trace_slice
@@ -175,6 +190,7 @@ def markdown(v: Validation, images: list[str]) -> str:
            f"{first.sim.summary['tensor_parallel_size']}; trace {ts.trace} (limit {ts.limit}, "
            f"window {ts.window_s}, rate x{ts.rate_scale:g}); cost model efficiencies: "
            f"{v.calibration_source}; elastic transition costs: {_vmm_source(v)}.", "",
+           _environment(v), "",
            "## Targets", "", *_targets_table(v.targets), "",
            f"Reference: {REFERENCES}", "",
            "## Predicted / measured (relative error), per run", "", *_metrics_table(v.runs), "",

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from gpu_backend.engine.replay import engine_summary, replay, write_outputs
+from gpu_backend.env import versions
 from gpu_backend.tp.engine import TpEngine
 from gpu_backend.tp.group import TpGroup, spawn_ranks
 from sim.core.engine_config import EngineConfig
@@ -61,6 +62,7 @@ def replay_rank(group: TpGroup, args: argparse.Namespace, config: EngineConfig,
     measured = {
         "setup_s": setup_s, "replay_wall_s": time.perf_counter() - wall_start,
         "clock": "virtual", "gpu_name": torch.cuda.get_device_name(group.device),
+        "versions": versions(),
         "weights_bytes": m.weights_bytes,
         "activation_peaks": {str(k): v for k, v in m.activation_peaks.items()},
         "activation_profile": asdict(m.profile), "non_torch_bytes": m.non_torch_bytes,
