@@ -69,6 +69,10 @@ def default_grid(quick: bool = False) -> list[StepShape]:
              skewed_decode_shape(20, 256, 12000, 4), skewed_decode_shape(128, 512, 8192)]
     grid += [mixed_shape(2048, 0, 64, 1024), mixed_shape(512, 2048, 32, 2048),
              mixed_shape(1024, 0, 128, 512)]
+    # Short, launch-bound eager steps with many sequences, as replays have them (a few short
+    # prompts, or a small chunk beside a decode batch): what the per-sequence terms fit on.
+    grid += [StepShape("prefill", ((128, 0),) * 4), mixed_shape(128, 0, 32, 1024),
+             mixed_shape(64, 512, 8, 2048)]
     return grid
 
 
