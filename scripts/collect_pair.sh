@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Put what `scripts/gpu_pair.sh` brought back into the repo, regenerate the reports, print the
+# validation table. Run here (not on the GPU machine), from the repo root:
+#
+#   bash scripts/collect_pair.sh FILES_AT [PYTHON]
+#
+# FILES_AT: the folder holding gpu0.tar.gz, gpu1.tar.gz, status.txt and kernel_smoke.log.
+# Copies, when present: the replays (validation/gpu_runs/h200_*), the calibration profiles
+# (calibration/), the kernel and engine benchmarks (benchmarks/results/); then runs
+# `python -m validation compare` for each single-GPU slice and `python -m validation table`.
+# Check `git diff --stat` and the status file before committing.
+set -euo pipefail
+SRC="${1:?usage: bash scripts/collect_pair.sh FILES_AT [PYTHON]}"
+PY="${2:-${PYTHON:-python}}"
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+for gpu in 0 1; do
+  mkdir -p "$WORK/g$gpu"
+  [ -f "$SRC/gpu$gpu.tar.gz" ] && tar -xzf "$SRC/gpu$gpu.tar.gz" -C "$WORK/g$gpu"
+  for stage in bench profile replay validation; do
+    if [ -f "$WORK/g$gpu/$stage.tar.gz" ]; then
+      mkdir -p "$WORK/g$gpu/$stage"
+      tar -xzf "$WORK/g$gpu/$stage.tar.gz" -C "$WORK/g$gpu/$stage"
+    fi
+  done
+done
+copy_run() {  # copy_run FROM NAME: a replay folder (static/, elastic/) into validation/gpu_runs
+  [ -d "$1" ] || return 0
+  rm -rf "validation/gpu_runs/$2"
+  cp -r "$1" "validation/gpu_runs/$2"
+  echo "replays -> validation/gpu_runs/$2"
+}
+for gpu in 0 1; do
+  g="$WORK/g$gpu"
+  copy_run "$g/replay" h200_llama-3.1-8b_azure-conv
+  for run in "$g"/validation/h200_*; do [ -d "$run" ] && copy_run "$run" "$(basename "$run")"; done
+  for cal in "$g"/profile/calibration_*.json; do
+    [ -f "$cal" ] && cp "$cal" calibration/ && echo "profile -> calibration/$(basename "$cal")"
+  done
+  [ -f "$g/bench/kernel_bench.json" ] && cp "$g/bench/kernel_bench.json" \
+    benchmarks/results/kernels_nvidia-h200.json && echo "kernel bench -> benchmarks/results/"
+  [ -f "$g/bench/engine_bench_llama-3.1-8b.json" ] && cp "$g/bench/engine_bench_llama-3.1-8b.json" \
+    benchmarks/results/engine_nvidia-h200_llama-3.1-8b.json && echo "engine bench -> benchmarks/results/"
+done
+# NAME MODEL TRACE LIMIT RATE_SCALE, as scripts/gpu_all.sh replays them
+SLICES=(
+  "h200_llama-3.1-8b_azure-conv llama-3.1-8b azure-conv 300 2"
+  "h200_llama-3.1-8b_azure-code llama-3.1-8b azure-code 150 2"
+  "h200_llama-3.1-8b_mooncake-conv llama-3.1-8b mooncake-conv 40 1"
+  "h200_qwen2.5-0.5b_azure-conv qwen2.5-0.5b azure-conv 300 2"
+)
+for line in "${SLICES[@]}"; do
+  read -r name model trace limit rate <<<"$line"
+  [ -d "validation/gpu_runs/$name" ] || continue
+  rm -rf "validation/reports/$name"
+  "$PY" -m validation compare --gpu-dir "validation/gpu_runs/$name" \
+    --out "validation/reports/$name" --calibration "calibration/calibration_$model.json" \
+    --trace "$trace" --limit "$limit" --rate-scale "$rate" | grep -v "^simulating"
+done
+"$PY" -m validation table validation/reports/h200_llama-3.1-8b_* validation/reports/h200_qwen2.5-0.5b_*
