@@ -139,9 +139,10 @@ def test_calibration_json_loads_in_the_simulator(tmp_path):
               "activation": {"bytes_per_token": 1e5, "fixed_bytes": 10, "non_torch_bytes": 20},
               "measurements": [], "fit_error": {}}
     write_calibration(tmp_path / "c.json", result)
-    efficiency, profile = load_calibration(tmp_path / "c.json")
+    efficiency, profile, vmm_costs = load_calibration(tmp_path / "c.json")
     assert efficiency == fitted
     assert profile == ActivationProfile(1e5, 10, 20)
+    assert vmm_costs is None  # no "vmm" measured: the simulator's driver figures
 
 
 def test_refit_recovers_efficiencies_from_stored_measurements():
@@ -212,3 +213,30 @@ def test_engine_step_builds_what_host_batch_builds():
         for row, n in enumerate(used):
             np.testing.assert_array_equal(got.block_tables[row, :n], expect.block_tables[row, :n])
         assert (got.max_query_len, got.max_seq_len) == (expect.max_query_len, expect.max_seq_len)
+
+
+def test_transition_cycles_run_through_the_engines_executor_and_leak_nothing():
+    """The profile times attach/detach by the engine's own ElasticExecutor (what replays
+    time); on the fake driver each cycle maps the whole reserve and gives it all back."""
+    from gpu_backend.engine.calibrate import cycle_transitions
+    from gpu_backend.engine.elastic import ElasticExecutor
+    from gpu_backend.vmm import ElasticKVPool
+    from gpu_backend.vmm.fake_driver import FakeCudaDriver
+    from gpu_backend.vmm.layout import KVLayout
+    from sim.core.elastic import Policy
+
+    fake, mib = FakeCudaDriver(), 1024 * 1024
+    pool = ElasticKVPool(KVLayout.from_name("llama-3.1-8b"), 1, 6 * mib,
+                         elastic_handle_bytes=2 * mib, reclaim="release", driver=fake)
+    mapped = []
+    executor = ElasticExecutor(pool, Policy.ELASTIC, block_id_offset=0, num_core_base_blocks=1,
+                               sync=lambda: None, on_mapped=mapped.append)
+    prefills = []
+    result = cycle_transitions(executor, lambda: prefills.append(1),
+                               pool.plan.num_elastic_blocks, cycles=3)
+    assert len(prefills) == 3 and len(executor.attach_latencies_s) == 3
+    assert result["attach_s"] > 0 and result["detach_s"] > 0
+    assert mapped == [6 * mib, 0] * 3  # every handle mapped, then every one released
+    assert not pool.attached
+    pool.close()
+    assert fake.leaks() == []

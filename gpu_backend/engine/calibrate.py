@@ -6,8 +6,9 @@ as the engine runs them), and mixed steps. Each point: warm-up, then the median 
 runs timed like the engine's steps in a replay (the engine's RequestMirror builds the host
 arrays -> device -> forward -> sampled ids on the host). Before 2026-11-30's second session
 the host arrays were built outside the timed region: part of why replays' decode steps of
-many sequences came out up to 10% above the fit (~3.6 us per sequence on a 2-core CPU). The engine's elastic transitions
-are timed too (`measure_transitions`).
+many sequences came out up to 10% above the fit (~3.6 us per sequence on a 2-core CPU,
+benchmarks/host_build.py). The engine's elastic transitions are timed too
+(`measure_transitions`).
 
 The fit: the `sim.cost_model.FIT_PARAMETERS` fields of `Efficiency`, by
 `sim.calibration.fit_efficiency` (scipy least squares) on the relative error of
@@ -49,6 +50,7 @@ from gpu_backend.env import versions
 from sim.calibration import eager_launch_start
 from sim.calibration import fit_efficiency as fit_parameters
 from sim.core.catalog import get_gpu, get_model
+from sim.core.elastic import Policy
 from sim.core.engine_config import EngineConfig
 from sim.cost_model import CostModel, Efficiency
 
@@ -184,17 +186,18 @@ GRANULE_BYTES = 2 * 1024 * 1024  # CUDA VMM allocation granularity on the H200
 
 def measure_transitions(runner, config: EngineConfig, device, num_pool_blocks: int,
                         cycles: int = 5) -> dict:
-    """The engine's elastic transitions, timed as `ElasticExecutor` times them in replays.
+    """The engine's elastic transitions, run and timed by the engine's own `ElasticExecutor`.
 
     The engine lends in release mode: ATTACH hands torch's cached blocks back
     (empty_cache) and creates and maps the reserve's handles, DETACH unmaps and releases
-    them; each is timed with perf_counter between device syncs. Each cycle first runs a
-    prefill step so that its activations sit in torch's cache, as after a replay's last
-    prefill. Reserves of 1, 2 and 4 handles of `config.vmm_handle_bytes`; a line through the
-    medians gives the fixed and per-handle costs the simulator's VmmCosts take.
+    them. Each cycle first runs a prefill step so that its activations sit in torch's cache,
+    as after a replay's last prefill. Reserves of 1, 2 and 4 handles of
+    `config.vmm_handle_bytes`; a line through the medians gives the fixed and per-handle
+    costs the simulator's VmmCosts take.
     """
     import torch
 
+    from gpu_backend.engine.elastic import ElasticExecutor
     from gpu_backend.engine.memory import kv_layout
     from gpu_backend.vmm import ElasticKVPool
 
@@ -206,24 +209,29 @@ def measure_transitions(runner, config: EngineConfig, device, num_pool_blocks: i
     num_base = GRANULE_BYTES // math.gcd(layout.block_bytes, GRANULE_BYTES)
     points = []
     for handles in TRANSITION_HANDLES:
-        attach, detach = [], []
         with ElasticKVPool(layout, num_base, handles * handle, elastic_handle_bytes=handle,
                            reclaim="release", device_ordinal=device.index or 0) as pool:
-            for _ in range(cycles):
-                runner.execute(prefill)
-                torch.cuda.synchronize(device)
-                start = time.perf_counter()
-                torch.cuda.empty_cache()
-                pool.attach()
-                torch.cuda.synchronize(device)
-                attach.append(time.perf_counter() - start)
-                start = time.perf_counter()
-                pool.detach()
-                detach.append(time.perf_counter() - start)
-        points.append({"handles": handles, "attach_s": statistics.median(attach),
-                       "detach_s": statistics.median(detach)})
+            executor = ElasticExecutor(pool, Policy.ELASTIC, block_id_offset=0,
+                                       num_core_base_blocks=num_base,
+                                       sync=lambda: torch.cuda.synchronize(device),
+                                       empty_cache=torch.cuda.empty_cache)
+            points.append({"handles": handles,
+                           **cycle_transitions(executor, partial(runner.execute, prefill),
+                                               pool.plan.num_elastic_blocks, cycles)})
     return {"handle_bytes": handle, "reclaim": "release", "points": points,
             "costs": transition_costs(points)}
+
+
+def cycle_transitions(executor, before_attach, num_elastic_blocks: int,
+                      cycles: int) -> dict[str, float]:
+    """`cycles` times: before_attach(), lend all `num_elastic_blocks`, take them back.
+    Median attach and detach seconds, as the executor timed them."""
+    for _ in range(cycles):
+        before_attach()
+        executor.attach(num_elastic_blocks)
+        executor.detach()
+    return {"attach_s": statistics.median(executor.attach_latencies_s[-cycles:]),
+            "detach_s": statistics.median(executor.detach_latencies_s[-cycles:])}
 
 
 def transition_costs(points: list[dict]) -> dict[str, float]:

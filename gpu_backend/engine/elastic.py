@@ -64,10 +64,11 @@ class ElasticExecutor:
         if action is None or action.kind is ElasticActionKind.DRAIN_WAIT:
             return 0.0
         if action.kind is ElasticActionKind.ATTACH:
-            return self._attach(out.num_lent_blocks)
-        return self._detach(action.migrations)
+            return self.attach(out.num_lent_blocks)
+        return self.detach(action.migrations)
 
-    def _attach(self, num_lent_blocks: int) -> float:
+    def attach(self, num_lent_blocks: int) -> float:
+        """Map the handles covering `num_lent_blocks` elastic blocks; returns the seconds."""
         self.sync()
         start = time.perf_counter()
         if self.empty_cache is not None:
@@ -78,7 +79,8 @@ class ElasticExecutor:
         self.attach_latencies_s.append(elapsed)
         return elapsed
 
-    def _detach(self, migrations: tuple[tuple[int, int], ...]) -> float:
+    def detach(self, migrations: tuple[tuple[int, int], ...] = ()) -> float:
+        """Copy `migrations` (core block ids), then unmap the reserve; returns the seconds."""
         self.sync()
         start = time.perf_counter()
         offset = self.block_id_offset
