@@ -64,31 +64,34 @@ def engine_configs(args: argparse.Namespace) -> list[EngineConfig]:
     return [replace(base, policy=p, max_num_batched_tokens=c) for c in chunks for p in policies]
 
 
-def load_vmm_costs(path: Path | None) -> VmmCosts | None:
+def vmm_costs_of(data: dict, source: object) -> VmmCosts | None:
     """A calibration's measured elastic transition costs ("vmm": {"costs": {...}}), or None
-    (older calibrations, or none given: the simulator keeps its H200 driver figures)."""
-    if path is None:
-        return None
-    vmm = json.loads(Path(path).read_text()).get("vmm")
+    (older calibrations: the simulator keeps its H200 driver figures). `source` names the
+    file in errors."""
+    vmm = data.get("vmm")
     if not vmm:
         return None
     costs = vmm.get("costs")
     known = {f.name for f in fields(VmmCosts)}
     if not isinstance(costs, dict) or set(costs) - known:
-        raise ValueError(f"{path}: \"vmm\" needs a \"costs\" object with keys among "
+        raise ValueError(f"{source}: \"vmm\" needs a \"costs\" object with keys among "
                          f"{sorted(known)}; got {costs!r}")
-    return VmmCosts(**costs)
+    try:
+        return VmmCosts(**costs)
+    except ValueError as exc:
+        raise ValueError(f"{source}: {exc}") from None
 
 
 def load_calibration(path: Path | None):
-    """(Efficiency, ActivationProfile) from a calibration JSON, or (None, None)."""
+    """(Efficiency, ActivationProfile, VmmCosts) from a calibration JSON; None for each part
+    it lacks, and for all three without a path."""
     if path is None:
-        return None, None
+        return None, None, None
     efficiency = load_efficiency(path)
     data = json.loads(path.read_text())
     activation = data.get("activation")
     profile = ActivationProfile(**activation) if activation else None
-    return efficiency, profile
+    return efficiency, profile, vmm_costs_of(data, path)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -117,8 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trace = trace_from_args(args)
         configs = engine_configs(args)
-        efficiency, profile = load_calibration(args.calibration)
-        vmm_costs = load_vmm_costs(args.calibration)
+        efficiency, profile, vmm_costs = load_calibration(args.calibration)
     except (TraceError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -137,20 +137,18 @@ def test_measured_transition_costs_reach_the_simulated_attach_time(tmp_path):
     assert without.runs[0].metrics["attach_time_s"]["relative_error"] < -0.3
 
 
-def test_load_vmm_costs_reads_a_calibration_and_names_bad_keys(tmp_path):
-    from sim.cli import load_vmm_costs
+def test_calibration_vmm_costs_are_read_and_bad_ones_named(tmp_path):
+    from sim.cli import load_calibration, vmm_costs_of
 
     path = tmp_path / "cal.json"
     path.write_text(json.dumps({"efficiency": asdict(TRUE)}))
-    assert load_vmm_costs(path) is None  # calibrations before the measurement: driver figures
-    path.write_text(json.dumps({"vmm": {"costs": asdict(ENGINE_VMM)}}))
-    assert load_vmm_costs(path) == ENGINE_VMM
-    path.write_text(json.dumps({"vmm": {"costs": {"attach_s": 1e-3}}}))
+    assert load_calibration(path)[2] is None  # before the measurement: driver figures
+    path.write_text(json.dumps({"efficiency": asdict(TRUE), "vmm": {"costs": asdict(ENGINE_VMM)}}))
+    assert load_calibration(path) == (TRUE, None, ENGINE_VMM)
     with pytest.raises(ValueError, match="cal.json.*attach_s"):
-        load_vmm_costs(path)
-    path.write_text(json.dumps({"vmm": {"costs": {**asdict(ENGINE_VMM), "attach_fixed_s": -1}}}))
-    with pytest.raises(ValueError, match="attach_fixed_s"):
-        load_vmm_costs(path)
+        vmm_costs_of({"vmm": {"costs": {"attach_s": 1e-3}}}, path)
+    with pytest.raises(ValueError, match="cal.json.*attach_fixed_s"):
+        vmm_costs_of({"vmm": {"costs": {**asdict(ENGINE_VMM), "attach_fixed_s": -1}}}, path)
 
 
 def test_transition_costs_fit_fixed_and_per_handle_terms():

@@ -37,13 +37,12 @@ def print_targets(targets: list[dict], title: str = "targets") -> None:
 
 
 def compare(args: argparse.Namespace) -> int:
-    from sim.cli import load_calibration, load_vmm_costs
+    from sim.cli import load_calibration
     from validation.calibrate import write_calibration
     from validation.pipeline import validate
     from validation.report import write_report
 
-    efficiency, profile = load_calibration(args.calibration)
-    vmm_costs = load_vmm_costs(args.calibration)
+    efficiency, profile, vmm_costs = load_calibration(args.calibration)
     source = str(args.calibration) if args.calibration else "simulator defaults (uncalibrated)"
     runs = load_runs(args.gpu_dir)
     v = validate(runs, efficiency, profile, source, slice_override=slice_from_args(args),
@@ -114,11 +113,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def fit(args: argparse.Namespace) -> int:
-    from sim.cli import load_calibration, load_vmm_costs
+    from sim.cli import load_calibration
     from validation.calibrate import calibrate, concat, split_tail, usable_steps, write_calibration
 
-    efficiency, profile = load_calibration(args.calibration)
-    vmm_costs = load_vmm_costs(args.calibration)
+    efficiency, profile, vmm_costs = load_calibration(args.calibration)
     runs = load_runs(args.gpu_dir)
     test_runs = load_runs(args.test_dir) if args.test_dir else []
     configs = [engine_config(r.summary, args.gpu) for r in runs + test_runs]

@@ -16,7 +16,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from sim.cli import add_engine_arguments, load_calibration, load_vmm_costs
+from sim.cli import add_engine_arguments, load_calibration
 from sim.metrics import Slo
 from sim.outputs import parse_int_list, parse_policies
 from sim.planning import gain_map, plan, report, reserve
@@ -102,10 +102,8 @@ def sweep_main(argv: list[str]) -> int:
     _add_executor_arguments(parser)
     args = parser.parse_args(argv)
     spec = load_sweep(args.config) if args.config else _sweep_from_flags(args)
-    calibration = spec.calibration or args.calibration
-    efficiency, profile = load_calibration(calibration)
-    rows = run_sweep(spec.cases(efficiency, profile, load_vmm_costs(calibration)),
-                     _executor(args, spec.workers))
+    efficiency, profile, vmm_costs = load_calibration(spec.calibration or args.calibration)
+    rows = run_sweep(spec.cases(efficiency, profile, vmm_costs), _executor(args, spec.workers))
     out = args.out or spec.out
     if args.json:
         print(json.dumps(rows, indent=1, default=str))
@@ -153,7 +151,7 @@ def plan_main(argv: list[str]) -> int:
     g.add_argument("--out", type=Path, default=None, help="write plan.json and plan.csv")
     _add_executor_arguments(parser)
     args = parser.parse_args(argv)
-    efficiency, profile = load_calibration(args.calibration)
+    efficiency, profile, vmm_costs = load_calibration(args.calibration)
     chunks = parse_int_list(args.chunk, "--chunk") if args.chunk else plan.DEFAULT_CHUNKS
     query = plan.PlanQuery(
         model=args.model, gpu=args.gpu, tp=args.tp, trace=_trace_spec(args),
@@ -161,7 +159,7 @@ def plan_main(argv: list[str]) -> int:
         rate_scale=args.rate_scale, search_max_rate=not args.no_max_rate,
         rel_tol=args.rate_tol, min_attainment=args.attainment, tie_pct=args.tie_pct,
         pays_pct=args.pays_pct, efficiency=efficiency, profile=profile,
-        vmm_costs=load_vmm_costs(args.calibration))
+        vmm_costs=vmm_costs)
     result = plan.run_plan(query, _executor(args))
     if args.json:
         print(json.dumps(result.as_dict(), indent=1, default=str))
