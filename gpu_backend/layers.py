@@ -22,7 +22,7 @@ from gpu_backend.kernels import (
     store_kvcache,
     store_kvcache_ref,
 )
-from gpu_backend.kernels.attention import DECODE_SPLIT_PLAN, decode_config, plan_decode_splits
+from gpu_backend.kernels.attention import decode_config, plan_decode_splits, uses_split_plan
 
 if TYPE_CHECKING:
     from gpu_backend.model import ForwardBatch
@@ -110,7 +110,7 @@ class PagedAttention(nn.Module):
     def prepare(self, batch: ForwardBatch) -> ForwardBatch:
         """The batch with its decode split plan (Triton decode steps; else unchanged), made
         once per step: every layer has the same sequence lengths and head counts."""
-        if self.backend != "triton" or batch.max_query_len > 1 or not DECODE_SPLIT_PLAN:
+        if self.backend != "triton" or not uses_split_plan(batch.max_query_len):
             return batch
         block_n = decode_config(self.num_heads // self.num_kv_heads).block_n
         return replace(batch, decode_plan=plan_decode_splits(batch.seq_lens, self.num_kv_heads,

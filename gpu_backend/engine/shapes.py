@@ -9,6 +9,7 @@ is scratch), so a big grid reuses a bounded cache: step time does not depend on 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -29,12 +30,7 @@ class StepShape:
 
     def describe(self) -> dict:
         """A JSON record; decode rows as [count, context] runs (`decode_groups`)."""
-        groups: list[list[int]] = []
-        for c in self.decodes:
-            if groups and groups[-1][1] == c:
-                groups[-1][0] += 1
-            else:
-                groups.append([1, int(c)])
+        groups = [[len(list(run)), int(c)] for c, run in itertools.groupby(self.decodes)]
         return {"kind": self.kind, "prefills": [list(p) for p in self.prefills],
                 "num_decodes": len(self.decodes),
                 "decode_context": int(self.decodes[0]) if self.decodes else 0,

@@ -47,6 +47,11 @@ SPLIT_TARGET_WAVES = 2  # when splitting, aim for this many programs per SM
 DECODE_SPLIT_PLAN = os.environ.get("GPU_BACKEND_DECODE_PLAN", "1") != "0"
 
 
+def uses_split_plan(max_query_len: int, num_splits: int | None = None) -> bool:
+    """Whether a launch splits by a decode plan: decode-only, no split count forced."""
+    return DECODE_SPLIT_PLAN and max_query_len <= 1 and num_splits is None
+
+
 @dataclass(frozen=True)
 class TileConfig:
     block_m: int  # query rows per tile (tokens x GQA group)
@@ -211,7 +216,7 @@ def paged_attention(
     one_tile_per_seq = max_query_len <= block_q
     num_tiles = num_seqs if one_tile_per_seq else num_tokens // block_q + num_seqs
     head_dim_pad = triton.next_power_of_2(head_dim)
-    if num_splits is None and max_query_len <= 1 and DECODE_SPLIT_PLAN:
+    if uses_split_plan(max_query_len, num_splits):
         if plan is None:
             plan = plan_decode_splits(seq_lens, num_kv_heads, cfg.block_n, min_split_keys)
         elif (plan.num_kv_heads, plan.block_n, plan.num_seqs) != (

@@ -23,10 +23,11 @@ un-normalised partials; `combine_splits_kernel` merges them.
 Decode (one token per sequence) splits by a plan made on the device for each step
 (`decode_split_plan_kernel`): one key share for the whole batch, sized so that the batch's
 keys x KV heads spread over a target number of programs, and each sequence cut into as many
-shares as its context needs. Program i of the launch is the i-th share in batch order, so
-a long sequence among short ones is worked on by many programs instead of one: the step
-costs about the batch's total keys, not its longest sequence. A sequence of one share
-writes its output directly; the others leave partials indexed by share.
+shares as its context needs. Program i works on sequence i's first share; the extra shares
+of long sequences follow in one block after every sequence's first, so a long sequence among
+short ones is worked on by many programs instead of one: the step costs about the batch's
+total keys, not its longest sequence. A sequence of one share writes its output directly;
+the others leave partials indexed by program, which `combine_splits_kernel` merges.
 """
 
 from __future__ import annotations
