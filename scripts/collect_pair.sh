@@ -42,15 +42,10 @@ for gpu in 0 1; do
   [ -f "$g/bench/engine_bench_llama-3.1-8b.json" ] && cp "$g/bench/engine_bench_llama-3.1-8b.json" \
     benchmarks/results/engine_nvidia-h200_llama-3.1-8b.json && echo "engine bench -> benchmarks/results/"
 done
-# NAME MODEL TRACE LIMIT RATE_SCALE, as scripts/gpu_all.sh replays them
-SLICES=(
-  "h200_llama-3.1-8b_azure-conv llama-3.1-8b azure-conv 300 2"
-  "h200_llama-3.1-8b_azure-code llama-3.1-8b azure-code 150 2"
-  "h200_llama-3.1-8b_mooncake-conv llama-3.1-8b mooncake-conv 40 1"
-  "h200_qwen2.5-0.5b_azure-conv qwen2.5-0.5b azure-conv 300 2"
-)
-for line in "${SLICES[@]}"; do
-  read -r name model trace limit rate <<<"$line"
+# shellcheck source=scripts/lib.sh
+source "$(dirname "$0")/lib.sh"  # the slices: CONV_RUN, VALIDATION_RUNS
+for line in "$CONV_RUN" "${VALIDATION_RUNS[@]}"; do
+  read -r name model trace limit rate _ <<<"$line"
   [ -d "validation/gpu_runs/$name" ] || continue
   rm -rf "validation/reports/$name"
   "$PY" -m validation compare --gpu-dir "validation/gpu_runs/$name" \

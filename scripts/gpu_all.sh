@@ -77,25 +77,19 @@ stage_profile() {
 }
 
 stage_replay() {
-  local dir="$WORK/replay" log="$OUT/replay.log"; mkdir -p "$dir"
+  local dir="$WORK/replay" log="$OUT/replay.log" model trace limit rate seconds
+  mkdir -p "$dir"
+  read -r _ model trace limit rate seconds <<<"$CONV_RUN"
   for policy in static elastic; do
-    run_step "$log" 170 "$PY" -m gpu_backend replay --trace azure-conv --limit 300 \
-      --rate-scale 2 --model llama-3.1-8b --policy "$policy" --max-num-seqs 256 --no-wait \
+    run_step "$log" "$seconds" "$PY" -m gpu_backend replay --trace "$trace" --limit "$limit" \
+      --rate-scale "$rate" --model "$model" --policy "$policy" --max-num-seqs 256 --no-wait \
       --out "$dir/$policy"
     bundle replay
   done
 }
 
-# validation: the replays `python -m validation compare` turns into the committed reports.
-# Each line: NAME MODEL TRACE LIMIT RATE_SCALE SECONDS (static and elastic are replayed for
-# each, SECONDS at most per replay: the small model's replay runs ~10k steps, host-bound);
-# GPU_ALL_VALIDATION (names, space-separated) runs a subset.
-VALIDATION_RUNS=(
-  "h200_llama-3.1-8b_azure-code llama-3.1-8b azure-code 150 2 150"
-  "h200_llama-3.1-8b_mooncake-conv llama-3.1-8b mooncake-conv 40 1 150"
-  "h200_qwen2.5-0.5b_azure-conv qwen2.5-0.5b azure-conv 300 2 240"
-)
-
+# validation: the replays `python -m validation compare` turns into the committed reports
+# (VALIDATION_RUNS, in lib.sh); GPU_ALL_VALIDATION (names, space-separated) runs a subset.
 stage_validation() {
   local log="$OUT/validation.log"
   for line in "${VALIDATION_RUNS[@]}"; do

@@ -25,3 +25,14 @@ bundle() {  # bundle STAGE: tar the stage's result folder into $OUT/STAGE.tar.gz
   [ -d "$WORK/$1" ] && tar -C "$WORK/$1" -czf "$OUT/$1.tar.gz" . 2>/dev/null
   return 0
 }
+
+# The single-GPU validation slices: NAME MODEL TRACE LIMIT RATE_SCALE SECONDS (static and
+# elastic are replayed for each, SECONDS at most per replay: the small model's replay runs
+# ~10k steps, host-bound). gpu_all.sh's validation stage replays them (its replay stage adds
+# h200_llama-3.1-8b_azure-conv, CONV_RUN); collect_pair.sh compares them.
+CONV_RUN="h200_llama-3.1-8b_azure-conv llama-3.1-8b azure-conv 300 2 170"
+VALIDATION_RUNS=(
+  "h200_llama-3.1-8b_azure-code llama-3.1-8b azure-code 150 2 150"
+  "h200_llama-3.1-8b_mooncake-conv llama-3.1-8b mooncake-conv 40 1 150"
+  "h200_qwen2.5-0.5b_azure-conv qwen2.5-0.5b azure-conv 300 2 240"
+)
