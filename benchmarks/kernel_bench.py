@@ -6,7 +6,8 @@
   plan and with the earlier even split (only when the batch leaves SMs idle) for comparison;
 * prefill: a 16,384-token prompt in one pass, and in chunks of 512..8192 tokens each
   attending over the cached prefix; the sum over chunks / one pass should be ~1.0-1.1
-  (chunking must not inflate attention cost). torch SDPA causal is the reference.
+  (chunking must not inflate attention cost). torch SDPA causal is the reference. The
+  tile candidates (PREFILL_TILES) are timed on the one pass and on two chunk sizes.
 
 Usage: python benchmarks/kernel_bench.py [--out PATH] [--quick]
 """
@@ -31,6 +32,7 @@ from gpu_backend.env import (  # noqa: E402
 from gpu_backend.kernels import paged_attention  # noqa: E402
 from gpu_backend.kernels.attention import (  # noqa: E402
     DecodePlan,
+    TileConfig,
     choose_num_splits,
     plan_decode_splits,
 )
@@ -50,6 +52,11 @@ DECODE_CASES = [
 ]
 PREFILL_TOKENS = 16384
 CHUNK_SIZES = [512, 1024, 2048, 4096, 8192]
+# prefill tile candidates against the default (prefill_config): the default spills registers
+# on sm_90 (benchmarks/kernel_sass.py); these compile without spills
+PREFILL_TILES = [TileConfig(128, 128, 8, 3), TileConfig(128, 64, 8, 3),
+                 TileConfig(128, 64, 4, 3), TileConfig(64, 64, 4, 3)]
+TILE_CHUNKS = [512, 2048]
 QUEUE_AHEAD_CYCLES = 1_000_000  # ~0.5 ms of GPU sleep before each timed call
 
 
@@ -141,21 +148,29 @@ def bench_prefill(total: int) -> dict:
     k_cache, v_cache, block_tables = make_cache([total])
     q_all = torch.randn(total, NUM_HEADS, HEAD_DIM, device="cuda", dtype=DTYPE)
 
-    def chunk_ms(prefix: int, num_new: int) -> float:
+    def chunk_ms(prefix: int, num_new: int, tile: TileConfig | None = None) -> float:
         q = q_all[prefix:prefix + num_new]
         seq_lens = torch.tensor([prefix + num_new], dtype=torch.int32, device="cuda")
         qsl = torch.tensor([0, num_new], dtype=torch.int32, device="cuda")
         return time_ms(lambda: paged_attention(
             q, k_cache, v_cache, block_tables, seq_lens, qsl, HEAD_DIM ** -0.5,
-            max_query_len=num_new, max_seq_len=prefix + num_new), reps=7)
+            max_query_len=num_new, max_seq_len=prefix + num_new, tile_config=tile), reps=7)
+
+    def chunked_ms(chunk: int, tile: TileConfig | None = None) -> float:
+        return sum(chunk_ms(p, min(chunk, total - p), tile) for p in range(0, total, chunk))
 
     one_pass_ms = chunk_ms(0, total)
     result = {"tokens": total, "one_pass_ms": one_pass_ms,
               "one_pass_tflops": causal_tflops(total, 0, one_pass_ms), "chunked": []}
     for chunk in CHUNK_SIZES:
-        times = [chunk_ms(p, min(chunk, total - p)) for p in range(0, total, chunk)]
-        result["chunked"].append({"chunk": chunk, "sum_ms": sum(times),
-                                  "ratio_to_one_pass": sum(times) / one_pass_ms})
+        sum_ms = chunked_ms(chunk)
+        result["chunked"].append({"chunk": chunk, "sum_ms": sum_ms,
+                                  "ratio_to_one_pass": sum_ms / one_pass_ms})
+    result["tiles"] = [
+        {"tile": f"{t.block_m}x{t.block_n} w{t.num_warps} s{t.num_stages}",
+         "one_pass_ms": chunk_ms(0, total, t),
+         **{f"chunk{c}_sum_ms": chunked_ms(c, t) for c in TILE_CHUNKS}}
+        for t in PREFILL_TILES]
     # torch SDPA (flash backend) on the same prompt, K/V expanded to all heads.
     q = q_all.transpose(0, 1).unsqueeze(0)  # [1, H, T, D]
     k = torch.randn(1, NUM_HEADS, total, HEAD_DIM, device="cuda", dtype=DTYPE)
@@ -187,6 +202,11 @@ def print_report(res: dict) -> None:
     print(f"{'chunk':>8} {'sum ms':>9} {'ratio':>6}")
     for c in p["chunked"]:
         print(f"{c['chunk']:>8} {c['sum_ms']:>9.2f} {c['ratio_to_one_pass']:>6.2f}")
+    print(f"{'prefill tile':>16} {'one pass ms':>12} "
+          + " ".join(f"{f'chunk {c} ms':>14}" for c in TILE_CHUNKS))
+    for t in p["tiles"]:
+        print(f"{t['tile']:>16} {t['one_pass_ms']:>12.2f} "
+              + " ".join(f"{t[f'chunk{c}_sum_ms']:>14.2f}" for c in TILE_CHUNKS))
 
 
 def main() -> None:
