@@ -88,7 +88,7 @@ def main() -> None:
     for plan in (True, False):
         merge = dict(HEAD_DIM=128, HEAD_DIM_PAD=128, SPLITS_PAD=32, SPLIT_PLAN=plan)
         describe(f"merge, split plan={plan}", compile_variant(k.combine_splits_kernel, merge, 4))
-    plan_consts = dict(SEQS_PAD=64, MIN_KEYS=256, MAX_SPLITS=32, BLOCK_N=64)
+    plan_consts = dict(SEQS_PAD=64, MIN_KEYS=256, MAX_SPLITS=32, BLOCK_N=64, NUM_CANDIDATES=13)
     describe("decode split plan (64 sequences)",
              compile_variant(k.decode_split_plan_kernel, plan_consts, 4))
 

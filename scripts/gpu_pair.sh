@@ -9,8 +9,9 @@
 # GPU_BACKEND_FUSED=0). Then GPU 0: GPU_PAIR_TRACK0 stages (default: tests bench profile
 # validation, bench = GPU_ALL_BENCH or engine, validation = the Qwen replays); GPU 1:
 # GPU_PAIR_TRACK1 (default: replay validation = the Azure-conv and Llama validation
-# replays). Each track is `scripts/gpu_all.sh` with its own deadline (GPU_PAIR_BUDGET_S,
-# default 540 s). Results: gpu0.tar.gz and gpu1.tar.gz (each track's logs, tarballs and
+# replays; "none": no track 1, everything on GPU 0, one job at a time, e.g. on a one-GPU
+# machine with GPU_PAIR_VALIDATION0="" = every validation slice on GPU 0). Each track is
+# `scripts/gpu_all.sh` with its own deadline (GPU_PAIR_BUDGET_S, default 540 s). Results: gpu0.tar.gz and gpu1.tar.gz (each track's logs, tarballs and
 # status.txt), status.txt and kernel_smoke.log.
 set -o pipefail
 OUT="${OUT:?set OUT to the folder whose files come back}"
@@ -46,12 +47,13 @@ fi
 BUDGET_S=$(( BUDGET_S - ($(date +%s) - start) ))
 read -r -a stages0 <<<"${GPU_PAIR_TRACK0:-tests bench profile validation}"
 read -r -a stages1 <<<"${GPU_PAIR_TRACK1:-replay validation}"
-GPU_ALL_BENCH="${GPU_ALL_BENCH:-engine}" GPU_ALL_VALIDATION=h200_qwen2.5-0.5b_azure-conv \
+GPU_ALL_BENCH="${GPU_ALL_BENCH:-engine}" \
+  GPU_ALL_VALIDATION="${GPU_PAIR_VALIDATION0-h200_qwen2.5-0.5b_azure-conv}" \
   track 0 "${stages0[@]}" &
 # GPU 1 waits (at most GPU_PAIR_WAIT_S) for GPU 0's calibration profiles, when track 0 runs
 # them: the profile's eager steps are host-bound, and a replay starting beside it (Triton
 # compiling, weights drawn) doubled the small-prefill grid points once (13 -> 28 ms).
-(
+[ "${stages1[*]}" = none ] || (
   if [[ " ${stages0[*]} " == *" profile "* ]]; then
     for _ in $(seq "${GPU_PAIR_WAIT_S:-150}"); do
       [ -f /tmp/pair0/out/profile.tar.gz ] && break
@@ -63,6 +65,7 @@ GPU_ALL_BENCH="${GPU_ALL_BENCH:-engine}" GPU_ALL_VALIDATION=h200_qwen2.5-0.5b_az
 ) &
 wait
 for gpu in 0 1; do
+  [ -d "/tmp/pair$gpu/out" ] || continue
   tar -C "/tmp/pair$gpu/out" -czf "$OUT/gpu$gpu.tar.gz" .
   { echo "## GPU $gpu"; cat "/tmp/pair$gpu/out/status.txt"; } >> "$OUT/status.txt"
 done

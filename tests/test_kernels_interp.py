@@ -9,6 +9,7 @@ fp16/fp32 only: the interpreter's bf16 tl.dot is wrong; bf16 is checked on the G
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -53,6 +54,29 @@ PLAN_CASES = [
     ([1, 0, 1, 0], 2, 16, 16),  # padded graph rows: length 0 still gets one share
 ]
 
+# Plans whose shares follow from the scoring rule by hand, on the interpreter's 4 SMs with 4
+# programs per SM (16 slots): (seq_lens, KVH, min_keys) -> shares of each sequence
+PLAN_CHOICES = [
+    # 4 shares each (the smallest share, 320 keys) are 20 programs: two waves of 250-key
+    # programs (cost 500); 3 shares (448) are 15 programs in one wave of 334 (cost 384)
+    (([1000] * 5, 1, 16), [3] * 5),
+    # the smallest share (256) splits evenly into 16 programs: one wave, nothing better
+    (([1024] * 4, 1, 16), [4] * 4),
+    # one long sequence among short ones: 11 shares of 192 keys, though 23 programs need two
+    # waves (cost 245); 4 shares (16 programs, one wave) would cost their length, 512
+    (([64] * 12 + [2048], 1, 16), [1] * 12 + [11]),
+]
+
+
+def _plan_shares(seq_lens: list[int], kv_heads: int, min_keys: int) -> list[int]:
+    import torch
+
+    from gpu_backend.kernels.attention import plan_decode_splits
+
+    plan = plan_decode_splits(torch.tensor(seq_lens, dtype=torch.int32), kv_heads, 64,
+                              min_keys, target_waves=4)
+    return plan.seq_shares.tolist()
+
 
 def _run_case(name: str) -> float:
     import torch
@@ -78,8 +102,8 @@ def _plan_violations(seq_lens: list[int], kv_heads: int, min_keys: int, block_n:
     import torch
 
     from gpu_backend.kernels.attention import (
+        DECODE_TARGET_WAVES,
         MAX_NUM_SPLITS,
-        SPLIT_TARGET_WAVES,
         _num_sms,
         plan_decode_splits,
     )
@@ -90,7 +114,7 @@ def _plan_violations(seq_lens: list[int], kv_heads: int, min_keys: int, block_n:
     keys = int(plan.split_keys.item())
     num_extras = starts[-1]
     extras = list(zip(plan.extra_seq.tolist()[:num_extras], plan.extra_split.tolist()[:num_extras]))
-    target = SPLIT_TARGET_WAVES * _num_sms(lens.device)
+    target = DECODE_TARGET_WAVES * _num_sms(lens.device)
     bad = []
     if keys % block_n or keys < min_keys or keys * target < sum(seq_lens) * kv_heads:
         bad.append(f"share of {keys} keys")
@@ -100,6 +124,9 @@ def _plan_violations(seq_lens: list[int], kv_heads: int, min_keys: int, block_n:
         k = shares[i]
         if not 1 <= k <= MAX_NUM_SPLITS or k * keys < n or (k - 1) * keys >= max(n, 1):
             bad.append(f"sequence {i} of {n} keys in {k} shares of {keys}")
+        cut = math.ceil(math.ceil(max(n, 1) / k) / block_n) * block_n  # the kernel's even cut
+        if k * cut < n or (k - 1) * cut >= max(n, 1) or cut > keys:
+            bad.append(f"sequence {i} of {n} keys cut in {k} shares of {cut}")
         mine = extras[starts[i]:starts[i] + k - 1]
         if mine != [(i, j) for j in range(1, k)]:
             bad.append(f"sequence {i}: extra shares {mine}")
@@ -167,6 +194,7 @@ def _main() -> None:
     results["store"] = _run_store_case()
     results["model"] = _run_model_case()
     results["plans"] = [_plan_violations(*case) for case in PLAN_CASES]
+    results["plan_choices"] = [_plan_shares(*case) for case, _ in PLAN_CHOICES]
     print(json.dumps(results))
 
 
@@ -196,6 +224,12 @@ def test_decode_split_plan_covers_every_sequence(interp_results: dict, case: int
     """Shares cover each sequence exactly (no share past its end), fit the launch, spread
     the batch's keys over at most the target number of programs, and stay under the cap."""
     assert interp_results["plans"][case] == [], PLAN_CASES[case]
+
+
+@pytest.mark.parametrize("case", range(len(PLAN_CHOICES)))
+def test_decode_split_plan_scores_waves(interp_results: dict, case: int) -> None:
+    """The share size is the one whose programs best fill the slots, not simply the smallest."""
+    assert interp_results["plan_choices"][case] == PLAN_CHOICES[case][1], PLAN_CHOICES[case][0]
 
 
 def test_store_kvcache_matches_reference(interp_results: dict[str, float]) -> None:

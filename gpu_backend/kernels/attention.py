@@ -4,9 +4,9 @@ Dispatch, on Python ints only (no host sync, so decode steps stay graph-capturab
 
 * `max_query_len == 1` (pure decode): small tiles (BLOCK_M = 16 rows = the GQA group,
   padded), one tile per sequence, keys split by a per-step plan made on the device
-  (flash-decoding): the batch's keys x KV heads are cut into shares of one size so that
-  they spread over SPLIT_TARGET_WAVES programs per SM, each sequence taking as many
-  shares as its context needs, and a second kernel merges the partials. A decode step
+  (flash-decoding): the batch's keys x KV heads are cut into shares of at most one size so
+  that they spread over DECODE_TARGET_WAVES programs per SM, each sequence cut evenly into
+  as many shares as its context needs, and a second kernel merges the partials. A decode step
   then costs about its total keys even when one long sequence sits among short ones;
   splitting each sequence evenly, and only when the batch left SMs idle, made such
   steps follow the longest sequence (Mooncake replays: 17-32 sequences of ~11k tokens
@@ -41,7 +41,13 @@ from gpu_backend.kernels.checks import check_cache_pair, check_int_tensor, check
 
 MAX_NUM_SPLITS = 32
 MIN_KEYS_PER_SPLIT = 256
-SPLIT_TARGET_WAVES = 2  # when splitting, aim for this many programs per SM
+SPLIT_TARGET_WAVES = 2  # prefill/mixed launches, when splitting: programs per SM to aim for
+# A decode plan spreads a step's keys over this many programs per SM (the decode tile fits 4
+# per SM by registers). GPU_BACKEND_DECODE_WAVES overrides it for A/B runs.
+DECODE_TARGET_WAVES = int(os.environ.get("GPU_BACKEND_DECODE_WAVES", "4"))
+PLAN_CANDIDATES = 13  # share sizes a plan scores: 1x, 1.25x, ... 4x the smallest
+if not 1 <= DECODE_TARGET_WAVES <= 16:
+    raise ValueError(f"GPU_BACKEND_DECODE_WAVES={DECODE_TARGET_WAVES}: use 1..16 programs per SM")
 # GPU_BACKEND_DECODE_PLAN=0 splits decode like prefill (evenly, only when SMs sit idle): the
 # earlier behaviour, for A/B runs and as a fallback.
 DECODE_SPLIT_PLAN = os.environ.get("GPU_BACKEND_DECODE_PLAN", "1") != "0"
@@ -115,17 +121,19 @@ class DecodePlan:
         return self.num_seqs + self.extra_seq.shape[0]
 
     def buffers(self) -> tuple[Tensor, ...]:
-        return (self.seq_shares, self.extra_start, self.extra_seq, self.extra_split,
-                self.split_keys)
+        """The buffers the attention and merge kernels read (split_keys only sets counts)."""
+        return self.seq_shares, self.extra_start, self.extra_seq, self.extra_split
 
 
 def plan_decode_splits(seq_lens: Tensor, num_kv_heads: int, block_n: int = 64,
-                       min_keys: int = MIN_KEYS_PER_SPLIT) -> DecodePlan:
+                       min_keys: int = MIN_KEYS_PER_SPLIT,
+                       target_waves: int | None = None) -> DecodePlan:
     """Launch the one-program plan kernel for a decode batch (no host sync). `block_n` must
-    be the decode tile's (decode_config(group).block_n, 64)."""
+    be the decode tile's (decode_config(group).block_n, 64); `target_waves` (programs per
+    SM to spread the keys over) defaults to DECODE_TARGET_WAVES."""
     num_seqs = seq_lens.shape[0]
     device = seq_lens.device
-    target = SPLIT_TARGET_WAVES * _num_sms(device)
+    target = (target_waves or DECODE_TARGET_WAVES) * _num_sms(device)
     # extras = sum (ceil(len / keys) - 1) <= total / keys, and keys >= total x KVH / target
     max_extras = triton.cdiv(target, num_kv_heads)
 
@@ -135,9 +143,10 @@ def plan_decode_splits(seq_lens: Tensor, num_kv_heads: int, block_n: int = 64,
     plan = DecodePlan(ints(num_seqs), ints(num_seqs + 1), ints(max_extras), ints(max_extras),
                       ints(1), num_kv_heads, block_n)
     decode_split_plan_kernel[(1,)](
-        seq_lens, *plan.buffers(), num_seqs, num_kv_heads, target,
+        seq_lens, *plan.buffers(), plan.split_keys, num_seqs, num_kv_heads, target,
         SEQS_PAD=triton.next_power_of_2(max(num_seqs, 1)), MIN_KEYS=min_keys,
-        MAX_SPLITS=MAX_NUM_SPLITS, BLOCK_N=block_n, num_warps=4,
+        MAX_SPLITS=MAX_NUM_SPLITS, BLOCK_N=block_n, NUM_CANDIDATES=PLAN_CANDIDATES,
+        num_warps=4,
     )
     return plan
 
@@ -239,15 +248,14 @@ def paged_attention(
     else:
         part_acc = part_ml = out  # unused by the kernel
     # without a plan its buffers are unused: any int32 tensor stands in
-    buffers = plan.buffers() if plan is not None else (seq_lens,) * 5
+    buffers = plan.buffers() if plan is not None else (seq_lens,) * 4
     # plan: one flat launch, first shares of every head before any extra share (see kernel)
     grid = ((num_tiles * num_kv_heads, 1, 1) if plan is not None
             else (num_tiles, num_kv_heads, num_splits))
-    max_extras = plan.extra_seq.shape[0] if plan is not None else 0
     paged_attention_kernel[grid](
         q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc,
         part_acc, part_ml, *buffers,
-        scale * LOG2E, num_seqs, num_heads, num_splits, max_extras,
+        scale * LOG2E, num_seqs, num_heads, num_splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),

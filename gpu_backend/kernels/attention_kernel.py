@@ -22,8 +22,8 @@ un-normalised partials; `combine_splits_kernel` merges them.
 
 Decode (one token per sequence) splits by a plan made on the device for each step
 (`decode_split_plan_kernel`): one key share for the whole batch, sized so that the batch's
-keys x KV heads spread over a target number of programs, and each sequence cut into as many
-shares as its context needs. Program i works on sequence i's first share; the extra shares
+keys x KV heads spread over a target number of programs, and each sequence cut evenly into
+as many shares as that size needs for its context. Program i works on sequence i's first share; the extra shares
 of long sequences follow in one block after every sequence's first, so a long sequence among
 short ones is worked on by many programs instead of one: the step costs about the batch's
 total keys, not its longest sequence. A sequence of one share writes its output directly;
@@ -58,14 +58,20 @@ def decode_split_plan_kernel(
     seq_lens_ptr, seq_shares_ptr, extra_start_ptr, extra_seq_ptr, extra_split_ptr,
     split_keys_ptr, num_seqs, num_kv_heads, target_programs,
     SEQS_PAD: tl.constexpr, MIN_KEYS: tl.constexpr, MAX_SPLITS: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    BLOCK_N: tl.constexpr, NUM_CANDIDATES: tl.constexpr,
 ):
     """One program: the decode split plan of a step.
 
-    split_keys[0] = keys per share: ceil(total keys x KV heads / target_programs), at least
-    MIN_KEYS and ceil(longest / MAX_SPLITS), rounded up to BLOCK_N. Sequence i has
-    seq_shares[i] >= 1 shares. Its first share is worked on by program i (as without a
-    plan); its others, share k >= 1, by program num_seqs + e for the "extra" shares
+    split_keys[0] = the most keys per share. The smallest candidate is ceil(total keys x KV
+    heads / target_programs), at least MIN_KEYS and ceil(longest / MAX_SPLITS); the others
+    are 1.25x, 1.5x, ... of it (NUM_CANDIDATES in all), each rounded up to BLOCK_N. Each is
+    scored as a schedule of its programs on `target_programs` slots: the longest share, or
+    the waves the programs need times their mean length, whichever is more; the best (the
+    larger share on a tie: fewer partials to merge) wins. The waves matter: 20 sequences of
+    12k keys in 4 shares each make 640 programs, a second wave on 528 slots, where 3 shares
+    (480 programs) take one. Sequence i has seq_shares[i] = ceil(len / split_keys) >= 1
+    shares (the attention kernel cuts it evenly into that many). Its first share is worked
+    on by program i (as without a plan); its others, share k >= 1, by the "extra" shares
     e = extra_start[i] + k - 1, listed in extra_seq[e] = i, extra_split[e] = k
     (extra_start[num_seqs] = number of extras <= ceil(target_programs / KV heads)).
     """
@@ -73,9 +79,22 @@ def decode_split_plan_kernel(
     valid = offs < num_seqs
     lens = tl.load(seq_lens_ptr + offs, mask=valid, other=0).to(tl.int64)
     total = tl.sum(lens, 0)
-    keys = tl.maximum(tl.cdiv(total * num_kv_heads, target_programs), MIN_KEYS)
-    keys = tl.maximum(keys, tl.cdiv(tl.max(lens, 0), MAX_SPLITS))
-    keys = tl.cdiv(keys, BLOCK_N) * BLOCK_N
+    base = tl.maximum(tl.cdiv(total * num_kv_heads, target_programs), MIN_KEYS)
+    base = tl.maximum(base, tl.cdiv(tl.max(lens, 0), MAX_SPLITS))
+    work = (total * num_kv_heads).to(tl.float32)
+    best_keys = base * 0
+    best_cost = work * 0.0 + float("inf")
+    for j in tl.static_range(NUM_CANDIDATES):  # largest first: a tie keeps it
+        keys = tl.cdiv(base * (3 + NUM_CANDIDATES - j), 4 * BLOCK_N) * BLOCK_N
+        shares = tl.where(valid, tl.maximum(tl.cdiv(lens, keys), 1), 1)
+        longest = tl.max(tl.where(valid, tl.cdiv(tl.cdiv(lens, shares), BLOCK_N), 0), 0)
+        programs = tl.sum(tl.where(valid, shares, 0), 0) * num_kv_heads
+        waves = tl.cdiv(programs, target_programs).to(tl.float32)
+        cost = tl.maximum((longest * BLOCK_N).to(tl.float32), waves * work / programs)
+        better = cost < best_cost
+        best_keys = tl.where(better, keys, best_keys)
+        best_cost = tl.where(better, cost, best_cost)
+    keys = best_keys
     shares = tl.where(valid, tl.maximum(tl.cdiv(lens, keys), 1), 0)
     extras = tl.where(valid, shares - 1, 0)
     starts = tl.cumsum(extras, 0) - extras
@@ -135,13 +154,13 @@ def _attend_tile(
 
 # Batch sizes and split counts change every step: specialising on them (divisibility by 16,
 # == 1, or a constexpr) would compile a variant for each, seconds apiece in a replay.
-@triton.jit(do_not_specialize=["num_seqs", "num_splits", "max_extras"])
+@triton.jit(do_not_specialize=["num_seqs", "num_splits"])
 def paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
     block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
     part_acc_ptr, part_ml_ptr,
-    seq_shares_ptr, extra_start_ptr, extra_seq_ptr, extra_split_ptr, split_keys_ptr,
-    scale_log2, num_seqs, num_heads, num_splits, max_extras,
+    seq_shares_ptr, extra_start_ptr, extra_seq_ptr, extra_split_ptr,
+    scale_log2, num_seqs, num_heads, num_splits,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr,
@@ -154,17 +173,18 @@ def paged_attention_kernel(
     split = tl.program_id(2)
     num_shares = num_splits  # programs sharing this tile's keys (plan: launched with 1)
     if SPLIT_PLAN:  # decode: program i < num_seqs is sequence i's first share, then extras
-        # One flat launch: every KV head's first shares, then every head's extra shares. A
-        # batch without long sequences then runs its programs in the order, and waves, of the
-        # launch without a plan, and the extra programs (idle then) start last instead of
-        # between them, taking SM slots the real programs would have had.
-        firsts = num_seqs * (num_heads // GROUP)
+        # One flat launch: every KV head's first shares (head by head, as the launch without a
+        # plan), then the extra shares, the KV heads of one extra share side by side, so that
+        # the plan's extras come first and the launch's unused ones (idle) all come last: idle
+        # programs between real ones cost a decode step up to 1.5x (measured, 32 x 4k).
+        num_kv_heads = num_heads // GROUP
+        firsts = num_seqs * num_kv_heads
         is_extra = tile_idx >= firsts
         rel = tl.where(is_extra, tile_idx - firsts, tile_idx)
-        width = tl.where(is_extra, max_extras, num_seqs)
-        kv_head = rel // width
-        tile_idx = tl.where(is_extra, num_seqs, 0) + rel % width
-        extra = tl.maximum(tile_idx - num_seqs, 0)
+        width = tl.where(is_extra, num_kv_heads, num_seqs)  # > 0: a launch has a sequence
+        kv_head = tl.where(is_extra, rel % width, rel // width)
+        extra = tl.where(is_extra, rel // width, 0)
+        tile_idx = tl.where(is_extra, num_seqs + extra, rel % width)
         if is_extra & (extra >= tl.load(extra_start_ptr + num_seqs)):
             return
         seq_idx = tile_idx
@@ -201,10 +221,10 @@ def paged_attention_kernel(
     # Keys < kv_end are visible to some row; keys < kv_all to every row.
     kv_end = prefix + tl.minimum(q0 + BLOCK_Q, query_len)
     kv_all = prefix + q0 + 1
-    if SPLIT_PLAN:
-        share = tl.load(split_keys_ptr)
-    else:  # an even split of the tile's keys (all of them when num_splits == 1)
-        share = tl.cdiv(tl.cdiv(kv_end, num_splits), BLOCK_N) * BLOCK_N
+    # An even split of the tile's keys over its shares (all of them for one share). With a
+    # plan the count comes from the plan's share size, and cutting evenly keeps the shares of
+    # a sequence equal (4,096 keys in 2 x 2,048, not 4,032 + 64 for a 4,032-key share).
+    share = tl.cdiv(tl.cdiv(kv_end, num_shares), BLOCK_N) * BLOCK_N
     lo = tl.minimum(split * share, kv_end)
     hi = tl.minimum(lo + share, kv_end)
     mid = tl.maximum(tl.minimum(kv_all // BLOCK_N * BLOCK_N, hi), lo)
