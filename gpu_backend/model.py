@@ -59,7 +59,11 @@ class ForwardBatch:
     logits_indices: Tensor  # [R] int64 rows of T that sample
     max_query_len: int
     max_seq_len: int
-    decode_plan: DecodePlan | None = None  # made by Model.compute_logits for decode steps
+    # leading sequences with one new token each (decode rows, first in a mixed batch): their
+    # attention runs apart from the prefill rows' (see PagedAttention.prepare)
+    num_decodes: int = 0
+    decode_plan: DecodePlan | None = None  # made by Model.compute_logits (decode rows)
+    prefill_query_start_loc: Tensor | None = None  # [S - num_decodes + 1], mixed steps only
 
 
 class DecoderLayer(nn.Module):
@@ -162,7 +166,7 @@ class Model(nn.Module):
         """Logits [R, vocab] of the rows in batch.logits_indices."""
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"got {len(kv_caches)} KV caches for {len(self.layers)} layers")
-        batch = self.layers[0].attn.prepare(batch)  # decode: one split plan for every layer
+        batch = self.layers[0].attn.prepare(batch)  # the decode rows' plan, for every layer
         hidden = self.embed(batch.input_ids)  # [T, hidden]
         residual = None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):

@@ -7,7 +7,7 @@
 # `all` runs them in the order tests, profile, replay, bench):
 #   tests    python -m pytest tests_gpu -q (vmm, kernels, engine)
 #   bench    benchmarks/vmm_latency.py, kernel_bench.py, engine_bench.py
-#   profile  calibration JSON for llama-3.1-8b and qwen2.5-0.5b
+#   profile  calibration JSON for llama-3.1-8b and qwen2.5-0.5b (GPU_ALL_PROFILE: a subset)
 #   replay   azure-conv, first 300 requests at 2x rate, --no-wait, static and elastic (8B)
 # Results come back as at most 8 files: four logs, three tarballs (bench, profile, replay)
 # and status.txt (environment, per-stage exit codes and durations). A global deadline
@@ -67,12 +67,13 @@ stage_bench() {  # GPU_ALL_BENCH picks the benchmarks (default: vmm kernels engi
   bundle bench
 }
 
-stage_profile() {
-  local dir="$WORK/profile" log="$OUT/profile.log"; mkdir -p "$dir"
-  run_step "$log" 150 "$PY" -m gpu_backend profile --model llama-3.1-8b \
-    --out "$dir/calibration_llama-3.1-8b.json"
-  run_step "$log" 90 "$PY" -m gpu_backend profile --model qwen2.5-0.5b \
-    --out "$dir/calibration_qwen2.5-0.5b.json"
+stage_profile() {  # GPU_ALL_PROFILE picks the models (default: llama-3.1-8b qwen2.5-0.5b)
+  local dir="$WORK/profile" log="$OUT/profile.log" wanted=" ${GPU_ALL_PROFILE:-llama-3.1-8b qwen2.5-0.5b} "
+  mkdir -p "$dir"
+  [[ "$wanted" == *" llama-3.1-8b "* ]] && run_step "$log" 150 "$PY" -m gpu_backend profile \
+    --model llama-3.1-8b --out "$dir/calibration_llama-3.1-8b.json"
+  [[ "$wanted" == *" qwen2.5-0.5b "* ]] && run_step "$log" 90 "$PY" -m gpu_backend profile \
+    --model qwen2.5-0.5b --out "$dir/calibration_qwen2.5-0.5b.json"
   bundle profile
 }
 

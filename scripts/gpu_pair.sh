@@ -29,14 +29,14 @@ start=$(date +%s)
 # The kernels first: a group that fails here is turned off for both tracks.
 CUDA_VISIBLE_DEVICES=0 timeout "${GPU_PAIR_SMOKE_S:-150}" "${PYTHON:-python}" -m pytest \
   tests_gpu/test_kernels_gpu.py -rf -k "${GPU_PAIR_SMOKE_K:-skewed or few_long or splits \
-  or graph or fused or rotary or rms or silu}" > "$OUT/kernel_smoke.log" 2>&1
+  or graph or mixed or fused or rotary or rms or silu}" > "$OUT/kernel_smoke.log" 2>&1
 smoke_rc=$?
 echo "kernel smoke: pytest rc=$smoke_rc" >> "$OUT/status.txt"
 if [ "$smoke_rc" -ne 0 ] && ! grep -q "^FAILED" "$OUT/kernel_smoke.log"; then
   export GPU_BACKEND_FUSED=0 GPU_BACKEND_DECODE_PLAN=0
   echo "kernel tests did not run: GPU_BACKEND_FUSED=0 GPU_BACKEND_DECODE_PLAN=0" >> "$OUT/status.txt"
 fi
-if grep "^FAILED" "$OUT/kernel_smoke.log" | grep -q "attention\|splits\|graph"; then
+if grep "^FAILED" "$OUT/kernel_smoke.log" | grep -q "attention\|splits\|graph\|mixed"; then
   export GPU_BACKEND_DECODE_PLAN=0
   echo "attention tests failed: GPU_BACKEND_DECODE_PLAN=0" >> "$OUT/status.txt"
 fi

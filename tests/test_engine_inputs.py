@@ -34,17 +34,29 @@ def test_batch_arrays_for_a_chunk_and_a_decode():
                      ScheduledRequest(9, 2, 1, (), True, True)])
     mirror.apply(second, {})
     batch = mirror.build(second)
-    assert batch.positions.tolist() == [6, 7, 8, 9, 2]
+    # the decode row (request 9) comes first, then request 7's chunk of 4
+    assert batch.request_ids == [9, 7] and batch.num_decodes == 1
+    assert batch.positions.tolist() == [2, 6, 7, 8, 9]
     # request 7: table [3, 5, 11] -> device [4, 6, 12]; positions 6, 7 in block 1, 8, 9 in block 2
-    assert batch.slot_mapping.tolist() == [6 * 4 + 2, 6 * 4 + 3, 12 * 4, 12 * 4 + 1, 9 * 4 + 2]
-    assert batch.block_tables.tolist() == [[4, 6, 12], [9, 0, 0]]
-    assert batch.seq_lens.tolist() == [10, 3]
-    assert batch.query_start_loc.tolist() == [0, 4, 5]
-    assert batch.logits_indices.tolist() == [3, 4]
-    assert batch.sample_request_ids == [7, 9]
-    assert batch.input_ids[-1] == 42
-    assert batch.input_ids[:4].tolist() == mirror.tokens[7][6:10]
+    assert batch.slot_mapping.tolist() == [9 * 4 + 2, 6 * 4 + 2, 6 * 4 + 3, 12 * 4, 12 * 4 + 1]
+    assert batch.block_tables.tolist() == [[9, 0, 0], [4, 6, 12]]
+    assert batch.seq_lens.tolist() == [3, 10]
+    assert batch.query_start_loc.tolist() == [0, 1, 5]
+    assert batch.logits_indices.tolist() == [0, 4]
+    assert batch.sample_request_ids == [9, 7]
+    assert batch.input_ids[0] == 42
+    assert batch.input_ids[1:].tolist() == mirror.tokens[7][6:10]
     assert (batch.max_query_len, batch.max_seq_len) == (4, 10)
+
+
+def test_decode_rows_lead_and_are_counted():
+    """Rows of one new token move to the front in their order; the rest keep theirs."""
+    from gpu_backend.engine.inputs import decode_rows_first, leading_decodes
+
+    assert decode_rows_first([5, 1, 7, 1, 1, 3], lambda n: n) == [1, 1, 1, 5, 7, 3]
+    assert leading_decodes(np.array([1, 1, 1, 5, 7, 3])) == 3
+    assert leading_decodes(np.array([1, 1])) == 2  # decode-only
+    assert leading_decodes(np.array([4, 1])) == 0
 
 
 def test_table_beyond_usable_blocks_is_refused():

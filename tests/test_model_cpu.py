@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
+from gpu_backend.engine.inputs import leading_decodes
 from gpu_backend.layers import silu_and_mul
 from gpu_backend.model import ForwardBatch, Model, build_model
 
@@ -81,6 +83,7 @@ def build_batch(steps: list[tuple[list[int], int, int]], block_tables: torch.Ten
         query_start_loc=torch.tensor(starts, dtype=torch.int32),
         logits_indices=torch.tensor(sample, dtype=torch.int64),
         max_query_len=max(n for _, _, n in steps), max_seq_len=max(seq_lens),
+        num_decodes=leading_decodes(np.array([n for _, _, n in steps])),
     )
 
 

@@ -52,6 +52,30 @@ def test_paged_attention_bf16(batch: str, shape: str, block_size: int) -> None:
     assert err < BF16_TOL, f"rel error {err}"
 
 
+@pytest.mark.parametrize("shape", ["gqa4_d128", "gqa8_d64"])
+def test_mixed_step_runs_decode_rows_apart(shape: str) -> None:
+    """A mixed step with its decode rows first: PagedAttention runs them with the decode
+    tiles and plan and the prefill rows apart (two launches); same output as the reference."""
+    from gpu_backend.layers import PagedAttention
+    from gpu_backend.model import ForwardBatch
+
+    heads, kv_heads, head_dim = SHAPES[shape]
+    pb = make_problem([1] * 33 + [700, 64], [2048] * 32 + [15000, 0, 2000], heads, kv_heads,
+                      head_dim, 16, torch.bfloat16, device="cuda", seed=7)
+    store_kvcache(pb.new_k, pb.new_v, pb.k_cache, pb.v_cache, pb.slot_mapping)
+    empty = torch.zeros(0, dtype=torch.int64, device="cuda")
+    batch = ForwardBatch(input_ids=empty, positions=empty, slot_mapping=empty,
+                         block_tables=pb.block_tables, seq_lens=pb.seq_lens,
+                         query_start_loc=pb.query_start_loc, logits_indices=empty,
+                         max_query_len=pb.max_query_len, max_seq_len=pb.max_seq_len,
+                         num_decodes=33)
+    attn = PagedAttention(heads, kv_heads, head_dim)
+    prepared = attn.prepare(batch)
+    assert prepared.decode_plan is not None and prepared.decode_plan.num_seqs == 33
+    err = rel_error(attn.attend(pb.q, pb.k_cache, pb.v_cache, prepared), dense_reference(pb))
+    assert err < BF16_TOL, f"rel error {err}"
+
+
 @pytest.mark.parametrize("num_splits", [1, 4, 13])
 @pytest.mark.parametrize("query_len", [1, 300])
 def test_splits_agree(num_splits: int, query_len: int) -> None:

@@ -17,18 +17,31 @@ scheduler pool's usable blocks (a detached elastic range must never be touched).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
 from sim.core.step import SchedulerOutput
 
+T = TypeVar("T")
 SCRATCH_BLOCK_ID = 0  # device block id of the scratch block (core ids are shifted past it)
 
 
 class BlockTableError(RuntimeError):
     """A block table would point at a block the pool does not hold right now."""
+
+
+def decode_rows_first(items: Sequence[T], num_new: Callable[[T], int]) -> list[T]:
+    """`items` with those of one new token (decode rows) first, each group in its order."""
+    return [x for x in items if num_new(x) == 1] + [x for x in items if num_new(x) != 1]
+
+
+def leading_decodes(query_lens: np.ndarray) -> int:
+    """How many rows of one new token lead the batch (all of them: a decode-only step)."""
+    others = np.flatnonzero(query_lens != 1)
+    return int(others[0]) if others.size else len(query_lens)
 
 
 @dataclass
@@ -46,6 +59,7 @@ class HostBatch:
     sample_request_ids: list[int]  # [R] request of each sampled row
     max_query_len: int
     max_seq_len: int
+    num_decodes: int = 0  # leading rows of one new token (decode rows come first)
 
     @property
     def num_tokens(self) -> int:
@@ -137,7 +151,8 @@ class RequestMirror:
         if out.num_steps != 1:
             raise ValueError("the GPU executor runs one step per schedule(); got a decode run")
         self.check_usable((s.request_id for s in out.scheduled), out.num_usable_blocks)
-        items = out.scheduled
+        # decode rows (one new token) first, as the attention of a mixed step expects
+        items = decode_rows_first(out.scheduled, lambda s: s.num_new_tokens)
         lens = np.array([s.num_new_tokens for s in items], dtype=np.int64)  # [S]
         starts = np.array([s.num_computed_tokens for s in items], dtype=np.int64)  # [S]
         query_start_loc = np.zeros(len(items) + 1, dtype=np.int32)
@@ -161,6 +176,7 @@ class RequestMirror:
             sample_request_ids=[items[i].request_id for i in sampled],
             max_query_len=int(lens.max()) if len(items) else 0,
             max_seq_len=int(seq_lens.max()) if len(items) else 0,
+            num_decodes=leading_decodes(lens),
         )
 
     def _table_array(self, tables: list[list[int]], width: int | None = None) -> np.ndarray:

@@ -14,7 +14,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from gpu_backend.engine.inputs import HostBatch, RequestMirror
+from gpu_backend.engine.inputs import (
+    HostBatch,
+    RequestMirror,
+    decode_rows_first,
+    leading_decodes,
+)
 from sim.core.step import ScheduledRequest, SchedulerOutput
 
 
@@ -67,8 +72,10 @@ def mixed_shape(new_tokens: int, prefix_tokens: int, batch_size: int, context: i
 
 
 def host_batch(shape: StepShape, block_size: int, num_pool_blocks: int) -> HostBatch:
-    """Host arrays of `shape`; prefill rows first (each samples), then decode rows."""
-    rows = [(p, n) for n, p in shape.prefills] + [(c - 1, 1) for c in shape.decodes]
+    """Host arrays of `shape`; decode rows first, then prefill rows (each row samples), in
+    the order RequestMirror.build puts them."""
+    rows = decode_rows_first([(p, n) for n, p in shape.prefills]
+                             + [(c - 1, 1) for c in shape.decodes], lambda row: row[1])
     computed = np.array([c for c, _ in rows], dtype=np.int64)  # [S]
     lens = np.array([n for _, n in rows], dtype=np.int64)  # [S]
     seq_lens = (computed + lens).astype(np.int32)
@@ -85,15 +92,16 @@ def host_batch(shape: StepShape, block_size: int, num_pool_blocks: int) -> HostB
         request_ids=list(range(len(rows))), input_ids=positions % 128, positions=positions,
         slot_mapping=slots, block_tables=tables, seq_lens=seq_lens, query_start_loc=qsl,
         logits_indices=(qsl[1:] - 1).astype(np.int64), sample_request_ids=list(range(len(rows))),
-        max_query_len=int(lens.max()), max_seq_len=int(seq_lens.max()))
+        max_query_len=int(lens.max()), max_seq_len=int(seq_lens.max()),
+        num_decodes=leading_decodes(lens))
 
 
 def scheduler_output(shape: StepShape) -> SchedulerOutput:
     """The SchedulerOutput the core would emit for `shape` (what CostModel.step reads)."""
-    items = [ScheduledRequest(i, p, n, (), False, True) for i, (n, p) in enumerate(shape.prefills)]
-    base = len(items)
-    items += [ScheduledRequest(base + i, c - 1, 1, (), True, True)
-              for i, c in enumerate(shape.decodes)]
+    items = [ScheduledRequest(i, c - 1, 1, (), True, True) for i, c in enumerate(shape.decodes)]
+    base = len(items)  # decode rows first, as host_batch and RequestMirror.build order them
+    items += [ScheduledRequest(base + i, p, n, (), False, True)
+              for i, (n, p) in enumerate(shape.prefills)]
     return SchedulerOutput(
         step_id=0, scheduled=tuple(items), num_steps=1,
         num_prefill_tokens=sum(n for n, _ in shape.prefills), num_decode_tokens=len(shape.decodes),
