@@ -4,15 +4,16 @@
 #   OUT=/path bash scripts/gpu_pair.sh        (from the repo root)
 #
 # First the kernel tests (tests_gpu/test_kernels_gpu.py, the -k subset GPU_PAIR_SMOKE_K) on
-# GPU 0: a failing group turns its
-# kernels off for both tracks (decode split plan: GPU_BACKEND_DECODE_PLAN=0; fused layers:
-# GPU_BACKEND_FUSED=0). Then GPU 0: GPU_PAIR_TRACK0 stages (default: tests bench profile
+# GPU 0: a failing group turns its kernels off for both tracks (decode split plan:
+# GPU_BACKEND_DECODE_PLAN=0; fused layers: GPU_BACKEND_FUSED=0). GPU_PAIR_ORDER_GATE=1 then
+# times the kernels and keeps the faster decode launch order (below). Then GPU 0: GPU_PAIR_TRACK0 stages (default: tests bench profile
 # validation, bench = GPU_ALL_BENCH or engine, validation = the Qwen replays); GPU 1:
 # GPU_PAIR_TRACK1 (default: replay validation = the Azure-conv and Llama validation
 # replays; "none": no track 1, everything on GPU 0, one job at a time, e.g. on a one-GPU
 # machine with GPU_PAIR_VALIDATION0="" = every validation slice on GPU 0). Each track is
-# `scripts/gpu_all.sh` with its own deadline (GPU_PAIR_BUDGET_S, default 540 s). Results: gpu0.tar.gz and gpu1.tar.gz (each track's logs, tarballs and
-# status.txt), status.txt and kernel_smoke.log.
+# `scripts/gpu_all.sh` with its own deadline (GPU_PAIR_BUDGET_S, default 540 s).
+# Results: gpu0/ and gpu1/ (each track's logs, stage tarballs and status.txt, written as the
+# stages end, so a call cut short keeps what finished), status.txt and kernel_smoke.log.
 set -o pipefail
 OUT="${OUT:?set OUT to the folder whose files come back}"
 BUDGET_S="${GPU_PAIR_BUDGET_S:-540}"
@@ -20,10 +21,10 @@ mkdir -p "$OUT"
 rm -rf /tmp/pair0 /tmp/pair1  # a warm machine keeps the last call's files
 track() {  # track GPU STAGES...
   local gpu="$1"; shift
-  mkdir -p "/tmp/pair$gpu/out" "/tmp/pair$gpu/tmp"
-  CUDA_VISIBLE_DEVICES="$gpu" TMPDIR="/tmp/pair$gpu/tmp" OUT="/tmp/pair$gpu/out" \
+  mkdir -p "$OUT/gpu$gpu" "/tmp/pair$gpu/tmp"
+  CUDA_VISIBLE_DEVICES="$gpu" TMPDIR="/tmp/pair$gpu/tmp" OUT="$OUT/gpu$gpu" \
     GPU_ALL_BUDGET_S="$BUDGET_S" bash "$(dirname "$0")/gpu_all.sh" "$@" \
-    > "/tmp/pair$gpu/out/console.log" 2>&1
+    > "$OUT/gpu$gpu/console.log" 2>&1
 }
 start=$(date +%s)
 # The kernels first: a group that fails here is turned off for both tracks.
@@ -44,6 +45,18 @@ if grep "^FAILED" "$OUT/kernel_smoke.log" | grep -q "rms\|silu\|rotary\|fused"; 
   export GPU_BACKEND_FUSED=0
   echo "fused kernel tests failed: GPU_BACKEND_FUSED=0" >> "$OUT/status.txt"
 fi
+# GPU_PAIR_ORDER_GATE=1: time the kernels first (benchmarks/kernel_bench.py) and keep the
+# decode plan's launch order that is faster over the skewed batches (scripts/order_gate.py).
+if [ "${GPU_PAIR_ORDER_GATE:-0}" = 1 ]; then
+  CUDA_VISIBLE_DEVICES=0 timeout 90 "${PYTHON:-python}" benchmarks/kernel_bench.py \
+    --out "$OUT/kernel_bench.json" > "$OUT/kernel_bench.log" 2>&1
+  "${PYTHON:-python}" scripts/order_gate.py "$OUT/kernel_bench.json" >> "$OUT/status.txt" 2>&1
+  if [ $? -eq 1 ]; then  # 1: the other order is faster (2: no usable benchmark result)
+    [ "${GPU_BACKEND_DECODE_EXTRAS_FIRST:-1}" = 0 ] && flip=1 || flip=0
+    export GPU_BACKEND_DECODE_EXTRAS_FIRST=$flip
+    echo "order gate: GPU_BACKEND_DECODE_EXTRAS_FIRST=$flip" >> "$OUT/status.txt"
+  fi
+fi
 BUDGET_S=$(( BUDGET_S - ($(date +%s) - start) ))
 read -r -a stages0 <<<"${GPU_PAIR_TRACK0:-tests bench profile validation}"
 read -r -a stages1 <<<"${GPU_PAIR_TRACK1:-replay validation}"
@@ -56,7 +69,7 @@ GPU_ALL_BENCH="${GPU_ALL_BENCH:-engine}" \
 [ "${stages1[*]}" = none ] || (
   if [[ " ${stages0[*]} " == *" profile "* ]]; then
     for _ in $(seq "${GPU_PAIR_WAIT_S:-150}"); do
-      [ -f /tmp/pair0/out/profile.tar.gz ] && break
+      [ -f "$OUT/gpu0/profile.tar.gz" ] && break
       sleep 1
     done
   fi
@@ -65,9 +78,8 @@ GPU_ALL_BENCH="${GPU_ALL_BENCH:-engine}" \
 ) &
 wait
 for gpu in 0 1; do
-  [ -d "/tmp/pair$gpu/out" ] || continue
-  tar -C "/tmp/pair$gpu/out" -czf "$OUT/gpu$gpu.tar.gz" .
-  { echo "## GPU $gpu"; cat "/tmp/pair$gpu/out/status.txt"; } >> "$OUT/status.txt"
+  [ -d "$OUT/gpu$gpu" ] || continue
+  { echo "## GPU $gpu"; cat "$OUT/gpu$gpu/status.txt"; } >> "$OUT/status.txt"
 done
 echo "pair done in $(( $(date +%s) - start ))s" >> "$OUT/status.txt"
 cat "$OUT/status.txt"

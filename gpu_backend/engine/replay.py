@@ -93,12 +93,17 @@ def engine_summary(engine: GpuEngine, measured: dict, slo: Slo | None = None) ->
     return summary
 
 
-def kernel_flags() -> dict[str, bool]:
+def kernel_flags() -> dict[str, bool | int]:
     """Which engine kernels ran (the env switches of the A/B and fallback runs)."""
     from gpu_backend.engine.setup import fused_layers_enabled
-    from gpu_backend.kernels.attention import DECODE_SPLIT_PLAN
+    from gpu_backend.kernels.attention import (
+        DECODE_EXTRAS_FIRST,
+        DECODE_SPLIT_PLAN,
+        DECODE_TARGET_WAVES,
+    )
 
-    return {"fused_layers": fused_layers_enabled(), "decode_split_plan": DECODE_SPLIT_PLAN}
+    return {"fused_layers": fused_layers_enabled(), "decode_split_plan": DECODE_SPLIT_PLAN,
+            "decode_extras_first": DECODE_EXTRAS_FIRST, "decode_target_waves": DECODE_TARGET_WAVES}
 
 
 def _stats(values: list[float]) -> dict:

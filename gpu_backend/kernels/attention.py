@@ -45,6 +45,9 @@ SPLIT_TARGET_WAVES = 2  # prefill/mixed launches, when splitting: programs per S
 # A decode plan spreads a step's keys over this many programs per SM (the decode tile fits 4
 # per SM by registers). GPU_BACKEND_DECODE_WAVES overrides it for A/B runs.
 DECODE_TARGET_WAVES = int(os.environ.get("GPU_BACKEND_DECODE_WAVES", "4"))
+# The plan's launch starts the extra shares (long sequences) before the first shares;
+# GPU_BACKEND_DECODE_EXTRAS_FIRST=0 keeps the earlier order (firsts, then extras) for A/B runs.
+DECODE_EXTRAS_FIRST = os.environ.get("GPU_BACKEND_DECODE_EXTRAS_FIRST", "1") != "0"
 PLAN_CANDIDATES = 13  # share sizes a plan scores: 1x, 1.25x, ... 4x the smallest
 if not 1 <= DECODE_TARGET_WAVES <= 16:
     raise ValueError(f"GPU_BACKEND_DECODE_WAVES={DECODE_TARGET_WAVES}: use 1..16 programs per SM")
@@ -195,6 +198,7 @@ def paged_attention(
     min_split_keys: int = MIN_KEYS_PER_SPLIT,
     plan: DecodePlan | None = None,
     out: Tensor | None = None,
+    extras_first: bool | None = None,
 ) -> Tensor:
     """Causal varlen attention of new tokens over a paged KV cache (K/V already stored).
 
@@ -206,6 +210,7 @@ def paged_attention(
     `tile_config` and `min_split_keys` (the smallest decode share) override the heuristics
     (tests, tuning). `plan`: a decode step's split plan made once for all layers
     (plan_decode_splits of these seq_lens); without it a decode call makes its own.
+    `extras_first` overrides DECODE_EXTRAS_FIRST (the plan launch's order; benchmarks).
     """
     _check_args(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc)
     num_tokens, num_heads, head_dim = q.shape
@@ -262,6 +267,7 @@ def paged_attention(
         BLOCK_SIZE=block_size, GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
         BLOCK_M=cfg.block_m, BLOCK_Q=block_q, BLOCK_N=cfg.block_n,
         ONE_TILE_PER_SEQ=one_tile_per_seq, SPLIT_PLAN=plan is not None,
+        EXTRAS_FIRST=DECODE_EXTRAS_FIRST if extras_first is None else extras_first,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if plan is not None or num_splits > 1:
