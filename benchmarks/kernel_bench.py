@@ -50,6 +50,8 @@ DECODE_CASES = [
     ("20x12000", [12000] * 20),
     ("63x512+1x32768", [512] * 63 + [32768]),
     ("128x1024+1x8192", [1024] * 128 + [8192]),
+    # contexts spread as in a replay's decode steps (200..3000 keys)
+    ("40x200..3000", [200 + i * 2800 // 39 for i in range(40)]),
 ]
 PREFILL_TOKENS = 16384
 CHUNK_SIZES = [512, 1024, 2048, 4096, 8192]

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from gpu_backend.kernels import attention as attention_switches  # MIXED_SPLIT, read per step
 from gpu_backend.kernels import (
     paged_attention,
     paged_attention_ref,
@@ -111,15 +112,18 @@ class PagedAttention(nn.Module):
         """The batch with its decode rows' split plan (Triton; else unchanged), made once per
         step: every layer has the same sequence lengths and head counts.
 
-        A decode step's plan covers the batch. A mixed step with leading decode rows gets a
-        plan for those and the prefill rows' own offsets: `attend` runs the decode rows with
-        the decode tiles and the rest with the prefill tiles, as two launches. One launch of
-        prefill tiles gave each decode row a 128-row tile on one program per SM (a 512-token
-        chunk beside 32 decodes of 2k keys: 29 ms measured where 19 ms were predicted)."""
+        A decode step's plan covers the batch. With MIXED_SPLIT (off by default, see
+        gpu_backend.kernels.attention), a mixed step with leading decode rows gets a plan for
+        those and the prefill rows' own offsets: `attend` runs the decode rows with the decode
+        tiles and the rest with the prefill tiles, as two launches. One launch of prefill
+        tiles gives each decode row a 128-row tile on one program per SM (a 512-token chunk
+        beside 32 decodes of 2k keys: 29.1 ms, 19.7 ms split), but the extra launches cost
+        host time on these eager steps (Azure-conv's small mixed steps: 18.8 -> 31.3 ms)."""
         if self.backend != "triton" or not uses_split_plan(1):
             return batch
         num_seqs = batch.seq_lens.shape[0]
-        decodes = num_seqs if batch.max_query_len <= 1 else batch.num_decodes
+        decodes = (num_seqs if batch.max_query_len <= 1
+                   else batch.num_decodes if attention_switches.MIXED_SPLIT else 0)
         if decodes == 0:
             return batch
         block_n = decode_config(self.num_heads // self.num_kv_heads).block_n

@@ -4,7 +4,8 @@
 #
 #   bash scripts/collect_pair.sh FILES_AT [PYTHON]
 #
-# FILES_AT: the folder holding gpu0/ and gpu1/ (or gpu0.tar.gz, gpu1.tar.gz), status.txt and
+# FILES_AT "-": copy nothing, only regenerate the reports and the table.
+# FILES_AT: the folder holding gpu0.tar.gz, gpu1.tar.gz (gate.tar.gz), status.txt and
 # kernel_smoke.log.
 # Copies, when present: the replays (validation/gpu_runs/h200_*), the calibration profiles
 # (calibration/), the kernel and engine benchmarks (benchmarks/results/); then runs
@@ -15,10 +16,10 @@ SRC="${1:?usage: bash scripts/collect_pair.sh FILES_AT [PYTHON]}"
 PY="${2:-${PYTHON:-python}}"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
+[ "$SRC" = - ] && SRC="$WORK/none"  # nothing to copy: every test below finds no file
 for gpu in 0 1; do
   mkdir -p "$WORK/g$gpu"
-  [ -f "$SRC/gpu$gpu.tar.gz" ] && tar -xzf "$SRC/gpu$gpu.tar.gz" -C "$WORK/g$gpu"  # older calls
-  [ -d "$SRC/gpu$gpu" ] && cp -r "$SRC/gpu$gpu/." "$WORK/g$gpu/"
+  [ -f "$SRC/gpu$gpu.tar.gz" ] && tar -xzf "$SRC/gpu$gpu.tar.gz" -C "$WORK/g$gpu"
   for stage in bench profile replay validation; do
     if [ -f "$WORK/g$gpu/$stage.tar.gz" ]; then
       mkdir -p "$WORK/g$gpu/$stage"
@@ -44,8 +45,11 @@ for gpu in 0 1; do
   [ -f "$g/bench/engine_bench_llama-3.1-8b.json" ] && cp "$g/bench/engine_bench_llama-3.1-8b.json" \
     benchmarks/results/engine_nvidia-h200_llama-3.1-8b.json && echo "engine bench -> benchmarks/results/"
 done
-[ -f "$SRC/kernel_bench.json" ] && cp "$SRC/kernel_bench.json" \
-  benchmarks/results/kernels_nvidia-h200.json && echo "kernel bench (order gate) -> benchmarks/results/"
+if [ -f "$SRC/gate.tar.gz" ]; then
+  mkdir -p "$WORK/gate" && tar -xzf "$SRC/gate.tar.gz" -C "$WORK/gate"
+  cp "$WORK/gate/kernel_bench.json" benchmarks/results/kernels_nvidia-h200.json
+  echo "kernel bench (order gate, --quick) -> benchmarks/results/"
+fi
 # shellcheck source=scripts/lib.sh
 source "$(dirname "$0")/lib.sh"  # the slices: CONV_RUN, VALIDATION_RUNS
 for line in "$CONV_RUN" "${VALIDATION_RUNS[@]}"; do

@@ -12,19 +12,21 @@
 # replays; "none": no track 1, everything on GPU 0, one job at a time, e.g. on a one-GPU
 # machine with GPU_PAIR_VALIDATION0="" = every validation slice on GPU 0). Each track is
 # `scripts/gpu_all.sh` with its own deadline (GPU_PAIR_BUDGET_S, default 540 s).
-# Results: gpu0/ and gpu1/ (each track's logs, stage tarballs and status.txt, written as the
-# stages end, so a call cut short keeps what finished), status.txt and kernel_smoke.log.
+# Results: gpu0.tar.gz and gpu1.tar.gz (each track's logs, stage tarballs and status.txt),
+# gate.tar.gz (order gate), status.txt and kernel_smoke.log: at most 5 files, as the device
+# tool brings back only 8 (call 5 wrote each track's files into OUT and lost its replays).
+# A call cut short brings back none of the tracks: keep GPU_PAIR_BUDGET_S under the limit.
 set -o pipefail
 OUT="${OUT:?set OUT to the folder whose files come back}"
 BUDGET_S="${GPU_PAIR_BUDGET_S:-540}"
 mkdir -p "$OUT"
-rm -rf /tmp/pair0 /tmp/pair1  # a warm machine keeps the last call's files
+rm -rf /tmp/pair0 /tmp/pair1 /tmp/pair_gate  # a warm machine keeps the last call's files
 track() {  # track GPU STAGES...
   local gpu="$1"; shift
-  mkdir -p "$OUT/gpu$gpu" "/tmp/pair$gpu/tmp"
-  CUDA_VISIBLE_DEVICES="$gpu" TMPDIR="/tmp/pair$gpu/tmp" OUT="$OUT/gpu$gpu" \
+  mkdir -p "/tmp/pair$gpu/out" "/tmp/pair$gpu/tmp"
+  CUDA_VISIBLE_DEVICES="$gpu" TMPDIR="/tmp/pair$gpu/tmp" OUT="/tmp/pair$gpu/out" \
     GPU_ALL_BUDGET_S="$BUDGET_S" bash "$(dirname "$0")/gpu_all.sh" "$@" \
-    > "$OUT/gpu$gpu/console.log" 2>&1
+    > "/tmp/pair$gpu/out/console.log" 2>&1
 }
 start=$(date +%s)
 # The kernels first: a group that fails here is turned off for both tracks.
@@ -48,9 +50,11 @@ fi
 # GPU_PAIR_ORDER_GATE=1: time the kernels first (benchmarks/kernel_bench.py) and keep the
 # decode plan's launch order that is faster over the skewed batches (scripts/order_gate.py).
 if [ "${GPU_PAIR_ORDER_GATE:-0}" = 1 ]; then
+  mkdir -p /tmp/pair_gate
   CUDA_VISIBLE_DEVICES=0 timeout 90 "${PYTHON:-python}" benchmarks/kernel_bench.py --quick \
-    --out "$OUT/kernel_bench.json" > "$OUT/kernel_bench.log" 2>&1
-  "${PYTHON:-python}" scripts/order_gate.py "$OUT/kernel_bench.json" >> "$OUT/status.txt" 2>&1
+    --out /tmp/pair_gate/kernel_bench.json > /tmp/pair_gate/kernel_bench.log 2>&1
+  tar -C /tmp/pair_gate -czf "$OUT/gate.tar.gz" .
+  "${PYTHON:-python}" scripts/order_gate.py /tmp/pair_gate/kernel_bench.json >> "$OUT/status.txt" 2>&1
   if [ $? -eq 1 ]; then  # 1: the other order is faster (2: no usable benchmark result)
     [ "${GPU_BACKEND_DECODE_EXTRAS_FIRST:-1}" = 0 ] && flip=1 || flip=0
     export GPU_BACKEND_DECODE_EXTRAS_FIRST=$flip
@@ -69,7 +73,7 @@ GPU_ALL_BENCH="${GPU_ALL_BENCH:-engine}" \
 [ "${stages1[*]}" = none ] || (
   if [[ " ${stages0[*]} " == *" profile "* ]]; then
     for _ in $(seq "${GPU_PAIR_WAIT_S:-150}"); do
-      [ -f "$OUT/gpu0/profile.tar.gz" ] && break
+      [ -f /tmp/pair0/out/profile.tar.gz ] && break
       sleep 1
     done
   fi
@@ -78,8 +82,9 @@ GPU_ALL_BENCH="${GPU_ALL_BENCH:-engine}" \
 ) &
 wait
 for gpu in 0 1; do
-  [ -d "$OUT/gpu$gpu" ] || continue
-  { echo "## GPU $gpu"; cat "$OUT/gpu$gpu/status.txt"; } >> "$OUT/status.txt"
+  [ -d "/tmp/pair$gpu/out" ] || continue
+  tar -C "/tmp/pair$gpu/out" -czf "$OUT/gpu$gpu.tar.gz" .
+  { echo "## GPU $gpu"; cat "/tmp/pair$gpu/out/status.txt"; } >> "$OUT/status.txt"
 done
 echo "pair done in $(( $(date +%s) - start ))s" >> "$OUT/status.txt"
 cat "$OUT/status.txt"

@@ -156,11 +156,15 @@ def _run_store_case() -> float:
     return float((pool.float() - expect.float()).abs().max())
 
 
-def _run_model_case() -> float:
-    """The tiny paged model with the Triton kernels against the dense forward."""
+def _run_model_case(mixed_split: bool = False) -> float:
+    """The tiny paged model with the Triton kernels against the dense forward; with
+    mixed_split its mixed steps run their decode rows apart (GPU_BACKEND_MIXED_SPLIT)."""
+    from gpu_backend.kernels import attention
     from tests.test_model_cpu import run_scenario
 
+    attention.MIXED_SPLIT = mixed_split
     max_err, ids_a, ids_b = run_scenario("triton")
+    attention.MIXED_SPLIT = False
     assert ids_a[:len(ids_b)] == ids_b
     return max_err
 
@@ -197,6 +201,7 @@ def _main() -> None:
     results["extras_last"] = {name: _run_case(name, extras_first=False) for name in EXTRAS_LAST}
     results["store"] = _run_store_case()
     results["model"] = _run_model_case()
+    results["model_mixed_split"] = _run_model_case(mixed_split=True)
     results["plans"] = [_plan_violations(*case) for case in PLAN_CASES]
     results["plan_choices"] = [_plan_shares(*case) for case, _ in PLAN_CHOICES]
     print(json.dumps(results))
@@ -248,6 +253,10 @@ def test_store_kvcache_matches_reference(interp_results: dict[str, float]) -> No
 
 def test_model_with_triton_kernels_matches_dense(interp_results: dict[str, float]) -> None:
     assert interp_results["model"] < 1e-4
+
+
+def test_model_with_mixed_steps_split_matches_dense(interp_results: dict[str, float]) -> None:
+    assert interp_results["model_mixed_split"] < 1e-4
 
 
 if __name__ == "__main__":

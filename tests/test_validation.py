@@ -162,3 +162,29 @@ def test_no_divergence_and_length_divergence():
     shorter = a.take(slice(0, 1))
     d = find_divergence(shorter, a, np.array([0.0]))
     assert d.diverged and d.step_index == 1 and d.cause == "length"
+
+
+def test_step_classes_split_time_and_error_by_kind_of_step():
+    """Two small decode steps, one of 40 sequences, a prefill-only step and two mixed steps
+    (chunks of 256 and 2048 tokens): each lands in its class with its own sums and errors."""
+    from validation.steps import step_classes
+
+    # (prefill tokens, decode tokens, measured s, predicted s)
+    rows = [(0, 2, 0.010, 0.009), (0, 8, 0.012, 0.012), (0, 40, 0.020, 0.015),
+            (1000, 0, 0.100, 0.110), (256, 30, 0.030, 0.015), (2048, 30, 0.060, 0.057)]
+    pre, dec, meas, pred = (np.array(c, dtype=float) for c in zip(*rows))
+    table = StepTable(pre.astype(np.int64), dec.astype(np.int64), (dec * 1000).astype(np.int64),
+                      dec.astype(np.int64) + (pre > 0), dec.astype(np.int64) + (pre > 0),
+                      np.zeros(len(rows)), meas)
+    got = {c["class"]: c for c in step_classes(pred, table)}
+    assert list(got) == ["decode, 1-8 sequences", "decode, 33+ sequences", "prefill only",
+                         "mixed, chunk <= 512 tokens", "mixed, chunk > 512 tokens"]
+    small = got["decode, 1-8 sequences"]
+    assert small["count"] == 2
+    assert small["measured_s"] == pytest.approx(0.022)
+    assert small["predicted_s"] == pytest.approx(0.021)
+    assert small["sum_error"] == pytest.approx(0.021 / 0.022 - 1)
+    assert small["median_error"] == pytest.approx((-0.1 + 0.0) / 2)
+    assert got["decode, 33+ sequences"]["sum_error"] == pytest.approx(-0.25)
+    assert got["mixed, chunk <= 512 tokens"]["median_error"] == pytest.approx(-0.5)
+    assert got["prefill only"]["median_measured_s"] == pytest.approx(0.1)

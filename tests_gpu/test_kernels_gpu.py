@@ -53,10 +53,14 @@ def test_paged_attention_bf16(batch: str, shape: str, block_size: int) -> None:
 
 
 @pytest.mark.parametrize("shape", ["gqa4_d128", "gqa8_d64"])
-def test_mixed_step_runs_decode_rows_apart(shape: str) -> None:
-    """A mixed step with its decode rows first: PagedAttention runs them with the decode
-    tiles and plan and the prefill rows apart (two launches); same output as the reference."""
+def test_mixed_step_runs_decode_rows_apart(shape: str, monkeypatch) -> None:
+    """A mixed step with its decode rows first and GPU_BACKEND_MIXED_SPLIT: PagedAttention
+    runs them with the decode tiles and plan and the prefill rows apart (two launches); same
+    output as the reference."""
+    from gpu_backend.kernels import attention
     from gpu_backend.layers import PagedAttention
+
+    monkeypatch.setattr(attention, "MIXED_SPLIT", True)
     from gpu_backend.model import ForwardBatch
 
     heads, kv_heads, head_dim = SHAPES[shape]

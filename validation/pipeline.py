@@ -30,7 +30,13 @@ from validation.compare import RunPair, check_targets, compare_metrics, gains, m
 from validation.divergence import Divergence, find_divergence
 from validation.runs import GpuRun, TraceSlice, engine_config, trace_slice
 from validation.simside import simulate_logged
-from validation.steps import StepTable, error_stats, predict_step_times, relative_errors
+from validation.steps import (
+    StepTable,
+    error_stats,
+    predict_step_times,
+    relative_errors,
+    step_classes,
+)
 
 Log = Callable[[str], None]
 
@@ -45,6 +51,7 @@ class RunComparison:
     metrics: dict[str, dict]
     step_predicted_s: np.ndarray  # cost model on each measured step's composition
     step_error: dict[str, dict]  # error_stats: all, prefill (with prefill tokens), decode-only
+    step_classes: list[dict]  # steps.step_classes: time and error per class of step
     divergence: Divergence
 
     @property
@@ -89,6 +96,7 @@ def compare_run(gpu: GpuRun, efficiency: Efficiency | None, profile: ActivationP
         gpu=gpu, sim=result, sim_steps=sim_steps, trace_slice=ts, arrival_s=trace.arrival_s,
         metrics=compare_metrics(predicted, measured), step_predicted_s=step_predicted,
         step_error=step_error_breakdown(step_predicted, gpu.steps),
+        step_classes=step_classes(step_predicted, gpu.steps),
         divergence=find_divergence(sim_steps, gpu.steps, trace.arrival_s),
     )
 

@@ -20,7 +20,7 @@ def run_dict(run: RunComparison) -> dict:
         "config": {k: run.sim.summary.get(k) for k in (
             "model", "gpu", "tensor_parallel_size", "max_num_seqs", "block_size", "drain",
             "vmm_handle_bytes")},
-        "metrics": run.metrics, "step_time": run.step_error,
+        "metrics": run.metrics, "step_time": run.step_error, "step_classes": run.step_classes,
         "steps_chunks_exact": run.gpu.steps.chunks_exact,
         "num_measured_steps": len(run.gpu.steps), "num_simulated_steps": len(run.sim_steps),
         "divergence": run.divergence.to_dict(),
@@ -131,6 +131,17 @@ def _steps_table(runs: list[RunComparison]) -> list[str]:
     return lines
 
 
+def _step_class_table(runs: list[RunComparison]) -> list[str]:
+    lines = ["| run | class | steps | measured s | predicted s | sum error | median step error "
+             "| median step ms |", "|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        for c in r.step_classes:
+            lines.append(f"| {r.label} | {c['class']} | {c['count']} | {c['measured_s']:.2f} | "
+                         f"{c['predicted_s']:.2f} | {_pct(c['sum_error'])} | "
+                         f"{_pct(c['median_error'])} | {c['median_measured_s'] * 1e3:.2f} |")
+    return lines
+
+
 def _divergence_lines(runs: list[RunComparison]) -> list[str]:
     lines = []
     for r in runs:
@@ -199,6 +210,8 @@ def markdown(v: Validation, images: list[str]) -> str:
            "counting as no change.", "", *_gains_table(v.gains), "",
            "## Step times: the cost model on every measured step's composition", "",
            *_steps_table(v.runs), "",
+           "Per class of step (error = predicted / measured - 1; negative: the model is "
+           "faster than the engine):", "", *_step_class_table(v.runs), "",
            "## Step-by-step alignment", "", *_divergence_lines(v.runs), "",
            "## Calibration (held-out steps only)", "", *_fit_lines(v), ""]
     if v.refit_runs:

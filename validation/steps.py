@@ -186,3 +186,41 @@ def error_stats(rel_err: np.ndarray) -> dict[str, float | int | None]:
     p50, p90, p99 = np.percentile(absolute, [50, 90, 99])
     return {"count": int(values.size), "median_abs": float(p50), "p90_abs": float(p90),
             "p99_abs": float(p99), "bias": float(values.mean())}
+
+
+# Step classes of `step_classes`: (name, test on a StepTable -> bool mask); decode-only steps
+# by batch size, then prefill-only steps, then mixed steps by their prefill tokens.
+SMALL_CHUNK_TOKENS = 512
+
+
+def _class_masks(t: StepTable) -> list[tuple[str, np.ndarray]]:
+    ran, pre, seqs = t.num_tokens > 0, t.has_prefill, t.num_decode_tokens
+    decode = ran & ~pre
+    mixed = pre & (t.num_decode_tokens > 0)
+    return [
+        ("decode, 1-8 sequences", decode & (seqs <= 8)),
+        ("decode, 9-32 sequences", decode & (seqs > 8) & (seqs <= 32)),
+        ("decode, 33+ sequences", decode & (seqs > 32)),
+        ("prefill only", pre & (t.num_decode_tokens == 0)),
+        (f"mixed, chunk <= {SMALL_CHUNK_TOKENS} tokens",
+         mixed & (t.num_prefill_tokens <= SMALL_CHUNK_TOKENS)),
+        (f"mixed, chunk > {SMALL_CHUNK_TOKENS} tokens",
+         mixed & (t.num_prefill_tokens > SMALL_CHUNK_TOKENS)),
+    ]
+
+
+def step_classes(predicted: np.ndarray, measured: StepTable) -> list[dict]:
+    """Where the time and the error sit: per class of step (decode by batch size, prefill
+    only, mixed by chunk size), the count, measured and predicted seconds in all, the error
+    of the sum and the median step error. Classes with no step are left out."""
+    rows = []
+    for name, mask in _class_masks(measured):
+        if not mask.any():
+            continue
+        m, p = measured.duration_s[mask], np.asarray(predicted)[mask]
+        rows.append({"class": name, "count": int(mask.sum()), "measured_s": float(m.sum()),
+                     "predicted_s": float(p.sum()),
+                     "sum_error": float(p.sum() / m.sum() - 1.0) if m.sum() > 0 else None,
+                     "median_error": float(np.nanmedian(relative_errors(p, m))),
+                     "median_measured_s": float(np.median(m))})
+    return rows

@@ -100,10 +100,12 @@ def kernel_flags() -> dict[str, bool | int]:
         DECODE_EXTRAS_FIRST,
         DECODE_SPLIT_PLAN,
         DECODE_TARGET_WAVES,
+        MIXED_SPLIT,
     )
 
     return {"fused_layers": fused_layers_enabled(), "decode_split_plan": DECODE_SPLIT_PLAN,
-            "decode_extras_first": DECODE_EXTRAS_FIRST, "decode_target_waves": DECODE_TARGET_WAVES}
+            "decode_extras_first": DECODE_EXTRAS_FIRST, "decode_target_waves": DECODE_TARGET_WAVES,
+            "mixed_split": MIXED_SPLIT}
 
 
 def _stats(values: list[float]) -> dict:
