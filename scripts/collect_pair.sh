@@ -42,6 +42,8 @@ for gpu in 0 1; do
   done
   [ -f "$g/bench/kernel_bench.json" ] && cp "$g/bench/kernel_bench.json" \
     benchmarks/results/kernels_nvidia-h200.json && echo "kernel bench -> benchmarks/results/"
+  [ -f "$g/bench/eager_gap.json" ] && cp "$g/bench/eager_gap.json" \
+    benchmarks/results/eager_gap_nvidia-h200.json && echo "eager gap -> benchmarks/results/"
   [ -f "$g/bench/engine_bench_llama-3.1-8b.json" ] && cp "$g/bench/engine_bench_llama-3.1-8b.json" \
     benchmarks/results/engine_nvidia-h200_llama-3.1-8b.json && echo "engine bench -> benchmarks/results/"
 done

@@ -6,7 +6,7 @@
 # Stages (each may fail without stopping the rest; each log is tee'd to $OUT/<stage>.log;
 # `all` runs them in the order tests, profile, replay, bench):
 #   tests    python -m pytest tests_gpu -q (vmm, kernels, engine)
-#   bench    benchmarks/vmm_latency.py, kernel_bench.py, engine_bench.py
+#   bench    benchmarks/vmm_latency.py, kernel_bench.py, engine_bench.py (eager_gap.py: "gap")
 #   profile  calibration JSON for llama-3.1-8b and qwen2.5-0.5b (GPU_ALL_PROFILE: a subset)
 #   replay   azure-conv, first 300 requests at 2x rate, --no-wait, static and elastic (8B)
 # Results come back as at most 8 files: four logs, three tarballs (bench, profile, replay)
@@ -55,7 +55,7 @@ stage_tests() {
   run_step "$OUT/tests.log" 200 "$PY" -m pytest tests_gpu -q -rs
 }
 
-stage_bench() {  # GPU_ALL_BENCH picks the benchmarks (default: vmm kernels engine)
+stage_bench() {  # GPU_ALL_BENCH picks the benchmarks (default: vmm kernels engine; or gap)
   local dir="$WORK/bench" log="$OUT/bench.log" wanted=" ${GPU_ALL_BENCH:-vmm kernels engine} "
   mkdir -p "$dir"
   [[ "$wanted" == *" vmm "* ]] && run_step "$log" 180 "$PY" benchmarks/vmm_latency.py --reps 3 \
@@ -64,6 +64,8 @@ stage_bench() {  # GPU_ALL_BENCH picks the benchmarks (default: vmm kernels engi
     $QUICK --out "$dir/kernel_bench.json"
   [[ "$wanted" == *" engine "* ]] && run_step "$log" 240 "$PY" benchmarks/engine_bench.py \
     --model llama-3.1-8b $QUICK --out "$dir/engine_bench_llama-3.1-8b.json"
+  [[ "$wanted" == *" gap "* ]] && run_step "$log" 150 "$PY" benchmarks/eager_gap.py \
+    --out "$dir/eager_gap.json"
   bundle bench
 }
 

@@ -29,7 +29,7 @@ import json
 import math
 import statistics
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -125,17 +125,29 @@ def time_step(runner, build, warmup: int, repeat: int) -> float:
     return statistics.median(times)
 
 
-def calibrate(config: EngineConfig, *, seed: int = 0, quick: bool = False,
-              warmup: int = 2, repeat: int = 5) -> dict:
+@dataclass
+class ProfileEngine:
+    """The engine a profile times: model, a dummy KV pool and decode graphs for a grid."""
+    config: EngineConfig  # max_num_batched_tokens and max_model_len fitted to the grid
+    runner: object  # gpu_backend.engine.runner.ModelRunner
+    graphs: object  # its DecodeGraphs
+    memory: object  # setup.measure_memory's result (activation profile, weights)
+    num_blocks: int
+    device: object  # torch.device
+
+
+def profile_engine(config: EngineConfig, grid: list[StepShape], seed: int = 0,
+                   min_blocks: int = 0) -> ProfileEngine:
+    """Build the model, a pool big enough for the grid's largest step and `min_blocks` (at
+    most 60% of free memory) and one decode graph per decode batch size of the grid (exact
+    sizes, no padding), on the current CUDA device."""
     import torch
 
     from gpu_backend.engine.memory import dummy_store, kv_caches_of
     from gpu_backend.engine.runner import DecodeGraphs, ModelRunner
     from gpu_backend.engine.setup import measure_memory
-    from gpu_backend.env import copy_bandwidth_bytes_s
 
     device = torch.device("cuda", torch.cuda.current_device())
-    grid = default_grid(quick)
     max_prefill = max(s.num_tokens for s in grid if s.kind == "prefill")
     max_len = max(max(n + p for n, p in s.prefills) if s.prefills else max(s.decodes)
                   for s in grid) + config.block_size
@@ -143,7 +155,7 @@ def calibrate(config: EngineConfig, *, seed: int = 0, quick: bool = False,
     model, m = measure_memory(config, device, seed, use_graphs=True)
     block_bytes = config.block_size * config.model.kv_bytes_per_token()
     free, _ = torch.cuda.mem_get_info(device)
-    want = max(blocks_needed(s, config.block_size) for s in grid) + 1
+    want = max(max(blocks_needed(s, config.block_size) for s in grid) + 1, min_blocks)
     num_blocks = int(min(want, 0.6 * free // block_bytes))
     store = dummy_store(config.model, num_blocks, config.block_size, device)
     caches = kv_caches_of(store, config.model.num_layers)
@@ -151,6 +163,19 @@ def calibrate(config: EngineConfig, *, seed: int = 0, quick: bool = False,
     graphs = DecodeGraphs(model, caches, sizes[-1], max_len, config.block_size, device, sizes)
     graphs.capture()
     runner = ModelRunner(model, caches, device, graphs)
+    return ProfileEngine(config, runner, graphs, m, num_blocks, device)
+
+
+def calibrate(config: EngineConfig, *, seed: int = 0, quick: bool = False,
+              warmup: int = 2, repeat: int = 5) -> dict:
+    import torch
+
+    from gpu_backend.env import copy_bandwidth_bytes_s
+
+    grid = default_grid(quick)
+    engine = profile_engine(config, grid, seed)
+    config, runner, graphs, m = engine.config, engine.runner, engine.graphs, engine.memory
+    num_blocks, device = engine.num_blocks, engine.device
     measurements, outputs, times = [], [], []
     for shape in grid:
         mirror, out = engine_step(shape, config.block_size, num_blocks, config.model.vocab_size)

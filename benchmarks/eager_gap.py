@@ -1,0 +1,138 @@
+"""Why replays' steps run slower than the calibration profile's (one GPU, ~1 min).
+
+    python benchmarks/eager_gap.py [--model llama-3.1-8b] [--out FILE]
+
+The profile times each grid step back to back (warm-up, then the median of five). Replays of
+the same shapes came out slower: small eager steps (a short prefill chunk beside decodes)
+19-30 ms against the profile's ~13 ms, and decode steps of 33+ sequences 9-14% over the fit
+(validation reports' per-class tables, device call 4). Each experiment here times one step
+shape under one condition the replay differs in, the rest held equal:
+
+* eager steps (a 128-token prompt beside 32 decodes of 1,024 keys; a 256-token prompt):
+  back to back (as the profile); each after a decode-graph step (a replay alternates them);
+  each after 6 ms of host sleep (the host idles while a decode step runs on the GPU); each
+  after 3 ms of Python that allocates (the scheduler's work between steps); each with the
+  garbage collector's generation-2 pass forced before it.
+* a decode step of 40 sequences of 1,100 keys: its exact-size graph (as the profile); the
+  48-row graph of a replay's capture sizes (capture_sizes(256), tables 32,768 keys wide);
+  its blocks scattered at random over the whole pool instead of side by side.
+
+Prints the median of each and its ratio to the profile's condition; writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a plain checkout
+
+from gpu_backend.engine.shapes import (  # noqa: E402
+    decode_shape,
+    engine_step,
+    mixed_shape,
+    prefill_shape,
+)
+
+EAGER = {"128-token prompt + 32 decodes of 1,024": mixed_shape(128, 0, 32, 1024),
+         "256-token prompt": prefill_shape(256)}
+DECODE = decode_shape(40, 1100)
+REPEAT = 15
+
+
+def timed(run, before=None, repeat: int = REPEAT) -> float:
+    """Median seconds of run(), each call preceded by before() (untimed)."""
+    for _ in range(2):
+        if before:
+            before()
+        run()
+    times = []
+    for _ in range(repeat):
+        if before:
+            before()
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def python_work(seconds: float = 0.003) -> None:
+    """Host work like a scheduler step's: small objects made and dropped for `seconds`."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        _ = [{"id": i, "blocks": list(range(8))} for i in range(200)]
+
+
+def scattered(mirror, num_pool_blocks: int, seed: int = 0) -> None:
+    """Move every table's blocks to random places over the whole pool (one permutation)."""
+    perm = np.random.default_rng(seed).permutation(num_pool_blocks - 1)
+    for request_id, table in mirror.tables.items():
+        mirror.tables[request_id] = [int(perm[b]) for b in table]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="llama-3.1-8b")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        sys.exit("eager_gap needs a CUDA GPU")
+    from gpu_backend.engine.calibrate import profile_engine
+    from gpu_backend.engine.graphs import capture_sizes
+    from gpu_backend.engine.runner import DecodeGraphs, ModelRunner
+    from gpu_backend.env import device_environment, write_result
+    from sim.core.catalog import get_gpu, get_model
+    from sim.core.engine_config import EngineConfig
+
+    config = EngineConfig(model=get_model(args.model), gpu=get_gpu("h200"), reclaim="release")
+    # a pool over most of the free memory, as a replay's: scattered blocks spread over it
+    engine = profile_engine(config, [*EAGER.values(), DECODE, prefill_shape(2048)],
+                            min_blocks=1 << 40)
+    runner, bs, vocab = engine.runner, engine.config.block_size, engine.config.model.vocab_size
+    pool_blocks = engine.num_blocks
+
+    def step(shape, runner=runner, scatter: bool = False):
+        mirror, out = engine_step(shape, bs, pool_blocks, vocab)
+        if scatter:
+            scattered(mirror, pool_blocks)
+        return lambda: runner.execute(mirror.build(out))
+
+    result: dict = {"env": device_environment(), "model": args.model,
+                    "pool_blocks": pool_blocks, "eager": {}, "decode": {}}
+    conditions = {"back to back (profile)": None, "after a decode-graph step": step(DECODE),
+                  "after 6 ms of host sleep": lambda: time.sleep(0.006),
+                  "after 3 ms of Python work": python_work,
+                  "after a full GC": lambda: gc.collect(2)}
+    for name, shape in EAGER.items():
+        run = step(shape)
+        result["eager"][name] = {c: timed(run, before) for c, before in conditions.items()}
+    # decode: the replay's graph sizes and table width, and scattered blocks
+    replay_graphs = DecodeGraphs(runner.model, runner.kv_caches, 256, 32768, bs,
+                                 engine.device, capture_sizes(256))
+    replay_graphs.capture()
+    replay = ModelRunner(runner.model, runner.kv_caches, engine.device, replay_graphs)
+    result["decode"]["40 decodes of 1,100 keys"] = {
+        "exact 40-row graph (profile)": timed(step(DECODE)),
+        "48-row graph, 32k-key tables (replay)": timed(step(DECODE, replay)),
+        "blocks scattered over the pool": timed(step(DECODE, scatter=True)),
+        "scattered, replay graph": timed(step(DECODE, replay, scatter=True)),
+    }
+    for group in ("eager", "decode"):
+        for shape, times in result[group].items():
+            base = next(iter(times.values()))
+            print(shape)
+            for label, seconds in times.items():
+                print(f"  {label:<45} {seconds * 1e3:8.2f} ms  {seconds / base:5.2f}x")
+    print(f"wrote {write_result(result, args.out, 'eager_gap', result['env']['gpu'])}")
+
+
+if __name__ == "__main__":
+    main()
