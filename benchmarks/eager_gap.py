@@ -12,7 +12,9 @@ shape under one condition the replay differs in, the rest held equal:
   back to back (as the profile); each after a decode-graph step (a replay alternates them);
   each after 6 ms of host sleep (the host idles while a decode step runs on the GPU); each
   after 3 ms of Python that allocates (the scheduler's work between steps); each with the
-  garbage collector's generation-2 pass forced before it.
+  garbage collector's generation-2 pass forced before it; a new prompt length every time (a
+  replay's eager steps rarely repeat a token count: shape-keyed first-call costs such as
+  cuBLAS kernel choice or lazily loaded modules would show here).
 * a decode step of 40 sequences of 1,100 keys: its exact-size graph (as the profile); the
   48-row graph of a replay's capture sizes (capture_sizes(256), tables 32,768 keys wide);
   its blocks scattered at random over the whole pool instead of side by side.
@@ -27,6 +29,7 @@ import gc
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -114,6 +117,11 @@ def main() -> None:
     for name, shape in EAGER.items():
         run = step(shape)
         result["eager"][name] = {c: timed(run, before) for c, before in conditions.items()}
+        # the same step with a prompt length never run before, each time
+        new_tokens, prefix = shape.prefills[0]
+        fresh = iter([step(replace(shape, prefills=((new_tokens + 1 + i, prefix),)))
+                      for i in range(REPEAT + 2)])
+        result["eager"][name]["a new prompt length each time"] = timed(lambda fresh=fresh: next(fresh)())
     # decode: the replay's graph sizes and table width, and scattered blocks
     replay_graphs = DecodeGraphs(runner.model, runner.kv_caches, 256, 32768, bs,
                                  engine.device, capture_sizes(256))

@@ -118,6 +118,26 @@ def test_cli_fit_on_one_set_judged_on_another(gpu_dir, tmp_path):
     assert fit["holdout_after"]["median_abs"] < 1e-3
 
 
+def test_fit_of_host_terms_only_keeps_the_device_efficiencies(runs, tmp_path):
+    """`fit --free host`: a calibration right on the device efficiencies but wrong on the per
+    step terms gets those three back, and the device efficiencies stay as they were."""
+    from dataclasses import replace
+
+    start = replace(TRUE, step_overhead_s=4e-3, per_seq_overhead_s=0.0, eager_launch_s=0.012)
+    splits = [split_tail(usable_steps(r.steps), 0.5) for r in runs]
+    fit, holdout = concat([s[0] for s in splits]), concat([s[1] for s in splits])
+    result = calibrate(LLAMA_8B, H200, 1, fit, holdout, start,
+                       free=("step_overhead_s", "per_seq_overhead_s", "eager_launch_s"))
+    assert result.holdout_before["median_abs"] > 0.03
+    assert result.holdout_after["median_abs"] < 1e-3
+    for name in ("step_overhead_s", "per_seq_overhead_s", "eager_launch_s"):
+        assert getattr(result.efficiency, name) == pytest.approx(getattr(TRUE, name), rel=0.02)
+    for name in ("linear_compute", "memory", "kv_memory", "attention_compute"):
+        assert getattr(result.efficiency, name) == getattr(start, name)
+    with pytest.raises(ValueError, match="cannot fit .'memroy'."):
+        calibrate(LLAMA_8B, H200, 1, fit, holdout, start, free=("memroy",))
+
+
 ENGINE_VMM = VmmCosts(attach_handle_s=0.2e-3, attach_gib_s=0.0, detach_handle_s=0.1e-3,
                       detach_gib_s=0.0, attach_fixed_s=0.9e-3, detach_fixed_s=0.5e-3)
 

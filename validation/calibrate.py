@@ -11,6 +11,7 @@ second half of every run's steps, so the report's error is on steps the fit neve
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -76,24 +77,35 @@ def step_errors(model: ModelSpec, gpu: GpuSpec, tp: int, eff: Efficiency,
 
 
 def fit_efficiency(model: ModelSpec, gpu: GpuSpec, tp: int, fit: StepTable,
-                   initial: Efficiency | None = None) -> tuple[Efficiency, bool, str]:
-    """Least-squares efficiencies for the steps in `fit` (relative error, soft-L1 loss)."""
+                   initial: Efficiency | None = None,
+                   free: Collection[str] | None = None) -> tuple[Efficiency, bool, str]:
+    """Least-squares efficiencies for the steps in `fit` (relative error, soft-L1 loss).
+    `free`: the FIT_PARAMETERS to fit (default all); the others keep `initial`'s values."""
     initial = initial or Efficiency()
+    names = [name for name, _, _ in FIT_PARAMETERS]
+    free = names if free is None else list(free)
+    unknown = sorted(set(free) - set(names))
+    if unknown or not free:
+        raise ValueError(f"cannot fit {unknown or 'no parameter'}: choose from {names}")
     fit = usable_steps(fit)
-    if len(fit) < len(FIT_PARAMETERS):
-        raise ValueError(f"{len(fit)} usable steps cannot fit {len(FIT_PARAMETERS)} parameters")
-    initial = eager_launch_start(initial, fit.duration_s[fit.num_prefill_tokens > 0])
+    if len(fit) < len(free):
+        raise ValueError(f"{len(fit)} usable steps cannot fit {len(free)} parameters")
+    if "eager_launch_s" in free:
+        initial = eager_launch_start(initial, fit.duration_s[fit.num_prefill_tokens > 0])
     fitted, solution = fit_parameters(
         initial, lambda eff: step_errors(model, gpu, tp, eff, fit),
+        fixed=[n for n in names if n not in free],
         loss="soft_l1", f_scale=0.05, diff_step=1e-3, x_scale=1.0)
     return fitted, bool(solution.success), str(solution.message)
 
 
 def calibrate(model: ModelSpec, gpu: GpuSpec, tp: int, fit: StepTable, holdout: StepTable,
-              initial: Efficiency | None = None) -> FitResult:
-    """Fit on `fit`, then report the error on `holdout` before and after."""
+              initial: Efficiency | None = None,
+              free: Collection[str] | None = None) -> FitResult:
+    """Fit on `fit` (the `free` parameters, default all), then report the error on
+    `holdout` before and after."""
     initial = initial or Efficiency()
-    fitted, success, message = fit_efficiency(model, gpu, tp, fit, initial)
+    fitted, success, message = fit_efficiency(model, gpu, tp, fit, initial, free)
     fit, holdout = usable_steps(fit), usable_steps(holdout)
     return FitResult(
         efficiency=fitted, initial=initial, num_fit_steps=len(fit),

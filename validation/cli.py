@@ -72,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--holdout", type=float, default=0.5)
     fit.add_argument("--calibration", type=Path, default=None, help="starting point")
     fit.add_argument("--gpu", default=None)
+    fit.add_argument("--free", default=None,
+                     help="parameters to fit, comma-separated (default: all), or 'host': "
+                          "step_overhead_s, per_seq_overhead_s and eager_launch_s only, the "
+                          "device efficiencies kept from --calibration")
     fit.add_argument("--out", type=Path, required=True, help="calibration JSON to write")
 
     fake = commands.add_parser("fake-gpu", help="GPU-style run folders from the simulator "

@@ -112,6 +112,11 @@ def run(args: argparse.Namespace) -> int:
     return compare(args)
 
 
+# The per-step terms a profile's grid cannot see the same way a replay does (host work between
+# and inside steps); `fit --free host` fits only these and keeps the grid's device efficiencies.
+HOST_PARAMETERS = ("step_overhead_s", "per_seq_overhead_s", "eager_launch_s")
+
+
 def fit(args: argparse.Namespace) -> int:
     from sim.cli import load_calibration
     from validation.calibrate import calibrate, concat, split_tail, usable_steps, write_calibration
@@ -131,12 +136,15 @@ def fit(args: argparse.Namespace) -> int:
         splits = [split_tail(usable_steps(r.steps), args.holdout) for r in runs]
         fit_table, holdout_table = concat([s[0] for s in splits]), concat([s[1] for s in splits])
     config = configs[0]
+    free = HOST_PARAMETERS if args.free == "host" else (
+        None if args.free is None else [n.strip() for n in args.free.split(",") if n.strip()])
     result = calibrate(config.model, config.gpu, config.tensor_parallel_size, fit_table,
-                       holdout_table, efficiency)
+                       holdout_table, efficiency, free)
     provenance = {"gpu_dir": str(args.gpu_dir), "test_dir": str(args.test_dir or ""),
                   "holdout_fraction": None if test_runs else args.holdout,
                   "model": config.model.name, "gpu": config.gpu.name,
-                  "tensor_parallel_size": config.tensor_parallel_size}
+                  "tensor_parallel_size": config.tensor_parallel_size,
+                  "fitted": list(free) if free is not None else "all"}
     write_calibration(args.out, result, profile, provenance, vmm_costs)
     b, a = result.holdout_before, result.holdout_after
     print(f"fit on {result.num_fit_steps} steps, judged on {result.num_holdout_steps} held-out "
