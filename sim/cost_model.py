@@ -22,7 +22,7 @@ tokens = 436 MB in 128 us = 3.4 TB/s, 0.71 of 4.8 TB/s). A calibration JSON writ
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -167,6 +167,17 @@ FIT_PARAMETERS = (
     ("eager_launch_s", (0.0, 0.2), 1e-3),
     ("linear_serial_fraction", (0.0, 1.0), 1.0),
 )
+
+
+def slower(eff: Efficiency, factor: float) -> Efficiency:
+    """`eff` with every step `factor` (>= 1) times as long: each rate's efficiency divided by
+    it, each fixed time multiplied (what-if and sensitivity runs)."""
+    if factor < 1:
+        raise ValueError(f"slower() needs a factor >= 1 (efficiencies stay <= 1), got {factor}")
+    return replace(eff, **{name: getattr(eff, name) / factor for name in (
+        "linear_compute", "memory", "kv_memory", "attention_compute", "interconnect")},
+        **{name: getattr(eff, name) * factor for name in (
+            "allreduce_latency_s", "step_overhead_s", "per_seq_overhead_s", "eager_launch_s")})
 
 
 def load_efficiency(path: str | Path) -> Efficiency:

@@ -190,3 +190,24 @@ def test_bad_calibration_files_name_the_problem(tmp_path, text, message):
 def test_missing_calibration_file_is_a_value_error(tmp_path):
     with pytest.raises(ValueError, match="cannot read calibration JSON"):
         load_efficiency(tmp_path / "absent.json")
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_slower_stretches_every_step_by_the_factor(tp):
+    """A what-if 'every step 5% longer' must be exactly that for prefill, decode and mixed
+    steps, eager or not, with and without tensor parallelism; factors below 1 are refused."""
+    from sim.cost_model import slower
+
+    eff = Efficiency(eager_launch_s=0.02, linear_serial_fraction=0.4, per_seq_overhead_s=5e-6)
+    base = CostModel(get_model("llama-3.1-8b"), get_gpu("h200"), tp, eff)
+    stretched = CostModel(get_model("llama-3.1-8b"), get_gpu("h200"), tp, slower(eff, 1.05))
+    steps = [output(num_prefill=16, prefill_chunks=((16, 0),)),
+             output(num_prefill=8192, prefill_chunks=((8192, 4096),)),
+             output(num_decode=64, decode_context=64 * 3000),
+             output(num_prefill=512, prefill_chunks=((512, 0),), num_decode=32,
+                    decode_context=32 * 1000)]
+    for out in steps:
+        assert stretched.step(out).total_s == pytest.approx(1.05 * base.step(out).total_s,
+                                                            rel=1e-12)
+    with pytest.raises(ValueError, match="factor >= 1"):
+        slower(eff, 0.99)

@@ -16,8 +16,9 @@ import numpy as np
 
 from sim.core.elastic import VmmCosts
 from sim.core.memory_plan import ActivationProfile
-from sim.cost_model import CostModel, Efficiency
+from sim.cost_model import CostModel, Efficiency, slower
 from sim.runner import RunResult, RunSpec
+from validation.attribution import tpot_attribution
 from validation.calibrate import (
     DEFAULT_HOLDOUT_FRACTION,
     FitResult,
@@ -52,7 +53,11 @@ class RunComparison:
     step_predicted_s: np.ndarray  # cost model on each measured step's composition
     step_error: dict[str, dict]  # error_stats: all, prefill (with prefill tokens), decode-only
     step_classes: list[dict]  # steps.step_classes: time and error per class of step
+    tpot_attribution: dict | None  # attribution.tpot_attribution: TPOT error per class
     divergence: Divergence
+    # predicted metrics when every step takes SENSITIVITY_FACTOR times as long, relative to
+    # the prediction: how much a metric amplifies a step-time error (None: not computed)
+    sensitivity: dict[str, float | None] | None = None
 
     @property
     def label(self) -> str:
@@ -79,9 +84,13 @@ class Validation:
     calibration_versions: dict | None = None  # the calibration's GPU-side versions, if any
 
 
+SENSITIVITY_FACTOR = 1.02
+SENSITIVITY_METRICS = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "throughput_tok_s")
+
+
 def compare_run(gpu: GpuRun, efficiency: Efficiency | None, profile: ActivationProfile | None,
                 slice_override: TraceSlice | None = None, gpu_name: str | None = None,
-                vmm_costs: VmmCosts | None = None) -> RunComparison:
+                vmm_costs: VmmCosts | None = None, sensitivity: bool = True) -> RunComparison:
     config = engine_config(gpu.summary, gpu_name)
     ts = trace_slice(gpu.summary, slice_override)
     trace = ts.load()
@@ -92,12 +101,21 @@ def compare_run(gpu: GpuRun, efficiency: Efficiency | None, profile: ActivationP
     cost = CostModel(config.model, config.gpu, config.tensor_parallel_size, efficiency)
     step_predicted = predict_step_times(cost, gpu.steps)
     sim_steps = recorder.table()
+    moved = None
+    if sensitivity:
+        slow = RunSpec(config, efficiency=slower(efficiency or Efficiency(), SENSITIVITY_FACTOR),
+                       profile=profile, vmm_costs=vmm_costs)
+        slow_values = metric_values(simulate_logged(slow, trace)[0].summary)
+        moved = {k: (slow_values[k] / predicted[k] - 1.0
+                     if predicted[k] and slow_values[k] is not None else None)
+                 for k in SENSITIVITY_METRICS}
     return RunComparison(
         gpu=gpu, sim=result, sim_steps=sim_steps, trace_slice=ts, arrival_s=trace.arrival_s,
         metrics=compare_metrics(predicted, measured), step_predicted_s=step_predicted,
         step_error=step_error_breakdown(step_predicted, gpu.steps),
         step_classes=step_classes(step_predicted, gpu.steps),
-        divergence=find_divergence(sim_steps, gpu.steps, trace.arrival_s),
+        tpot_attribution=tpot_attribution(gpu.steps, gpu.requests, step_predicted),
+        divergence=find_divergence(sim_steps, gpu.steps, trace.arrival_s), sensitivity=moved,
     )
 
 

@@ -8,7 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from validation.compare import METRICS, format_target_value
-from validation.pipeline import RunComparison, Validation
+from validation.pipeline import SENSITIVITY_FACTOR, RunComparison, Validation
 
 REFERENCES = ("Vidur reports ~9% latency error; LLMServingSim 2.0 reports 2-14%.")
 
@@ -21,6 +21,8 @@ def run_dict(run: RunComparison) -> dict:
             "model", "gpu", "tensor_parallel_size", "max_num_seqs", "block_size", "drain",
             "vmm_handle_bytes")},
         "metrics": run.metrics, "step_time": run.step_error, "step_classes": run.step_classes,
+        "tpot_attribution": run.tpot_attribution,
+        "sensitivity": run.sensitivity,
         "steps_chunks_exact": run.gpu.steps.chunks_exact,
         "num_measured_steps": len(run.gpu.steps), "num_simulated_steps": len(run.sim_steps),
         "divergence": run.divergence.to_dict(),
@@ -142,6 +144,32 @@ def _step_class_table(runs: list[RunComparison]) -> list[str]:
     return lines
 
 
+def _tpot_attribution_table(runs: list[RunComparison]) -> list[str]:
+    runs = [r for r in runs if r.tpot_attribution]
+    if not runs:
+        return ["(needs the replay's request times and step start times)"]
+    classes = list(dict.fromkeys(c for r in runs for c in r.tpot_attribution["by_class"]))
+    lines = ["| run | requests | TPOT p50 measured | every step | " + " | ".join(classes) + " |",
+             "|---|---|---|---|" + "---|" * len(classes)]
+    for r in runs:
+        a = r.tpot_attribution
+        cells = [_pct(a["by_class"].get(c)) if c in a["by_class"] else "-" for c in classes]
+        lines.append(f"| {r.label} | {a['num_requests']} | {a['measured_p50_s'] * 1e3:.2f} ms | "
+                     f"{_pct(a['all_steps_error'])} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _sensitivity_table(runs: list[RunComparison]) -> list[str]:
+    runs = [r for r in runs if r.sensitivity]
+    if not runs:
+        return ["(not computed)"]
+    names = list(runs[0].sensitivity)
+    lines = ["| run | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for r in runs:
+        lines.append(f"| {r.label} | " + " | ".join(_pct(r.sensitivity[n]) for n in names) + " |")
+    return lines
+
+
 def _divergence_lines(runs: list[RunComparison]) -> list[str]:
     lines = []
     for r in runs:
@@ -212,7 +240,16 @@ def markdown(v: Validation, images: list[str]) -> str:
            *_steps_table(v.runs), "",
            "Per class of step (error = predicted / measured - 1; negative: the model is "
            "faster than the engine):", "", *_step_class_table(v.runs), "",
+           "TPOT p50 on the measured step sequence, with the model's time for every step, or "
+           "for one class of step only (the rest measured): the error each class makes "
+           "(validation/attribution.py):", "", *_tpot_attribution_table(v.runs), "",
            "## Step-by-step alignment", "", *_divergence_lines(v.runs), "",
+           f"## Sensitivity: the prediction with every step {SENSITIVITY_FACTOR - 1:.0%} longer",
+           "", "How much each metric moves, relative to the prediction: a metric that moves "
+           "by several times the step-time change (queueing, or a median that sits between "
+           "requests whose decode windows do and do not hold a long prefill step) cannot be "
+           "predicted to 5% unless the step times are right to a fraction of that.", "",
+           *_sensitivity_table(v.runs), "",
            "## Calibration (held-out steps only)", "", *_fit_lines(v), ""]
     if v.refit_runs:
         out += ["## After the fit: simulation re-run with the fitted efficiencies", "",

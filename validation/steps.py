@@ -193,7 +193,7 @@ def error_stats(rel_err: np.ndarray) -> dict[str, float | int | None]:
 SMALL_CHUNK_TOKENS = 512
 
 
-def _class_masks(t: StepTable) -> list[tuple[str, np.ndarray]]:
+def class_masks(t: StepTable) -> list[tuple[str, np.ndarray]]:
     ran, pre, seqs = t.num_tokens > 0, t.has_prefill, t.num_decode_tokens
     decode = ran & ~pre
     mixed = pre & (t.num_decode_tokens > 0)
@@ -214,7 +214,7 @@ def step_classes(predicted: np.ndarray, measured: StepTable) -> list[dict]:
     only, mixed by chunk size), the count, measured and predicted seconds in all, the error
     of the sum and the median step error. Classes with no step are left out."""
     rows = []
-    for name, mask in _class_masks(measured):
+    for name, mask in class_masks(measured):
         if not mask.any():
             continue
         m, p = measured.duration_s[mask], np.asarray(predicted)[mask]
