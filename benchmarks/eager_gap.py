@@ -15,9 +15,11 @@ shape under one condition the replay differs in, the rest held equal:
   garbage collector's generation-2 pass forced before it; a new prompt length every time (a
   replay's eager steps rarely repeat a token count: shape-keyed first-call costs such as
   cuBLAS kernel choice or lazily loaded modules would show here).
-* a decode step of 40 sequences of 1,100 keys: its exact-size graph (as the profile); the
-  48-row graph of a replay's capture sizes (capture_sizes(256), tables 32,768 keys wide);
-  its blocks scattered at random over the whole pool instead of side by side.
+* a decode step of 40 sequences of 1,100 keys: its exact-size graph on a tensor pool (as the
+  profile); the 48-row graph of a replay's capture sizes (capture_sizes(256), tables 32,768
+  keys wide); the pool of the elastic replays (CUDA virtual memory; static replays use a
+  tensor, and elastic replays' decode steps came out 1-4 points further from the fit); a pool
+  over 80% of the free memory with each sequence's blocks side by side or scattered at random.
 
 Prints the median of each and its ratio to the profile's condition; writes JSON.
 """
@@ -79,6 +81,89 @@ def scattered(mirror, num_pool_blocks: int, seed: int = 0) -> None:
         mirror.tables[request_id] = [int(perm[b]) for b in table]
 
 
+class Lab:
+    """The profile's engine, and step closures on it or on other pools and graphs."""
+
+    def __init__(self, model: str) -> None:
+        from gpu_backend.engine.calibrate import profile_engine
+        from sim.core.catalog import get_gpu, get_model
+        from sim.core.engine_config import EngineConfig
+
+        self.config = EngineConfig(model=get_model(model), gpu=get_gpu("h200"),
+                                   reclaim="release")
+        self.engine = profile_engine(self.config, [*EAGER.values(), DECODE, prefill_shape(2048)])
+        self.runner = self.engine.runner
+        self.block_size = self.engine.config.block_size
+
+    def step(self, shape, runner=None, pool_blocks: int | None = None, scatter: bool = False):
+        """A closure running `shape` (its host batch built each time, as a replay does)."""
+        runner, pool_blocks = runner or self.runner, pool_blocks or self.engine.num_blocks
+        mirror, out = engine_step(shape, self.block_size, pool_blocks,
+                                  self.config.model.vocab_size)
+        if scatter:
+            scattered(mirror, pool_blocks)
+        return lambda: runner.execute(mirror.build(out))
+
+    def runner_on(self, caches, sizes: tuple[int, ...] | None = None, width: int | None = None):
+        """A runner on `caches` with decode graphs of `sizes` (default: DECODE's batch)."""
+        from gpu_backend.engine.runner import DecodeGraphs, ModelRunner
+
+        sizes = sizes or (len(DECODE.decodes),)
+        graphs = DecodeGraphs(self.runner.model, caches, max(sizes),
+                              width or self.engine.config.max_model_len, self.block_size,
+                              self.engine.device, sizes)
+        graphs.capture()
+        return ModelRunner(self.runner.model, caches, self.engine.device, graphs)
+
+
+def eager_conditions(lab: Lab) -> dict:
+    conditions = {"back to back (profile)": None, "after a decode-graph step": lab.step(DECODE),
+                  "after 6 ms of host sleep": lambda: time.sleep(0.006),
+                  "after 3 ms of Python work": python_work,
+                  "after a full GC": lambda: gc.collect(2)}
+    result = {}
+    for name, shape in EAGER.items():
+        run = lab.step(shape)
+        result[name] = {c: timed(run, before) for c, before in conditions.items()}
+        # the same step with a prompt length never run before, each time
+        new_tokens, prefix = shape.prefills[0]
+        fresh = iter([lab.step(replace(shape, prefills=((new_tokens + 1 + i, prefix),)))
+                      for i in range(REPEAT + 2)])
+        result[name]["a new prompt length each time"] = timed(lambda fresh=fresh: next(fresh)())
+    return result
+
+
+def decode_conditions(lab: Lab) -> dict:
+    import torch
+
+    from gpu_backend.engine.graphs import capture_sizes
+    from gpu_backend.engine.memory import dummy_store, kv_caches_of, kv_layout
+    from gpu_backend.vmm import ElasticKVPool
+
+    config, device = lab.config, lab.engine.device
+    layers, layout = config.model.num_layers, kv_layout(config.model, lab.block_size)
+    times = {"exact 40-row graph, tensor pool (profile)": timed(lab.step(DECODE))}
+    replay = lab.runner_on(lab.runner.kv_caches, capture_sizes(256), 32768)
+    times["48-row graph, 32k-key tables (replay)"] = timed(lab.step(DECODE, replay))
+    # the elastic replays' pool: CUDA virtual memory (handles mapped into one range)
+    with ElasticKVPool(layout, lab.engine.num_blocks, config.vmm_handle_bytes,
+                       elastic_handle_bytes=config.vmm_handle_bytes, reclaim="release",
+                       device_ordinal=device.index or 0) as pool:
+        vmm = lab.runner_on(kv_caches_of(pool, layers))
+        times["exact graph, VMM pool (elastic replays)"] = timed(lab.step(DECODE, vmm))
+        del vmm
+    torch.cuda.empty_cache()
+    # a pool over most of the free memory, each sequence's blocks side by side or scattered
+    free, _ = torch.cuda.mem_get_info(device)
+    blocks = int(0.8 * free // layout.block_bytes)
+    big = lab.runner_on(kv_caches_of(dummy_store(config.model, blocks, lab.block_size, device),
+                                     layers))
+    times[f"pool of {blocks} blocks, side by side"] = timed(lab.step(DECODE, big, blocks))
+    times[f"pool of {blocks} blocks, scattered"] = timed(
+        lab.step(DECODE, big, blocks, scatter=True))
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="llama-3.1-8b")
@@ -88,51 +173,12 @@ def main() -> None:
 
     if not torch.cuda.is_available():
         sys.exit("eager_gap needs a CUDA GPU")
-    from gpu_backend.engine.calibrate import profile_engine
-    from gpu_backend.engine.graphs import capture_sizes
-    from gpu_backend.engine.runner import DecodeGraphs, ModelRunner
     from gpu_backend.env import device_environment, write_result
-    from sim.core.catalog import get_gpu, get_model
-    from sim.core.engine_config import EngineConfig
 
-    config = EngineConfig(model=get_model(args.model), gpu=get_gpu("h200"), reclaim="release")
-    # a pool over most of the free memory, as a replay's: scattered blocks spread over it
-    engine = profile_engine(config, [*EAGER.values(), DECODE, prefill_shape(2048)],
-                            min_blocks=1 << 40)
-    runner, bs, vocab = engine.runner, engine.config.block_size, engine.config.model.vocab_size
-    pool_blocks = engine.num_blocks
-
-    def step(shape, runner=runner, scatter: bool = False):
-        mirror, out = engine_step(shape, bs, pool_blocks, vocab)
-        if scatter:
-            scattered(mirror, pool_blocks)
-        return lambda: runner.execute(mirror.build(out))
-
-    result: dict = {"env": device_environment(), "model": args.model,
-                    "pool_blocks": pool_blocks, "eager": {}, "decode": {}}
-    conditions = {"back to back (profile)": None, "after a decode-graph step": step(DECODE),
-                  "after 6 ms of host sleep": lambda: time.sleep(0.006),
-                  "after 3 ms of Python work": python_work,
-                  "after a full GC": lambda: gc.collect(2)}
-    for name, shape in EAGER.items():
-        run = step(shape)
-        result["eager"][name] = {c: timed(run, before) for c, before in conditions.items()}
-        # the same step with a prompt length never run before, each time
-        new_tokens, prefix = shape.prefills[0]
-        fresh = iter([step(replace(shape, prefills=((new_tokens + 1 + i, prefix),)))
-                      for i in range(REPEAT + 2)])
-        result["eager"][name]["a new prompt length each time"] = timed(lambda fresh=fresh: next(fresh)())
-    # decode: the replay's graph sizes and table width, and scattered blocks
-    replay_graphs = DecodeGraphs(runner.model, runner.kv_caches, 256, 32768, bs,
-                                 engine.device, capture_sizes(256))
-    replay_graphs.capture()
-    replay = ModelRunner(runner.model, runner.kv_caches, engine.device, replay_graphs)
-    result["decode"]["40 decodes of 1,100 keys"] = {
-        "exact 40-row graph (profile)": timed(step(DECODE)),
-        "48-row graph, 32k-key tables (replay)": timed(step(DECODE, replay)),
-        "blocks scattered over the pool": timed(step(DECODE, scatter=True)),
-        "scattered, replay graph": timed(step(DECODE, replay, scatter=True)),
-    }
+    lab = Lab(args.model)
+    result = {"env": device_environment(), "model": args.model,
+              "pool_blocks": lab.engine.num_blocks, "eager": eager_conditions(lab),
+              "decode": {"40 decodes of 1,100 keys": decode_conditions(lab)}}
     for group in ("eager", "decode"):
         for shape, times in result[group].items():
             base = next(iter(times.values()))
