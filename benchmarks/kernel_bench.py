@@ -31,7 +31,6 @@ from gpu_backend.env import (  # noqa: E402
 )
 from gpu_backend.kernels import paged_attention  # noqa: E402
 from gpu_backend.kernels.attention import (  # noqa: E402
-    DECODE_EXTRAS_FIRST,
     DecodePlan,
     TileConfig,
     choose_num_splits,
@@ -125,18 +124,15 @@ def bench_decode(label: str, contexts: list[int], bandwidth_gbps: float) -> dict
         return plan_decode_splits(seq_lens, NUM_KV_HEADS, target_waves=waves)
 
     def attention(num_splits: int | None = None, plan: DecodePlan | None = None,
-                  waves: int | None = None, extras_first: bool | None = None):
+                  waves: int | None = None):
         return lambda: paged_attention(
             q, k_cache, v_cache, block_tables, seq_lens, qsl, HEAD_DIM ** -0.5,
             max_query_len=1, max_seq_len=32768, num_splits=num_splits,
-            plan=plan if plan is not None or waves is None else make_plan(waves),
-            extras_first=extras_first)
+            plan=plan if plan is not None or waves is None else make_plan(waves))
 
     ms, even_ms = graph_ms(attention()), graph_ms(attention(even))
     # the plan's target programs per SM (default DECODE_TARGET_WAVES) against others
     waves_ms = {w: graph_ms(attention(waves=w)) for w in PLAN_WAVES}
-    # the plan launch in its other order (extras after first shares, or before)
-    other_order_ms = graph_ms(attention(extras_first=not DECODE_EXTRAS_FIRST))
     # Where the plan's time goes (the engine makes the plan once per step, not per layer):
     # attention + merge with a plan made outside the graph, and the plan kernel alone.
     outside_ms, plan_ms = graph_ms(attention(plan=make_plan())), graph_ms(make_plan)
@@ -148,8 +144,7 @@ def bench_decode(label: str, contexts: list[int], bandwidth_gbps: float) -> dict
             "even_split": even, "even_split_ms": even_ms,
             "even_split_fraction_of_roofline": roofline_ms / even_ms,
             "plan_made_outside_ms": outside_ms, "plan_kernel_ms": plan_ms,
-            "plan_waves_ms": {str(w): t for w, t in waves_ms.items()},
-            "extras_first": DECODE_EXTRAS_FIRST, "other_order_ms": other_order_ms}
+            "plan_waves_ms": {str(w): t for w, t in waves_ms.items()}}
 
 
 def causal_tflops(num_new: int, prefix: int, ms: float) -> float:
@@ -204,14 +199,13 @@ def print_report(res: dict) -> None:
     print(f"copy bandwidth: {res['copy_bandwidth_gbps']:.0f} GB/s")
     print(f"{'decode batch':>18} {'ms':>8} {'roofline':>9} {'GB/s':>7} {'frac':>5} "
           f"{'even split ms':>14} {'frac':>5} {'plan outside':>12} {'plan alone':>10} "
-          + " ".join(f"{f'{w}/SM ms':>8}" for w in PLAN_WAVES) + f" {'other order':>11}")
+          + " ".join(f"{f'{w}/SM ms':>8}" for w in PLAN_WAVES))
     for d in res["decode"]:
         print(f"{d['case']:>18} {d['ms']:>8.4f} {d['roofline_ms']:>9.4f} "
               f"{d['achieved_gbps']:>7.0f} {d['fraction_of_roofline']:>5.2f} "
               f"{d['even_split_ms']:>14.4f} {d['even_split_fraction_of_roofline']:>5.2f} "
               f"{d['plan_made_outside_ms']:>12.4f} {d['plan_kernel_ms']:>10.4f} "
-              + " ".join(f"{d['plan_waves_ms'][str(w)]:>8.4f}" for w in PLAN_WAVES)
-              + f" {d['other_order_ms']:>11.4f}")
+              + " ".join(f"{d['plan_waves_ms'][str(w)]:>8.4f}" for w in PLAN_WAVES))
     p = res["prefill"]
     print(f"prefill {p['tokens']} tokens: one pass {p['one_pass_ms']:.2f} ms "
           f"({p['one_pass_tflops']:.0f} TFLOP/s), torch SDPA causal {p['sdpa_causal_ms']:.2f} ms")

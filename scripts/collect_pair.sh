@@ -5,8 +5,7 @@
 #   bash scripts/collect_pair.sh FILES_AT [PYTHON]
 #
 # FILES_AT "-": copy nothing, only regenerate the reports and the table.
-# FILES_AT: the folder holding gpu0.tar.gz, gpu1.tar.gz (gate.tar.gz), status.txt and
-# kernel_smoke.log.
+# FILES_AT: the folder holding gpu0.tar.gz, gpu1.tar.gz, status.txt and kernel_smoke.log.
 # Copies, when present: the replays (validation/gpu_runs/h200_*), the calibration profiles
 # (calibration/), the kernel and engine benchmarks (benchmarks/results/); then runs
 # `python -m validation compare` for each single-GPU slice and `python -m validation table`.
@@ -47,11 +46,6 @@ for gpu in 0 1; do
   [ -f "$g/bench/engine_bench_llama-3.1-8b.json" ] && cp "$g/bench/engine_bench_llama-3.1-8b.json" \
     benchmarks/results/engine_nvidia-h200_llama-3.1-8b.json && echo "engine bench -> benchmarks/results/"
 done
-if [ -f "$SRC/gate.tar.gz" ]; then
-  mkdir -p "$WORK/gate" && tar -xzf "$SRC/gate.tar.gz" -C "$WORK/gate"
-  cp "$WORK/gate/kernel_bench.json" benchmarks/results/kernels_nvidia-h200.json
-  echo "kernel bench (order gate, --quick) -> benchmarks/results/"
-fi
 # shellcheck source=scripts/lib.sh
 source "$(dirname "$0")/lib.sh"  # the slices: CONV_RUN, VALIDATION_RUNS
 for line in "$CONV_RUN" "${VALIDATION_RUNS[@]}"; do

@@ -5,22 +5,20 @@
 #
 # First the kernel tests (tests_gpu/test_kernels_gpu.py, the -k subset GPU_PAIR_SMOKE_K) on
 # GPU 0: a failing group turns its kernels off for both tracks (decode split plan:
-# GPU_BACKEND_DECODE_PLAN=0; fused layers: GPU_BACKEND_FUSED=0). GPU_PAIR_ORDER_GATE=1 then
-# times the kernels and keeps the faster decode launch order (below). Then GPU 0: GPU_PAIR_TRACK0 stages (default: tests bench profile
+# GPU_BACKEND_DECODE_PLAN=0; fused layers: GPU_BACKEND_FUSED=0). Then GPU 0: GPU_PAIR_TRACK0 stages (default: tests bench profile
 # validation, bench = GPU_ALL_BENCH or engine, validation = the Qwen replays); GPU 1:
 # GPU_PAIR_TRACK1 (default: replay validation = the Azure-conv and Llama validation
 # replays; "none": no track 1, everything on GPU 0, one job at a time, e.g. on a one-GPU
 # machine with GPU_PAIR_VALIDATION0="" = every validation slice on GPU 0). Each track is
 # `scripts/gpu_all.sh` with its own deadline (GPU_PAIR_BUDGET_S, default 540 s).
 # Results: gpu0.tar.gz and gpu1.tar.gz (each track's logs, stage tarballs and status.txt),
-# gate.tar.gz (order gate), status.txt and kernel_smoke.log: at most 5 files, as the device
-# tool brings back only 8 (call 5 wrote each track's files into OUT and lost its replays).
+# status.txt and kernel_smoke.log: at most 4 files, as the device tool brings back only 8 (call 5 wrote each track's files into OUT and lost its replays).
 # A call cut short brings back none of the tracks: keep GPU_PAIR_BUDGET_S under the limit.
 set -o pipefail
 OUT="${OUT:?set OUT to the folder whose files come back}"
 BUDGET_S="${GPU_PAIR_BUDGET_S:-540}"
 mkdir -p "$OUT"
-rm -rf /tmp/pair0 /tmp/pair1 /tmp/pair_gate  # a warm machine keeps the last call's files
+rm -rf /tmp/pair0 /tmp/pair1  # a warm machine keeps the last call's files
 track() {  # track GPU STAGES...
   local gpu="$1"; shift
   mkdir -p "/tmp/pair$gpu/out" "/tmp/pair$gpu/tmp"
@@ -39,27 +37,13 @@ if [ "$smoke_rc" -ne 0 ] && ! grep -q "^FAILED" "$OUT/kernel_smoke.log"; then
   export GPU_BACKEND_FUSED=0 GPU_BACKEND_DECODE_PLAN=0
   echo "kernel tests did not run: GPU_BACKEND_FUSED=0 GPU_BACKEND_DECODE_PLAN=0" >> "$OUT/status.txt"
 fi
-if grep "^FAILED" "$OUT/kernel_smoke.log" | grep -q "attention\|splits\|graph\|mixed"; then
+if grep "^FAILED" "$OUT/kernel_smoke.log" | grep -q "attention\|splits\|graph"; then
   export GPU_BACKEND_DECODE_PLAN=0
   echo "attention tests failed: GPU_BACKEND_DECODE_PLAN=0" >> "$OUT/status.txt"
 fi
 if grep "^FAILED" "$OUT/kernel_smoke.log" | grep -q "rms\|silu\|rotary\|fused"; then
   export GPU_BACKEND_FUSED=0
   echo "fused kernel tests failed: GPU_BACKEND_FUSED=0" >> "$OUT/status.txt"
-fi
-# GPU_PAIR_ORDER_GATE=1: time the kernels first (benchmarks/kernel_bench.py) and keep the
-# decode plan's launch order that is faster over the skewed batches (scripts/order_gate.py).
-if [ "${GPU_PAIR_ORDER_GATE:-0}" = 1 ]; then
-  mkdir -p /tmp/pair_gate
-  CUDA_VISIBLE_DEVICES=0 timeout 90 "${PYTHON:-python}" benchmarks/kernel_bench.py --quick \
-    --out /tmp/pair_gate/kernel_bench.json > /tmp/pair_gate/kernel_bench.log 2>&1
-  tar -C /tmp/pair_gate -czf "$OUT/gate.tar.gz" .
-  "${PYTHON:-python}" scripts/order_gate.py /tmp/pair_gate/kernel_bench.json >> "$OUT/status.txt" 2>&1
-  if [ $? -eq 1 ]; then  # 1: the other order is faster (2: no usable benchmark result)
-    [ "${GPU_BACKEND_DECODE_EXTRAS_FIRST:-1}" = 0 ] && flip=1 || flip=0
-    export GPU_BACKEND_DECODE_EXTRAS_FIRST=$flip
-    echo "order gate: GPU_BACKEND_DECODE_EXTRAS_FIRST=$flip" >> "$OUT/status.txt"
-  fi
 fi
 BUDGET_S=$(( BUDGET_S - ($(date +%s) - start) ))
 read -r -a stages0 <<<"${GPU_PAIR_TRACK0:-tests bench profile validation}"

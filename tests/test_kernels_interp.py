@@ -43,8 +43,6 @@ CASES: dict[str, tuple] = {
     "decode_plan_mha_d128": ([1] * 3, [900, 1, 333], 4, 4, 128, 32, "float32", None, 64),
 }
 
-EXTRAS_LAST = ["decode_plan_one_long_mqa", "decode_plan_skewed_gqa4"]
-
 # Split plans checked for their invariants: (seq_lens, KVH, min_keys, block_n)
 PLAN_CASES = [
     ([5], 1, 16, 64),
@@ -80,7 +78,7 @@ def _plan_shares(seq_lens: list[int], kv_heads: int, min_keys: int) -> list[int]
     return plan.seq_shares.tolist()
 
 
-def _run_case(name: str, extras_first: bool | None = None) -> float:
+def _run_case(name: str) -> float:
     import torch
 
     from gpu_backend.kernels import paged_attention, store_kvcache
@@ -94,7 +92,7 @@ def _run_case(name: str, extras_first: bool | None = None) -> float:
     out = paged_attention(pb.q, pb.k_cache, pb.v_cache, pb.block_tables, pb.seq_lens,
                           pb.query_start_loc, pb.scale, max_query_len=pb.max_query_len,
                           max_seq_len=pb.max_seq_len, num_splits=splits,
-                          min_split_keys=rest[0] if rest else 256, extras_first=extras_first)
+                          min_split_keys=rest[0] if rest else 256)
     assert out.dtype == pb.q.dtype and out.shape == pb.q.shape
     return rel_error(out, dense_reference(pb))
 
@@ -197,8 +195,6 @@ def _run_fused_case(name: str) -> float:
 def _main() -> None:
     results = {name: _run_case(name) for name in CASES}
     results |= {name: _run_fused_case(name) for name in FUSED_CASES}
-    # the plan launch's other order (extra shares after the first shares)
-    results["extras_last"] = {name: _run_case(name, extras_first=False) for name in EXTRAS_LAST}
     results["store"] = _run_store_case()
     results["model"] = _run_model_case()
     results["model_mixed_split"] = _run_model_case(mixed_split=True)
@@ -220,12 +216,6 @@ def interp_results() -> dict[str, float]:
 def test_paged_attention_matches_reference(interp_results: dict[str, float], name: str) -> None:
     tol = 1e-4 if CASES[name][6] == "float32" else 5e-3
     assert interp_results[name] < tol, f"{name}: rel error {interp_results[name]}"
-
-
-@pytest.mark.parametrize("name", EXTRAS_LAST)
-def test_plan_launch_in_either_order_matches_reference(interp_results: dict, name: str) -> None:
-    tol = 1e-4 if CASES[name][6] == "float32" else 5e-3
-    assert interp_results["extras_last"][name] < tol
 
 
 @pytest.mark.parametrize("name", list(FUSED_CASES))

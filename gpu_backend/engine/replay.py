@@ -97,14 +97,13 @@ def kernel_flags() -> dict[str, bool | int]:
     """Which engine kernels ran (the env switches of the A/B and fallback runs)."""
     from gpu_backend.engine.setup import fused_layers_enabled
     from gpu_backend.kernels.attention import (
-        DECODE_EXTRAS_FIRST,
         DECODE_SPLIT_PLAN,
         DECODE_TARGET_WAVES,
         MIXED_SPLIT,
     )
 
     return {"fused_layers": fused_layers_enabled(), "decode_split_plan": DECODE_SPLIT_PLAN,
-            "decode_extras_first": DECODE_EXTRAS_FIRST, "decode_target_waves": DECODE_TARGET_WAVES,
+            "decode_target_waves": DECODE_TARGET_WAVES,
             "mixed_split": MIXED_SPLIT}
 
 

@@ -45,11 +45,6 @@ SPLIT_TARGET_WAVES = 2  # prefill/mixed launches, when splitting: programs per S
 # A decode plan spreads a step's keys over this many programs per SM (the decode tile fits 4
 # per SM by registers). GPU_BACKEND_DECODE_WAVES overrides it for A/B runs.
 DECODE_TARGET_WAVES = int(os.environ.get("GPU_BACKEND_DECODE_WAVES", "4"))
-# The plan's launch order: first shares, then extra shares (default), or with
-# GPU_BACKEND_DECODE_EXTRAS_FIRST=1 the extras (long sequences) first. Measured the same
-# within 1% on the kernel benchmark's skewed batches (0.4064 ms extras first vs 0.4100 ms
-# over three), so the default stays the order the committed replays and profiles ran.
-DECODE_EXTRAS_FIRST = os.environ.get("GPU_BACKEND_DECODE_EXTRAS_FIRST", "0") == "1"
 # Mixed steps (prefill chunks beside decode rows): GPU_BACKEND_MIXED_SPLIT=1 runs the decode
 # rows with the decode tiles and a plan and the prefill rows apart (two launches per layer, see
 # PagedAttention.prepare). Off by default: on the eager (host-bound) mixed steps the extra
@@ -207,7 +202,6 @@ def paged_attention(
     min_split_keys: int = MIN_KEYS_PER_SPLIT,
     plan: DecodePlan | None = None,
     out: Tensor | None = None,
-    extras_first: bool | None = None,
 ) -> Tensor:
     """Causal varlen attention of new tokens over a paged KV cache (K/V already stored).
 
@@ -219,7 +213,6 @@ def paged_attention(
     `tile_config` and `min_split_keys` (the smallest decode share) override the heuristics
     (tests, tuning). `plan`: a decode step's split plan made once for all layers
     (plan_decode_splits of these seq_lens); without it a decode call makes its own.
-    `extras_first` overrides DECODE_EXTRAS_FIRST (the plan launch's order; benchmarks).
     """
     _check_args(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc)
     num_tokens, num_heads, head_dim = q.shape
@@ -276,7 +269,6 @@ def paged_attention(
         BLOCK_SIZE=block_size, GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
         BLOCK_M=cfg.block_m, BLOCK_Q=block_q, BLOCK_N=cfg.block_n,
         ONE_TILE_PER_SEQ=one_tile_per_seq, SPLIT_PLAN=plan is not None,
-        EXTRAS_FIRST=DECODE_EXTRAS_FIRST if extras_first is None else extras_first,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if plan is not None or num_splits > 1:
