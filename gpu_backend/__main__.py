@@ -144,6 +144,8 @@ def run_replay(args: argparse.Namespace) -> int:
         "non_torch_bytes": m.non_torch_bytes if m else None,
         "graph_bytes": m.graph_bytes if m else None,
         "graph_capture_s": setup.graphs.capture_s if setup.graphs else None,
+        # decode batches of B sequences run the graph of the smallest size >= B (padded rows)
+        "graph_sizes": list(setup.graphs.sizes) if setup.graphs else None,
         "total_bytes": m.total_bytes if m else None,
         "torch_cap_bytes": setup.budget.cap_bytes if setup.budget else None,
     }

@@ -68,6 +68,7 @@ def replay_rank(group: TpGroup, args: argparse.Namespace, config: EngineConfig,
         "activation_profile": asdict(m.profile), "non_torch_bytes": m.non_torch_bytes,
         "graph_bytes": m.graph_bytes,
         "graph_capture_s": setup.graphs.capture_s if setup.graphs else None,
+        "graph_sizes": list(setup.graphs.sizes) if setup.graphs else None,
         "total_bytes": m.total_bytes, "torch_cap_bytes": None,
     }
     finish_rank(group, engine, setup.rank_memory, measured, args, config, source,
