@@ -188,3 +188,24 @@ def test_step_classes_split_time_and_error_by_kind_of_step():
     assert got["decode, 33+ sequences"]["sum_error"] == pytest.approx(-0.25)
     assert got["mixed, chunk <= 512 tokens"]["median_error"] == pytest.approx(-0.5)
     assert got["prefill only"]["median_measured_s"] == pytest.approx(0.1)
+
+
+def test_tpot_attribution_retimes_only_the_steps_inside_each_window():
+    """Four 1 s steps; request 0's decode window holds steps 1-3 (3 tokens after its first),
+    request 1's steps 2-3; an unfinished request counts for nothing. With step 1 (the only
+    step of 40 sequences) at 2 s: request 0's TPOT 4/3 s, request 1's 1 s, median 7/6 s."""
+    from validation.attribution import tpot_attribution
+
+    steps_ = steps([(0, 2, 2, 100), (0, 40, 40, 4000), (0, 2, 2, 100), (0, 2, 2, 100)],
+                   [0.0, 1.0, 2.0, 3.0], [1.0, 1.0, 1.0, 1.0])
+    requests = {"status": np.array(["finished", "finished", "running"]),
+                "output_tokens": np.array([4, 3, 5]),
+                "first_token_s": np.array([1.0, 2.0, 1.0]),
+                "finish_s": np.array([4.0, 4.0, 4.0])}
+    got = tpot_attribution(steps_, requests, np.array([1.0, 2.0, 1.0, 1.0]))
+    assert got["num_requests"] == 2
+    assert got["measured_p50_s"] == pytest.approx(1.0)
+    assert got["all_steps_error"] == pytest.approx(1 / 6)
+    assert got["by_class"]["decode, 33+ sequences"] == pytest.approx(1 / 6)
+    assert got["by_class"]["decode, 1-8 sequences"] == pytest.approx(0.0)
+    assert tpot_attribution(steps_, None, np.ones(4)) is None

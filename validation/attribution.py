@@ -44,10 +44,10 @@ def _step_ending_at(ends: np.ndarray, times: np.ndarray) -> tuple[np.ndarray, np
     return index, np.abs(ends[index] - times) <= MATCH_TOLERANCE_S
 
 
-def tpot_p50(steps: StepTable, requests: dict[str, np.ndarray],
+def tpot_p50(steps: StepTable, windows: tuple[np.ndarray, ...],
              durations_s: np.ndarray) -> float | None:
-    """Median TPOT over the measured windows with each step lasting `durations_s`."""
-    first, last, span_s, outputs = request_windows(steps, requests)
+    """Median TPOT over `windows` (request_windows) with each step lasting `durations_s`."""
+    first, last, span_s, outputs = windows
     if first.size == 0:
         return None
     shift = np.concatenate([[0.0], np.cumsum(np.asarray(durations_s) - steps.duration_s)])
@@ -61,16 +61,17 @@ def tpot_attribution(steps: StepTable, requests: dict[str, np.ndarray] | None,
     the model's time, the rest measured, per class (error relative to the measured p50)."""
     if requests is None:
         return None
-    measured = tpot_p50(steps, requests, steps.duration_s)
+    windows = request_windows(steps, requests)
+    measured = tpot_p50(steps, windows, steps.duration_s)
     if measured is None or measured <= 0:
         return None
     predicted_s = np.asarray(predicted_s, dtype=np.float64)
 
     def error(mask: np.ndarray) -> float:
-        value = tpot_p50(steps, requests, np.where(mask, predicted_s, steps.duration_s))
+        value = tpot_p50(steps, windows, np.where(mask, predicted_s, steps.duration_s))
         return float(value / measured - 1.0) if value is not None else float("nan")
 
     every = np.ones(len(steps), dtype=bool)
-    return {"num_requests": int(request_windows(steps, requests)[0].size),
+    return {"num_requests": int(windows[0].size),
             "measured_p50_s": measured, "all_steps_error": error(every),
             "by_class": {name: error(mask) for name, mask in class_masks(steps) if mask.any()}}

@@ -153,7 +153,7 @@ def _tpot_attribution_table(runs: list[RunComparison]) -> list[str]:
              "|---|---|---|---|" + "---|" * len(classes)]
     for r in runs:
         a = r.tpot_attribution
-        cells = [_pct(a["by_class"].get(c)) if c in a["by_class"] else "-" for c in classes]
+        cells = [_pct(a["by_class"].get(c)) for c in classes]
         lines.append(f"| {r.label} | {a['num_requests']} | {a['measured_p50_s'] * 1e3:.2f} ms | "
                      f"{_pct(a['all_steps_error'])} | " + " | ".join(cells) + " |")
     return lines
