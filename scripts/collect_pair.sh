@@ -8,7 +8,8 @@
 # FILES_AT: the folder holding gpu0.tar.gz, gpu1.tar.gz, status.txt and kernel_smoke.log.
 # Copies, when present: the replays (validation/gpu_runs/h200_*), the calibration profiles
 # (calibration/), the kernel and engine benchmarks (benchmarks/results/); then runs
-# `python -m validation compare` for each single-GPU slice and `python -m validation table`.
+# `python -m validation compare` for each single-GPU slice (with --repeat-dir for every earlier
+# replay of it under validation/gpu_runs/repeats/NAME/) and `python -m validation table`.
 # Check `git diff --stat` and the status file before committing.
 set -euo pipefail
 SRC="${1:?usage: bash scripts/collect_pair.sh FILES_AT [PYTHON]}"
@@ -52,8 +53,12 @@ for line in "$CONV_RUN" "${VALIDATION_RUNS[@]}"; do
   read -r name model trace limit rate _ <<<"$line"
   [ -d "validation/gpu_runs/$name" ] || continue
   rm -rf "validation/reports/$name"
+  repeats=()  # earlier replays of the slice, kept under validation/gpu_runs/repeats/NAME/TAG
+  for dir in validation/gpu_runs/repeats/"$name"/*/; do
+    [ -d "$dir" ] && repeats+=(--repeat-dir "${dir%/}")
+  done
   "$PY" -m validation compare --gpu-dir "validation/gpu_runs/$name" \
     --out "validation/reports/$name" --calibration "calibration/calibration_$model.json" \
-    --trace "$trace" --limit "$limit" --rate-scale "$rate" | grep -v "^simulating"
+    --trace "$trace" --limit "$limit" --rate-scale "$rate" "${repeats[@]}" | grep -v "^simulating"
 done
 "$PY" -m validation table validation/reports/h200_llama-3.1-8b_* validation/reports/h200_qwen2.5-0.5b_*

@@ -10,7 +10,7 @@ import pytest
 import torch
 from test_engine_helpers import TINY, toy_config, toy_core
 
-from gpu_backend.engine.calibrate import default_grid, fit_efficiency
+from gpu_backend.engine.calibrate import default_grid, fit_efficiency, time_step
 from gpu_backend.engine.memory import (
     MemoryMeasurement,
     dummy_batch,
@@ -19,7 +19,7 @@ from gpu_backend.engine.memory import (
     measured_plan,
     profile_token_counts,
 )
-from gpu_backend.engine.runner import ModelRunner
+from gpu_backend.engine.runner import ModelRunner, StepPhases
 from gpu_backend.engine.setup import plain_store
 from gpu_backend.engine.shapes import host_batch, mixed_shape, scheduler_output
 from gpu_backend.model import build_model
@@ -240,3 +240,23 @@ def test_transition_cycles_run_through_the_engines_executor_and_leak_nothing():
     assert not pool.attached
     pool.close()
     assert fake.leaks() == []
+
+
+class ScriptedRunner:
+    """Reports the given phases, one per execute(), as the engine's runner sets them."""
+
+    def __init__(self, phases: list[tuple[float, float]]) -> None:
+        self.script, self.calls = iter(phases), 0
+
+    def execute(self, batch) -> None:
+        self.calls += 1
+        self.phases = StepPhases(*next(self.script))
+
+
+def test_time_step_reports_the_median_of_each_phase():
+    # 2 warm-ups (not counted), then 5 timed runs: enqueue medians 3, device medians 30
+    runner = ScriptedRunner([(99, 99), (99, 99), (1, 50), (5, 10), (3, 30), (2, 40), (4, 20)])
+    timing = time_step(runner, lambda: None, warmup=2, repeat=5)
+    assert runner.calls == 7
+    assert timing["enqueue_s"] == 3 and timing["device_s"] == 30
+    assert timing["measured_s"] >= timing["build_s"] >= 0

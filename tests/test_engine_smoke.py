@@ -60,6 +60,10 @@ def test_outputs_have_the_simulator_columns(model, tmp_path):
     with (tmp_path / "steps.csv").open() as f:
         steps = list(csv.DictReader(f))
     assert list(steps[0]) == list(STEP_COLUMNS)
+    for row in steps:  # phases: host build and enqueue timed on the CPU; no device events there
+        build_s, enqueue_s = float(row["build_s"]), float(row["enqueue_s"])
+        assert 0 < build_s < float(row["measured_s"]) and 0 < enqueue_s
+        assert row["device_s"] == "nan"
     assert len(steps) == summary["num_engine_steps"]
     for row in steps:  # the longest decode context bounds the sum from below and above
         rows, longest = int(row["num_decode_tokens"]), int(row["max_decode_context"])

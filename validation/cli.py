@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--gpu-dir", type=Path, required=True,
                          help="folder of GPU replay outputs, one subfolder per run")
     compare.add_argument("--out", type=Path, required=True, help="report folder")
+    compare.add_argument("--repeat-dir", type=Path, action="append",
+                         help="other replays of the same runs (same layout as --gpu-dir); the "
+                              "report shows how far the measurement itself moves (repeatable)")
     _add_slice_arguments(compare, required=False)
     _add_compare_arguments(compare)
 

@@ -40,6 +40,7 @@ def compare(args: argparse.Namespace) -> int:
     from sim.cli import load_calibration
     from validation.calibrate import write_calibration
     from validation.pipeline import validate
+    from validation.repeats import median_deviation, repeat_rows
     from validation.report import write_report
 
     efficiency, profile, vmm_costs = load_calibration(args.calibration)
@@ -50,8 +51,13 @@ def compare(args: argparse.Namespace) -> int:
                  resimulate_fitted=args.resimulate_fitted, vmm_costs=vmm_costs)
     if args.calibration is not None:
         v.calibration_versions = json.loads(args.calibration.read_text()).get("versions")
+    v.repeats = repeat_rows(runs, [(d.name, load_runs(d)) for d in args.repeat_dir or ()])
     paths = write_report(args.out, v, plots=not args.no_plots)
     print_targets(v.targets)
+    if v.repeats:
+        spread = median_deviation(v.repeats)
+        print("the same replays measured again (median over runs of the largest deviation): "
+              + ", ".join(f"{m} {'n/a' if x is None else f'{x:.1%}'}" for m, x in spread.items()))
     if v.refit_targets:
         print_targets(v.refit_targets, "targets after re-simulating with the fitted efficiencies")
     if v.fit is not None:

@@ -82,6 +82,7 @@ class Validation:
     refit_targets: list[dict] = field(default_factory=list)
     vmm_costs: VmmCosts | None = None  # the calibration's transition costs, if it has them
     calibration_versions: dict | None = None  # the calibration's GPU-side versions, if any
+    repeats: list[dict] = field(default_factory=list)  # repeats.repeat_rows: the same replays again
 
 
 SENSITIVITY_FACTOR = 1.02

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from validation.compare import METRICS, format_target_value
 from validation.pipeline import SENSITIVITY_FACTOR, RunComparison, Validation
+from validation.repeats import median_deviation
 
 REFERENCES = ("Vidur reports ~9% latency error; LLMServingSim 2.0 reports 2-14%.")
 
@@ -36,6 +37,8 @@ def report_dict(v: Validation) -> dict:
         "environment": _environment(v),
         "runs": [run_dict(r) for r in v.runs], "targets": v.targets, "gains": v.gains,
         "fit": v.fit.to_dict() if v.fit else None, "fit_note": v.fit_note,
+        "repeats": v.repeats,
+        "repeat_deviation": median_deviation(v.repeats) if v.repeats else None,
     }
     if v.refit_runs:
         data["after_fit"] = {"runs": [run_dict(r) for r in v.refit_runs],
@@ -93,6 +96,23 @@ def _targets_table(targets: list[dict]) -> list[str]:
         lines.append(f"| {t['metric']} | {t['aggregate']} | {value} | "
                      f"<= {format_target_value(t['limit'], measure)} | **{verdict}**{note} |")
     return lines
+
+
+def _repeat_lines(rows: list[dict]) -> list[str]:
+    """The same replays measured again: every value and the largest deviation (none: [])."""
+    if not rows:
+        return []
+    spread = median_deviation(rows)
+    lines = ["## The same replays measured again", "",
+             "Other replays of these runs (same configuration and trace slice, another process or "
+             "session): how far the measurement itself moves. Median over runs of the largest "
+             "deviation: " + ", ".join(f"{m} {_abs(x)}" for m, x in spread.items()) + ".", "",
+             "| run | metric | this replay | repeats | largest deviation |", "|---|---|---|---|---|"]
+    for r in rows:
+        others = "; ".join(f"{o['name']}: {_num(o['value'])}" for o in r["repeats"])
+        lines.append(f"| {r['run']} | {r['metric']} | {_num(r['value'])} | {others} | "
+                     f"{_abs(r['max_deviation'])} |")
+    return lines + [""]
 
 
 def _metrics_table(runs: list[RunComparison]) -> list[str]:
@@ -231,7 +251,7 @@ def markdown(v: Validation, images: list[str]) -> str:
            f"{v.calibration_source}; elastic transition costs: {_vmm_source(v)}.", "",
            _environment(v), "",
            "## Targets", "", *_targets_table(v.targets), "",
-           f"Reference: {REFERENCES}", "",
+           f"Reference: {REFERENCES}", "", *_repeat_lines(v.repeats),
            "## Predicted / measured (relative error), per run", "", *_metrics_table(v.runs), "",
            "## Gains: what a user decides on", "",
            "Gain = (run - baseline) / baseline; decisions compare directions, a gain under 1% "

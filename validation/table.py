@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from validation.compare import TARGETS, check_targets, format_target_value
+from validation.repeats import REPEAT_METRICS, median_deviation
 
 COLUMNS = {"ttft_p50_s": "TTFT p50", "tpot_p50_s": "TPOT p50",
            "throughput_tok_s": "throughput", "ttft_p99_s": "TTFT p99",
@@ -51,6 +52,7 @@ def table(folders: list[Path]) -> str:
     header = ["report", "runs", *(COLUMNS[t.metric] for t in TARGETS)]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     pooled: list[dict] = []
+    repeats: list[tuple[str, list[dict]]] = []
     for folder in folders:
         report = read_report(folder)
         metrics = [run["metrics"] for run in report["runs"]]
@@ -58,8 +60,29 @@ def table(folders: list[Path]) -> str:
         name = folder.name if folder.is_dir() else folder.parent.name
         lines.append(f"| {name} | {len(metrics)} | " + " | ".join(_cells(check_targets(metrics)))
                      + " |")
+        if report.get("repeats"):
+            repeats.append((name, report["repeats"]))
     lines.append(f"| all of the above | {len(pooled)} | "
                  + " | ".join(_cells(check_targets(pooled))) + " |")
     limits = ", ".join(f"{COLUMNS[t.metric]} {t.aggregate} <= "
                        f"{format_target_value(t.limit, t.measure)}" for t in TARGETS)
-    return "\n".join(lines) + f"\n\nTargets: {limits} (over the runs of each row). Bold: missed.\n"
+    out = "\n".join(lines) + f"\n\nTargets: {limits} (over the runs of each row). Bold: missed.\n"
+    return out + _repeat_table(repeats) if repeats else out
+
+
+def _repeat_table(repeats: list[tuple[str, list[dict]]]) -> str:
+    """Per report, the median over its runs of the largest deviation of a repeated replay."""
+    header = ["report", "runs repeated", *(COLUMNS[m] for m in REPEAT_METRICS)]
+    lines = ["", "The same replays measured again (`compare --repeat-dir`): median over runs of "
+             "the largest |repeat / replay - 1|.", "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+
+    def row(name: str, rows: list[dict], num_runs: int) -> str:
+        spread = median_deviation(rows)
+        cells = ["n/a" if spread[m] is None else f"{spread[m]:.1%}" for m in REPEAT_METRICS]
+        return f"| {name} | {num_runs} | " + " | ".join(cells) + " |"
+
+    counts = [len({r["run"] for r in rows}) for _, rows in repeats]
+    lines += [row(name, rows, n) for (name, rows), n in zip(repeats, counts)]
+    lines.append(row("all of the above", [r for _, rows in repeats for r in rows], sum(counts)))
+    return "\n".join(lines) + "\n"

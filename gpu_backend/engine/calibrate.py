@@ -65,6 +65,9 @@ def default_grid(quick: bool = False) -> list[StepShape]:
     # Long contexts per sequence (Mooncake-like): the replays showed them slower than the
     # shorter grid points predict.
     grid += [decode_shape(b, 16384) for b in (4, 16, 32)]
+    # The replays' other graph sizes (capture_sizes: a decode batch runs padded to the next
+    # one up): is a step's cost linear in the batch between the sizes above?
+    grid += [decode_shape(b, c) for b in (2, 4, 16, 48, 96, 192) for c in (1024, 4096)]
     # One or two long sequences among short ones: a decode step should cost its total keys,
     # not its longest sequence (the attention kernel's split plan; see kernels/attention.py).
     grid += [skewed_decode_shape(32, 512, 16384), skewed_decode_shape(64, 1024, 16384, 2),
@@ -112,17 +115,24 @@ def fit_efficiency(cost_args: tuple, outputs: list, measured_s: np.ndarray,
     }
 
 
-def time_step(runner, build, warmup: int, repeat: int) -> float:
-    """Median seconds of `runner.execute(build())`: building the host batch is timed too,
-    as the engine times it in a replay (GpuEngine._run)."""
+def time_step(runner, build, warmup: int, repeat: int) -> dict[str, float]:
+    """Medians over `repeat` runs of `runner.execute(build())` (seconds): `measured_s`, the
+    whole step, host batch built as the engine builds it in a replay (GpuEngine._run), and
+    its phases as a replay's steps.csv records them (`build_s`, `enqueue_s`, `device_s`)."""
     for _ in range(warmup):
         runner.execute(build())
-    times = []
+    runs = []
     for _ in range(repeat):
         start = time.perf_counter()
-        runner.execute(build())  # ends with the sampled ids on the host (a sync)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        batch = build()
+        built = time.perf_counter()
+        runner.execute(batch)  # ends with the sampled ids on the host (a sync)
+        phases = getattr(runner, "phases", None)
+        runs.append((time.perf_counter() - start, built - start,
+                     getattr(phases, "enqueue_s", math.nan), getattr(phases, "device_s", math.nan)))
+    columns = zip(*runs)
+    return {name: statistics.median(values)
+            for name, values in zip(("measured_s", "build_s", "enqueue_s", "device_s"), columns)}
 
 
 @dataclass
@@ -179,10 +189,10 @@ def calibrate(config: EngineConfig, *, seed: int = 0, quick: bool = False,
     measurements, outputs, times = [], [], []
     for shape in grid:
         mirror, out = engine_step(shape, config.block_size, num_blocks, config.model.vocab_size)
-        seconds = time_step(runner, partial(mirror.build, out), warmup, repeat)
-        measurements.append({**shape.describe(), "measured_s": seconds})
+        timing = time_step(runner, partial(mirror.build, out), warmup, repeat)
+        measurements.append({**shape.describe(), **timing})
         outputs.append(scheduler_output(shape))
-        times.append(seconds)
+        times.append(timing["measured_s"])
     cost_args = (config.model, config.gpu, 1)
     bandwidth = copy_bandwidth_bytes_s()
     efficiency, fit_error = fit_efficiency(cost_args, outputs, np.array(times),

@@ -12,6 +12,7 @@ advances by each measured step and skips idle gaps (`--no-wait`).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -29,7 +30,9 @@ from sim.metrics import ReplicaRecorder
 STEP_COLUMNS = ("step_id", "start_s", "num_prefill_tokens", "num_decode_tokens",
                 "decode_context_tokens", "num_seqs", "measured_s", "graph", "lent_blocks",
                 "mapped_elastic_bytes", "oom", "num_sampled_rows", "max_decode_context",
-                "prefill_chunks")
+                "prefill_chunks", "build_s", "enqueue_s", "device_s")
+# build_s: the host batch built (and the elastic mapping checked) inside measured_s;
+# enqueue_s / device_s: the runner's StepPhases (host enqueue time, device span; NaN unknown).
 
 
 class Clock(Protocol):
@@ -84,6 +87,7 @@ class GpuEngine:
     prompt_len: dict[int, int] = field(default_factory=dict)
     num_real_oom: int = 0
     timer: Callable[[], float] = time.perf_counter  # measures each step (tests inject one)
+    _phases: tuple[float, float, float] = field(default=(math.nan,) * 3, init=False, repr=False)
 
     @property
     def scheduler(self):
@@ -127,11 +131,14 @@ class GpuEngine:
 
     def _run(self, out: SchedulerOutput) -> tuple[SchedulerOutput, float, bool]:
         start = self.timer()
+        self._phases = (math.nan, math.nan, math.nan)
         if not out.scheduled:
             return out, self.timer() - start, False
+        build_start = time.perf_counter()  # phases: wall-clock diagnostics beside the timer
         self.elastic.ensure_mapped(out)
         batch = self.mirror.build(out)
         self._check_mapped(batch.block_tables)
+        build_s = time.perf_counter() - build_start
         graph = bool(getattr(self.runner, "graphs", None)) and batch.is_decode_only
         ids, oom = self._execute(batch)
         end = self.timer()
@@ -142,6 +149,9 @@ class GpuEngine:
             ids, oom = self._execute(batch)  # idempotent: same KV writes, same ids
             end = self.timer()
             oom, _ = self._agree_flags(oom, False)
+        phases = getattr(self.runner, "phases", None)
+        self._phases = (build_s, getattr(phases, "enqueue_s", math.nan),
+                        getattr(phases, "device_s", math.nan))
         if oom:
             return self._fail_step(out), end - start, False
         self.mirror.append_sampled(batch.sample_request_ids, ids)
@@ -180,4 +190,4 @@ class GpuEngine:
                            int(out.oom is not None), out.num_sampled_rows,
                            max((s.num_computed_tokens + 1 for s in out.scheduled if s.is_decode),
                                default=0),
-                           ";".join(f"{c}:{p}" for c, p in out.prefill_chunks)))
+                           ";".join(f"{c}:{p}" for c, p in out.prefill_chunks), *self._phases))

@@ -7,8 +7,10 @@ batch-size bucket (see graphs.py); their inputs are copied into the graph's stat
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -176,6 +178,35 @@ class CompileWatch:
         self.enabled = True
 
 
+@dataclass(frozen=True)
+class StepPhases:
+    """Where one step's time went: host enqueue time and device span (seconds; NaN unknown)."""
+    enqueue_s: float = math.nan
+    device_s: float = math.nan
+
+
+class SpanEvents:
+    """Two reusable timing events around a step on the current stream (no-ops on the CPU)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.start = torch.cuda.Event(enable_timing=True)
+            self.end = torch.cuda.Event(enable_timing=True)
+
+    def record_start(self) -> None:
+        if self.cuda:
+            self.start.record()
+
+    def record_end(self) -> None:
+        if self.cuda:
+            self.end.record()
+
+    def span_s(self) -> float:
+        """Seconds between the two events; call after a sync that covers the end event."""
+        return self.start.elapsed_time(self.end) * 1e-3 if self.cuda else math.nan
+
+
 class ModelRunner:
     """Runs one HostBatch; returns the sampled ids of its `logits_indices` rows, in order."""
 
@@ -189,6 +220,8 @@ class ModelRunner:
         self.num_eager_steps = 0
         self.num_compiling_steps = 0
         self._compiles_seen = 0
+        self._events = SpanEvents(device)
+        self.phases = StepPhases()  # of the last execute()
 
     def compiled_since_last_call(self) -> bool:
         """Did a kernel compile since the previous call? (Never true without the hook.)"""
@@ -201,15 +234,28 @@ class ModelRunner:
         return changed
 
     def execute(self, batch: HostBatch) -> np.ndarray:
-        """Sampled token ids [R]; blocks until they are on the host."""
+        """Sampled token ids [R]; blocks until they are on the host.
+
+        Sets `phases`: how long the host took to enqueue the step (inputs staged and copied,
+        graph replayed or every kernel launched) and the device's span from the input copy to
+        the sampled ids (CUDA events; NaN on the CPU). A span close to the enqueue time means
+        the device waited for the host: a launch-bound step.
+        """
         if batch.num_tokens == 0:
+            self.phases = StepPhases()
             return np.zeros(0, dtype=np.int64)
+        start = time.perf_counter()
+        self._events.record_start()
         size = self.graphs.bucket(batch) if self.graphs is not None else None
         if size is not None:
             assert self.graphs is not None
-            out = self.graphs.run(batch, size, self.copier)
+            out = self.graphs.run(batch, size, self.copier)[:batch.num_seqs]
             self.num_graph_steps += 1
-            return out[:batch.num_seqs].cpu().numpy()[batch.logits_indices]
-        ids = self.model(self.copier.to_device(batch), self.kv_caches)  # [R]
-        self.num_eager_steps += 1
-        return ids.cpu().numpy()
+        else:
+            out = self.model(self.copier.to_device(batch), self.kv_caches)  # [R]
+            self.num_eager_steps += 1
+        self._events.record_end()
+        enqueue_s = time.perf_counter() - start
+        ids = out.cpu().numpy()  # the sync
+        self.phases = StepPhases(enqueue_s, self._events.span_s())
+        return ids[batch.logits_indices] if size is not None else ids

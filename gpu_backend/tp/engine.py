@@ -29,7 +29,8 @@ class TpEngine(GpuEngine):
 
     @classmethod
     def wrap(cls, engine: GpuEngine, group: TpGroup) -> TpEngine:
-        return cls(**{f.name: getattr(engine, f.name) for f in fields(GpuEngine)}, group=group)
+        return cls(**{f.name: getattr(engine, f.name) for f in fields(GpuEngine) if f.init},
+                   group=group)
 
     def step(self, clock: Clock) -> list[RequestState]:
         if isinstance(clock, WallClock):

@@ -1,0 +1,87 @@
+"""`compare --repeat-dir`: the same replays measured again, and how far they moved."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from validation.commands import load_runs
+from validation.repeats import median_deviation, repeat_rows
+from validation.table import table
+
+CONFIG = {"model": "llama-3.1-8b", "gpu": "h200-141gb", "drain": "preempt",
+          "tensor_parallel_size": 1, "max_num_seqs": 256, "block_size": 16,
+          "max_model_len": 32768, "trace_path": "azure-code", "limit": 150, "window_s": None,
+          "rate_scale": 2.0, "seed": 0, "num_requests": 150, "enable_prefix_caching": False}
+
+
+def write_replay(folder, policy: str, ttft_p50: float, tpot_p50: float, **config) -> None:
+    """A replay folder as `python -m gpu_backend replay --out` writes it (no steps)."""
+    folder.mkdir(parents=True)
+    run = {**CONFIG, **config, "policy": policy, "chunk": 8192,
+           "ttft_s": {"p50": ttft_p50, "p99": 1.0}, "tpot_s": {"p50": tpot_p50, "p99": 0.05},
+           "throughput_tok_s": 100.0}
+    (folder / "summary.json").write_text(json.dumps({"trace": "/x/code.csv", "runs": [run]}))
+    (folder / "steps.csv").write_text("step_id,num_prefill_tokens,num_decode_tokens,"
+                                      "decode_context_tokens,num_seqs,measured_s\n")
+
+
+def rows_by(rows, run, metric):
+    return next(r for r in rows if r["run"] == run and r["metric"] == metric)
+
+
+def test_largest_deviation_of_any_repeat_per_run_and_metric(tmp_path):
+    write_replay(tmp_path / "now" / "static", "static", 0.200, 0.020)
+    write_replay(tmp_path / "now" / "elastic", "elastic", 0.250, 0.021)
+    write_replay(tmp_path / "a" / "static", "static", 0.220, 0.019)  # +10%, -5%
+    write_replay(tmp_path / "a" / "elastic", "elastic", 0.250, 0.0168)  # 0%, -20%
+    write_replay(tmp_path / "b" / "static", "static", 0.190, 0.023)  # -5%, +15%
+    repeats = [("a", load_runs(tmp_path / "a")), ("b", load_runs(tmp_path / "b"))]
+    rows = repeat_rows(load_runs(tmp_path / "now"), repeats)
+    static_ttft = rows_by(rows, "static/chunk=8192", "ttft_p50_s")
+    assert [o["name"] for o in static_ttft["repeats"]] == ["a", "b"]
+    assert static_ttft["max_deviation"] == pytest.approx(0.10)
+    assert rows_by(rows, "static/chunk=8192", "tpot_p50_s")["max_deviation"] == pytest.approx(0.15)
+    elastic_tpot = rows_by(rows, "elastic/chunk=8192", "tpot_p50_s")
+    assert [o["name"] for o in elastic_tpot["repeats"]] == ["a"]  # b has no elastic replay
+    assert elastic_tpot["max_deviation"] == pytest.approx(0.20)
+    assert rows_by(rows, "elastic/chunk=8192", "throughput_tok_s")["max_deviation"] == 0.0
+    spread = median_deviation(rows)  # over the two runs
+    assert spread["ttft_p50_s"] == pytest.approx((0.10 + 0.0) / 2)
+    assert spread["tpot_p50_s"] == pytest.approx((0.15 + 0.20) / 2)
+
+
+def test_a_repeat_of_another_configuration_is_a_clear_error(tmp_path):
+    write_replay(tmp_path / "now" / "static", "static", 0.2, 0.02)
+    write_replay(tmp_path / "other" / "static", "static", 0.2, 0.02, rate_scale=1.0)
+    with pytest.raises(ValueError, match=r"other/static/summary.json: rate_scale is 1.0 but the "
+                                         r"replay it repeats .*now/static/summary.json\) has 2.0"):
+        repeat_rows(load_runs(tmp_path / "now"), [("other", load_runs(tmp_path / "other"))])
+
+
+def test_a_repeat_folder_without_replays_is_a_clear_error(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="empty: no summary.json found"):
+        load_runs(tmp_path / "empty")
+
+
+def test_table_lists_each_reports_repeat_deviation_and_pools_the_runs(tmp_path):
+    def report(name, deviations):
+        rows = [{"run": f"run{i}", "metric": m, "value": 1.0, "repeats": [],
+                 "max_deviation": d}
+                for i, d in enumerate(deviations)
+                for m in ("ttft_p50_s", "tpot_p50_s", "throughput_tok_s", "ttft_p99_s")]
+        metrics = {m: {"predicted": 1.0, "measured": 1.0, "difference": 0.0, "relative_error": 0.0}
+                   for m in ("ttft_p50_s", "tpot_p50_s", "throughput_tok_s", "ttft_p99_s",
+                             "kv_capacity_tokens", "reserve_share")}
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "report.json").write_text(json.dumps(
+            {"runs": [{"label": "run0", "metrics": metrics}], "repeats": rows}))
+
+    report("a", [0.02, 0.10])
+    report("b", [0.30])
+    lines = table([tmp_path / "a", tmp_path / "b"]).splitlines()
+    assert "| a | 2 | 6.0% | 6.0% | 6.0% | 6.0% |" in lines
+    assert "| b | 1 | 30.0% | 30.0% | 30.0% | 30.0% |" in lines
+    assert "| all of the above | 3 | 10.0% | 10.0% | 10.0% | 10.0% |" in lines  # 2, 10, 30

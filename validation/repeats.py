@@ -1,0 +1,80 @@
+"""The same replay measured again: how far the measurement itself moves.
+
+A replay's latencies depend on the machine's state as well as on its configuration. On the
+lent H200 the host CPU ran a fixed pure-Python loop in 7 ms in one session and 14 ms in
+another (`benchmarks/host_noise.py`), and every launch-bound step moved with it: two replays
+of one slice fifteen minutes apart differed by 16% in TPOT p50 (Llama-3.1-8B, Azure code) and
+by 41% in TTFT p50 (Qwen2.5-0.5B, Azure conv). A model error is only meaningful beside that.
+
+`python -m validation compare --repeat-dir DIR` (repeatable) reads other replays of the same
+runs: every run of DIR whose policy and chunk match a compared run must have replayed the same
+configuration and trace slice (else a clear error names both folders and the field). For each
+run and metric the report lists every measured value and the largest deviation of a repeat
+from the compared replay; the targets table adds the median of that over runs. The targets
+themselves are judged on the model's error alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from validation.compare import metric_values
+from validation.runs import GpuRun
+
+REPEAT_METRICS = ("ttft_p50_s", "tpot_p50_s", "throughput_tok_s", "ttft_p99_s")
+# What a repeat must share with the replay it repeats (summary.json keys).
+SAME_CONFIGURATION = ("model", "gpu", "policy", "chunk", "drain", "tensor_parallel_size",
+                      "max_num_seqs", "block_size", "max_model_len", "trace_path", "limit",
+                      "window_s", "rate_scale", "seed", "num_requests", "enable_prefix_caching")
+
+
+def check_same_configuration(run: GpuRun, repeat: GpuRun) -> None:
+    for key in SAME_CONFIGURATION:
+        a, b = run.summary.get(key), repeat.summary.get(key)
+        if a != b:
+            raise ValueError(
+                f"{repeat.path / 'summary.json'}: {key} is {b!r} but the replay it repeats "
+                f"({run.path / 'summary.json'}) has {a!r}; a repeat must replay the same "
+                f"configuration and trace slice (pass only such folders to --repeat-dir)")
+
+
+def repeat_rows(runs: Sequence[GpuRun], repeats: Sequence[tuple[str, Sequence[GpuRun]]]
+                ) -> list[dict]:
+    """One row per run and metric: the compared replay's value, each repeat's, and the largest
+    |repeat / replay - 1|. `repeats`: (name, runs) per repeat folder; a repeat without a run
+    of the same policy and chunk is left out of that run's rows."""
+    rows = []
+    for run in runs:
+        matches = []
+        for name, others in repeats:
+            same = [o for o in others if o.label == run.label]
+            if len(same) > 1:
+                raise ValueError(f"repeat {name}: {len(same)} replays of {run.label} "
+                                 f"({', '.join(str(o.path) for o in same)}); keep one")
+            if same:
+                check_same_configuration(run, same[0])
+                matches.append((name, same[0]))
+        if not matches:
+            continue
+        values = metric_values(run.summary)
+        for metric in REPEAT_METRICS:
+            value = values[metric]
+            others = [(name, metric_values(o.summary)[metric]) for name, o in matches]
+            deviations = [abs(v / value - 1.0) for _, v in others
+                          if v is not None and value not in (None, 0.0)]
+            rows.append({"run": run.label, "metric": metric, "value": value,
+                         "repeats": [{"name": name, "value": v} for name, v in others],
+                         "max_deviation": max(deviations) if deviations else None})
+    return rows
+
+
+def median_deviation(rows: Sequence[dict]) -> dict[str, float | None]:
+    """Per metric, the median over runs of the largest deviation of a repeat."""
+    out: dict[str, float | None] = {}
+    for metric in REPEAT_METRICS:
+        found = [r["max_deviation"] for r in rows
+                 if r["metric"] == metric and r["max_deviation"] is not None]
+        out[metric] = float(np.median(found)) if found else None
+    return out
