@@ -35,8 +35,6 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a plain checkout
 
 from gpu_backend.engine.shapes import (  # noqa: E402
@@ -44,6 +42,7 @@ from gpu_backend.engine.shapes import (  # noqa: E402
     engine_step,
     mixed_shape,
     prefill_shape,
+    scatter_tables,
 )
 
 EAGER = {"128-token prompt + 32 decodes of 1,024": mixed_shape(128, 0, 32, 1024),
@@ -76,24 +75,18 @@ def python_work(seconds: float = 0.003) -> None:
         _ = [{"id": i, "blocks": list(range(8))} for i in range(200)]
 
 
-def scattered(mirror, num_pool_blocks: int, seed: int = 0) -> None:
-    """Move every table's blocks to random places over the whole pool (one permutation)."""
-    perm = np.random.default_rng(seed).permutation(num_pool_blocks - 1)
-    for request_id, table in mirror.tables.items():
-        mirror.tables[request_id] = [int(perm[b]) for b in table]
-
-
 class Lab:
     """The profile's engine, and step closures on it or on other pools and graphs."""
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, extra_shapes: tuple = ()) -> None:
         from gpu_backend.engine.calibrate import profile_engine
         from sim.core.catalog import get_gpu, get_model
         from sim.core.engine_config import EngineConfig
 
         self.config = EngineConfig(model=get_model(model), gpu=get_gpu("h200"),
                                    reclaim="release")
-        self.engine = profile_engine(self.config, [*EAGER.values(), DECODE, prefill_shape(2048)])
+        self.engine = profile_engine(self.config, [*EAGER.values(), DECODE, prefill_shape(2048),
+                                                   *extra_shapes])
         self.runner = self.engine.runner
         self.block_size = self.engine.config.block_size
 
@@ -103,7 +96,7 @@ class Lab:
         mirror, out = engine_step(shape, self.block_size, pool_blocks,
                                   self.config.model.vocab_size)
         if scatter:
-            scattered(mirror, pool_blocks)
+            scatter_tables(mirror, pool_blocks)
         return lambda: runner.execute(mirror.build(out))
 
     def runner_on(self, caches, sizes: tuple[int, ...] | None = None, width: int | None = None):

@@ -71,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_arguments(pp)
     pp.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     pp.add_argument("--quick", action="store_true", help="a small grid (tests, smoke runs)")
+    pp.add_argument("--replay-setup", action="store_true",
+                    help="time the grid as a replay runs its steps: graphs of the replay's "
+                         "capture sizes, tables --max-model-len wide, a pool over 60%% of free "
+                         "memory with blocks scattered")
     pp.add_argument("--out", type=Path, default=None)
     fp = sub.add_parser("refit", help="fit a calibration's stored measurements again (no GPU)")
     fp.add_argument("calibration", type=Path)
@@ -161,7 +165,7 @@ def run_profile(args: argparse.Namespace) -> int:
     from gpu_backend.engine.calibrate import calibrate, write_calibration
 
     config = engine_config(args, Policy.STATIC)
-    result = calibrate(config, seed=args.seed, quick=args.quick)
+    result = calibrate(config, seed=args.seed, quick=args.quick, replay_setup=args.replay_setup)
     out = args.out or Path(f"calibration_{config.model.name}.json")
     write_calibration(out, result)
     print(json.dumps({"efficiency": result["efficiency"], "fit_error": result["fit_error"]},

@@ -48,6 +48,26 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--reclaim", default="remap", choices=["remap", "release"])
     g.add_argument("--calibration", type=Path, default=None,
                    help="calibration JSON from `python -m gpu_backend profile`")
+    g.add_argument("--cuda-graph-sizes", type=parse_graph_sizes, default=(),
+                   help="decode CUDA graph batch sizes, comma-separated: a decode-only batch is "
+                        "priced padded to the next size up, eager beyond the largest (vLLM "
+                        "captures 1,2,4,8,16,24,...,512; default: each batch at its own size)")
+
+
+def parse_graph_sizes(text: str) -> tuple[int, ...]:
+    """'1,2,4,8' -> (1, 2, 4, 8); '' or 'none' -> ()."""
+    if text.strip().lower() in ("", "none"):
+        return ()
+    try:
+        sizes = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--cuda-graph-sizes {text!r}: expected positive batch sizes separated by commas, "
+            "e.g. 1,2,4,8,16,32") from None
+    if not sizes or sizes[0] < 1:
+        raise argparse.ArgumentTypeError(
+            f"--cuda-graph-sizes {text!r}: every size must be a positive batch size")
+    return sizes
 
 
 def engine_configs(args: argparse.Namespace) -> list[EngineConfig]:
@@ -58,6 +78,7 @@ def engine_configs(args: argparse.Namespace) -> list[EngineConfig]:
         max_model_len=args.max_model_len, block_size=args.block_size,
         drain=DrainStrategy.parse(args.drain), vmm_handle_bytes=args.vmm_handle_mib * MIB,
         reclaim=args.reclaim, enable_prefix_caching=args.enable_prefix_caching,
+        cuda_graph_sizes=args.cuda_graph_sizes,
     )
     policies = parse_policies(args.policy)
     chunks = parse_int_list(args.chunk, "--max-num-batched-tokens") if args.chunk else [None]

@@ -211,3 +211,40 @@ def test_slower_stretches_every_step_by_the_factor(tp):
                                                             rel=1e-12)
     with pytest.raises(ValueError, match="factor >= 1"):
         slower(eff, 0.99)
+
+
+# ------------------------------------------------------------------- decode CUDA graph sizes
+GRAPHS = (1, 2, 4, 8, 16, 32)
+# skinny GEMMs grow with their rows (as fitted on the H200), so padding costs time
+NO_PER_SEQ = Efficiency(per_seq_overhead_s=0.0, eager_launch_s=0.05, linear_serial_fraction=0.5)
+
+
+def test_a_decode_batch_is_priced_at_its_graph_size_with_its_own_context():
+    padded = CostModel(LLAMA_8B, H200, efficiency=NO_PER_SEQ, graph_sizes=GRAPHS)
+    exact = CostModel(LLAMA_8B, H200, efficiency=NO_PER_SEQ)
+    # 20 rows run the 32-row graph: the 32-row step's weights and logits, 20 rows' keys
+    step20 = padded.step(output(num_decode=20, decode_context=20_000, num_rows=20, num_seqs=20))
+    step32 = exact.step(output(num_decode=32, decode_context=20_000, num_rows=32, num_seqs=32))
+    assert step20.total_s == pytest.approx(step32.total_s, rel=1e-12)
+    assert step20.launch_s == 0.0
+    # a size that has its graph costs as before; the padding only ever adds
+    same = padded.step(output(num_decode=16, decode_context=9_000, num_rows=16, num_seqs=16))
+    assert same.total_s == exact.step(output(num_decode=16, decode_context=9_000, num_rows=16,
+                                             num_seqs=16)).total_s
+    assert step20.total_s > exact.step(output(num_decode=20, decode_context=20_000,
+                                              num_rows=20, num_seqs=20)).total_s
+
+
+def test_a_decode_batch_beyond_every_graph_runs_eagerly():
+    padded = CostModel(LLAMA_8B, H200, efficiency=NO_PER_SEQ, graph_sizes=GRAPHS)
+    step = padded.step(output(num_decode=40, decode_context=4_000, num_rows=40, num_seqs=40))
+    assert step.launch_s == 0.05 and step.total_s == pytest.approx(0.05 + NO_PER_SEQ.step_overhead_s)
+
+
+def test_padded_decode_run_equals_its_single_steps():
+    padded = CostModel(LLAMA_8B, H200, efficiency=NO_PER_SEQ, graph_sizes=GRAPHS)
+    for batch in (20, 40):  # a graph, and eager beyond the largest
+        run = padded.decode_run_s(batch, 10_000, 3)
+        singles = [padded.step(output(num_decode=batch, decode_context=10_000 + k * batch,
+                                      num_rows=batch, num_seqs=batch)).total_s for k in range(3)]
+        np.testing.assert_allclose(run, singles, rtol=1e-12)

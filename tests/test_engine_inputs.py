@@ -129,3 +129,20 @@ def test_mirror_tracks_scheduler_tables(policy, drain):
         assert seen["preempted"] > 0  # 16 blocks cannot hold six growing requests
     if drain is DrainStrategy.MIGRATE:
         assert seen["migrations"] > 0
+
+
+def test_scattered_tables_stay_distinct_and_usable():
+    from gpu_backend.engine.shapes import decode_shape, engine_step, scatter_tables
+
+    shape = decode_shape(6, 100)  # 6 sequences of 7 blocks: 42 blocks side by side
+    mirror, out = engine_step(shape, 16, 1000, 128)
+    before = dict(mirror.tables)
+    assert sorted(b for t in before.values() for b in t) == list(range(42))
+    scatter_tables(mirror, 1000, seed=5)
+    blocks = [b for t in mirror.tables.values() for b in t]
+    assert len(set(blocks)) == 42 and max(blocks) < 999  # a permutation of the usable blocks
+    assert blocks != list(range(42)) and max(blocks) > 100  # spread over the pool
+    assert [len(t) for t in mirror.tables.values()] == [len(t) for t in before.values()]
+    mirror.check_usable(mirror.tables, 999)  # the device ids stay inside the pool
+    batch = mirror.build(out)
+    assert batch.block_tables.max() == max(blocks) + 1  # device id = core id + 1

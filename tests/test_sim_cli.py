@@ -138,3 +138,15 @@ def test_bad_length_spec_is_a_one_line_error(capsys):
     assert main(["--trace", "synthetic", "--prompt-dist", "lognormal:abc:1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--prompt-dist" in err[0] and "Traceback" not in err[0]
+
+
+def test_cuda_graph_sizes_flag_parses_sorted_sizes_or_none():
+    import argparse
+
+    from sim.cli import parse_graph_sizes
+
+    assert parse_graph_sizes("8,1,2,8") == (1, 2, 8)
+    assert parse_graph_sizes("none") == () and parse_graph_sizes("") == ()
+    for bad in ("1,x", "0,4", "-2"):
+        with pytest.raises(argparse.ArgumentTypeError, match="--cuda-graph-sizes"):
+            parse_graph_sizes(bad)

@@ -209,3 +209,43 @@ def test_tpot_attribution_retimes_only_the_steps_inside_each_window():
     assert got["by_class"]["decode, 33+ sequences"] == pytest.approx(1 / 6)
     assert got["by_class"]["decode, 1-8 sequences"] == pytest.approx(0.0)
     assert tpot_attribution(steps_, None, np.ones(4)) is None
+
+
+def test_measured_steps_are_priced_as_the_engine_ran_them_padded(tmp_path):
+    from sim.core.catalog import get_gpu, get_model
+    from sim.cost_model import CostModel, Efficiency
+    from validation.steps import predict_step_times
+
+    path = tmp_path / "steps.csv"  # a prefill, decodes of 20 rows (32-row graph) and 40 (eager)
+    path.write_text("step_id,num_prefill_tokens,num_decode_tokens,decode_context_tokens,"
+                    "num_seqs,num_sampled_rows,measured_s,prefill_chunks\n"
+                    "1,300,0,0,1,1,0.02,300:0\n2,0,20,9000,20,20,0.007,\n"
+                    "3,0,40,9000,40,40,0.03,\n")
+    table = read_steps_csv(path)
+    eff = Efficiency(linear_serial_fraction=0.5, eager_launch_s=0.05)
+    model, gpu = get_model("llama-3.1-8b"), get_gpu("h200")
+    padded = CostModel(model, gpu, efficiency=eff, graph_sizes=(1, 8, 32))
+    got = predict_step_times(padded, table)
+    # each step as the model prices its SchedulerOutput-like composition (cost.step)
+    from test_cost_model import output
+
+    want = [padded.step(output(num_prefill=300, prefill_chunks=((300, 0),), num_rows=1)).total_s,
+            padded.step(output(num_decode=20, decode_context=9000, num_rows=20,
+                               num_seqs=20)).total_s,
+            padded.step(output(num_decode=40, decode_context=9000, num_rows=40,
+                               num_seqs=40)).total_s]
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    exact = predict_step_times(CostModel(model, gpu, efficiency=eff), table)
+    assert got[0] == exact[0] and got[1] > exact[1]  # the 20-row step pays 32 rows' weights
+    assert got[2] == pytest.approx(0.05 + eff.step_overhead_s + 40 * eff.per_seq_overhead_s)
+
+
+def test_graph_sizes_come_from_the_replay_summary():
+    from validation.runs import engine_config
+
+    base = {"model": "llama-3.1-8b", "gpu": "h200", "chunk": 2048, "policy": "static"}
+    assert engine_config(base).cuda_graph_sizes == ()
+    sized = engine_config({**base, "measured": {"graph_sizes": [8, 1, 2, 4]}})
+    assert sized.cuda_graph_sizes == (1, 2, 4, 8)
+    with pytest.raises(ValueError, match=r"measured.graph_sizes is \[1, 'x'\]"):
+        engine_config({**base, "measured": {"graph_sizes": [1, "x"]}})

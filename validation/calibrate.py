@@ -11,7 +11,7 @@ second half of every run's steps, so the report's error is on steps the fit neve
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -71,16 +71,18 @@ def concat(tables: list[StepTable]) -> StepTable:
 
 
 def step_errors(model: ModelSpec, gpu: GpuSpec, tp: int, eff: Efficiency,
-                table: StepTable) -> np.ndarray:
-    predicted = predict_step_times(CostModel(model, gpu, tp, eff), table)
+                table: StepTable, graph_sizes: Sequence[int] = ()) -> np.ndarray:
+    predicted = predict_step_times(CostModel(model, gpu, tp, eff, graph_sizes), table)
     return relative_errors(predicted, table.duration_s)
 
 
 def fit_efficiency(model: ModelSpec, gpu: GpuSpec, tp: int, fit: StepTable,
                    initial: Efficiency | None = None,
-                   free: Collection[str] | None = None) -> tuple[Efficiency, bool, str]:
+                   free: Collection[str] | None = None,
+                   graph_sizes: Sequence[int] = ()) -> tuple[Efficiency, bool, str]:
     """Least-squares efficiencies for the steps in `fit` (relative error, soft-L1 loss).
-    `free`: the FIT_PARAMETERS to fit (default all); the others keep `initial`'s values."""
+    `free`: the FIT_PARAMETERS to fit (default all); the others keep `initial`'s values.
+    `graph_sizes`: the engine's decode graph sizes (CostModel)."""
     initial = initial or Efficiency()
     names = [name for name, _, _ in FIT_PARAMETERS]
     free = names if free is None else list(free)
@@ -93,7 +95,7 @@ def fit_efficiency(model: ModelSpec, gpu: GpuSpec, tp: int, fit: StepTable,
     if "eager_launch_s" in free:
         initial = eager_launch_start(initial, fit.duration_s[fit.num_prefill_tokens > 0])
     fitted, solution = fit_parameters(
-        initial, lambda eff: step_errors(model, gpu, tp, eff, fit),
+        initial, lambda eff: step_errors(model, gpu, tp, eff, fit, graph_sizes),
         fixed=[n for n in names if n not in free],
         loss="soft_l1", f_scale=0.05, diff_step=1e-3, x_scale=1.0)
     return fitted, bool(solution.success), str(solution.message)
@@ -101,18 +103,20 @@ def fit_efficiency(model: ModelSpec, gpu: GpuSpec, tp: int, fit: StepTable,
 
 def calibrate(model: ModelSpec, gpu: GpuSpec, tp: int, fit: StepTable, holdout: StepTable,
               initial: Efficiency | None = None,
-              free: Collection[str] | None = None) -> FitResult:
+              free: Collection[str] | None = None, graph_sizes: Sequence[int] = ()) -> FitResult:
     """Fit on `fit` (the `free` parameters, default all), then report the error on
     `holdout` before and after."""
     initial = initial or Efficiency()
-    fitted, success, message = fit_efficiency(model, gpu, tp, fit, initial, free)
+    fitted, success, message = fit_efficiency(model, gpu, tp, fit, initial, free, graph_sizes)
     fit, holdout = usable_steps(fit), usable_steps(holdout)
+
+    def errors(eff: Efficiency, table: StepTable) -> dict:
+        return error_stats(step_errors(model, gpu, tp, eff, table, graph_sizes))
+
     return FitResult(
         efficiency=fitted, initial=initial, num_fit_steps=len(fit),
-        num_holdout_steps=len(holdout),
-        fit_error=error_stats(step_errors(model, gpu, tp, fitted, fit)),
-        holdout_before=error_stats(step_errors(model, gpu, tp, initial, holdout)),
-        holdout_after=error_stats(step_errors(model, gpu, tp, fitted, holdout)),
+        num_holdout_steps=len(holdout), fit_error=errors(fitted, fit),
+        holdout_before=errors(initial, holdout), holdout_after=errors(fitted, holdout),
         success=success, message=message,
     )
 

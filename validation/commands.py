@@ -131,10 +131,11 @@ def fit(args: argparse.Namespace) -> int:
     runs = load_runs(args.gpu_dir)
     test_runs = load_runs(args.test_dir) if args.test_dir else []
     configs = [engine_config(r.summary, args.gpu) for r in runs + test_runs]
-    hardware = {(c.model.name, c.gpu.name, c.tensor_parallel_size) for c in configs}
+    hardware = {(c.model.name, c.gpu.name, c.tensor_parallel_size, c.cuda_graph_sizes)
+                for c in configs}
     if len(hardware) != 1:
-        raise ValueError(f"the runs mix model/GPU/TP combinations {sorted(hardware)}; "
-                         "fit one combination at a time")
+        raise ValueError(f"the runs mix model/GPU/TP/decode graph size combinations "
+                         f"{sorted(hardware)}; fit one combination at a time")
     if test_runs:
         fit_table = concat([usable_steps(r.steps) for r in runs])
         holdout_table = concat([usable_steps(r.steps) for r in test_runs])
@@ -145,7 +146,7 @@ def fit(args: argparse.Namespace) -> int:
     free = HOST_PARAMETERS if args.free == "host" else (
         None if args.free is None else [n.strip() for n in args.free.split(",") if n.strip()])
     result = calibrate(config.model, config.gpu, config.tensor_parallel_size, fit_table,
-                       holdout_table, efficiency, free)
+                       holdout_table, efficiency, free, config.cuda_graph_sizes)
     provenance = {"gpu_dir": str(args.gpu_dir), "test_dir": str(args.test_dir or ""),
                   "holdout_fraction": None if test_runs else args.holdout,
                   "model": config.model.name, "gpu": config.gpu.name,

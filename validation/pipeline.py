@@ -99,7 +99,8 @@ def compare_run(gpu: GpuRun, efficiency: Efficiency | None, profile: ActivationP
     result, recorder = simulate_logged(spec, trace)
     predicted = metric_values(result.summary)
     measured = metric_values(gpu.summary, gpu.measured_kv_capacity_tokens())
-    cost = CostModel(config.model, config.gpu, config.tensor_parallel_size, efficiency)
+    cost = CostModel(config.model, config.gpu, config.tensor_parallel_size, efficiency,
+                     config.cuda_graph_sizes)
     step_predicted = predict_step_times(cost, gpu.steps)
     sim_steps = recorder.table()
     moved = None
@@ -159,17 +160,18 @@ def fit_on_runs(runs: Sequence[RunComparison], initial: Efficiency,
                 holdout_fraction: float) -> tuple[FitResult | None, str]:
     """Fit on the first part of every run's measured steps; test on the rest of each."""
     hardware = {(r.sim.spec.engine.model.name, r.sim.spec.engine.gpu.name,
-                 r.sim.spec.engine.tensor_parallel_size) for r in runs}
+                 r.sim.spec.engine.tensor_parallel_size, r.sim.spec.engine.cuda_graph_sizes)
+                for r in runs}
     if len(hardware) != 1:
-        return None, (f"not fitted: the runs mix {len(hardware)} model/GPU/TP combinations; "
-                      "fit each with `python -m validation fit`")
+        return None, (f"not fitted: the runs mix {len(hardware)} model/GPU/TP/graph-size "
+                      "combinations; fit each with `python -m validation fit`")
     splits = [split_tail(usable_steps(r.gpu.steps), holdout_fraction) for r in runs]
     fit_table = concat([s[0] for s in splits])
     holdout_table = concat([s[1] for s in splits])
     engine = runs[0].sim.spec.engine
     try:
         fitted = calibrate(engine.model, engine.gpu, engine.tensor_parallel_size, fit_table,
-                           holdout_table, initial)
+                           holdout_table, initial, graph_sizes=engine.cuda_graph_sizes)
     except ValueError as exc:
         return None, f"not fitted: {exc}"
     note = (f"fitted on the first {1 - holdout_fraction:.0%} of each run's steps "

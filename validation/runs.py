@@ -161,7 +161,20 @@ def engine_config(summary: dict, gpu_name: str | None = None) -> EngineConfig:
         vmm_handle_bytes=int(get("vmm_handle_bytes", 512 * 1024**2)),
         reclaim=str(get("reclaim", _default_reclaim(summary))),
         enable_prefix_caching=bool(get("enable_prefix_caching", False)),
+        cuda_graph_sizes=_graph_sizes(summary),
     )
+
+
+def _graph_sizes(summary: dict) -> tuple[int, ...]:
+    """The decode graphs' capture sizes a gpu_backend replay recorded (none: not padded)."""
+    measured = summary.get("measured")
+    sizes = measured.get("graph_sizes") if isinstance(measured, dict) else None
+    if sizes is None:
+        return ()
+    if not isinstance(sizes, list) or not all(isinstance(s, int) and s > 0 for s in sizes):
+        raise ValueError(f"summary.json: measured.graph_sizes is {sizes!r}; expected a list of "
+                         "positive batch sizes (as `python -m gpu_backend replay` writes it)")
+    return tuple(sorted(sizes))
 
 
 def _default_reclaim(summary: dict) -> str:

@@ -157,13 +157,22 @@ def predict_step_times(cost: CostModel, table: StepTable) -> np.ndarray:
     if len(table) == 0:
         return np.zeros(0)
     tokens = table.num_tokens
+    # Decode-only steps run the graph of the next capture size up (CostModel.decode_rows):
+    # its rows are what the linear layers and logits compute; beyond every size, eagerly.
+    decode_only = (table.num_prefill_tokens == 0) & (tokens > 0)
+    graph = {int(n): cost.decode_rows(int(n)) for n in np.unique(tokens[decode_only])}
+    padded = np.array([graph[int(n)][0] if d else n for n, d in zip(tokens, decode_only)],
+                      dtype=np.int64)
+    eager = ~decode_only | np.array([d and graph[int(n)][1] for n, d in zip(tokens, decode_only)],
+                                    dtype=bool)
+    sampled = np.where(decode_only & ~eager, padded, table.num_sampled_rows)
     # Prefill attention and decode KV reads are linear in pairs and context tokens.
     per_pair_s = cost.prefill_attention_s(((2, 0),)) / 2.0  # a 2-token chunk is 2 pairs
     per_context_token_s = cost.decode_attention_s(1)
-    device = (_per_unique(tokens, cost.linear_s) + _per_unique(tokens, cost.allreduce_s)
-              + _per_unique(table.num_sampled_rows, cost.logits_s)
+    device = (_per_unique(padded, cost.linear_s) + _per_unique(padded, cost.allreduce_s)
+              + _per_unique(sampled, cost.logits_s)
               + table.prefill_pairs * per_pair_s + table.decode_context_tokens * per_context_token_s)
-    launch = np.where(table.num_prefill_tokens > 0, cost.eff.eager_launch_s, 0.0)
+    launch = np.where(eager & (tokens > 0), cost.eff.eager_launch_s, 0.0)
     total = (np.maximum(device, launch)
              + cost.eff.step_overhead_s + cost.eff.per_seq_overhead_s * table.num_seqs)
     # A step that scheduled nothing (an OOM the engine dropped) costs the fixed overhead only.

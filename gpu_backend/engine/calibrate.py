@@ -43,6 +43,7 @@ from gpu_backend.engine.shapes import (
     host_batch,
     mixed_shape,
     prefill_shape,
+    scatter_tables,
     scheduler_output,
     skewed_decode_shape,
 )
@@ -144,15 +145,35 @@ class ProfileEngine:
     memory: object  # setup.measure_memory's result (activation profile, weights)
     num_blocks: int
     device: object  # torch.device
+    setup: dict  # how the graphs and the pool were set up (written into the calibration)
+    scatter_seed: int | None = None  # replay setup: tables scattered over the pool (seeded)
+
+    def step(self, shape: StepShape):
+        """The engine's RequestMirror and SchedulerOutput of `shape` on this pool."""
+        mirror, out = engine_step(shape, self.config.block_size, self.num_blocks,
+                                  self.config.model.vocab_size)
+        if self.scatter_seed is not None:
+            scatter_tables(mirror, self.num_blocks, self.scatter_seed)
+        return mirror, out
+
+
+REPLAY_POOL_SHARE = 0.6  # of free memory, for the replay setup's pool
 
 
 def profile_engine(config: EngineConfig, grid: list[StepShape], seed: int = 0,
-                   min_blocks: int = 0) -> ProfileEngine:
-    """Build the model, a pool big enough for the grid's largest step and `min_blocks` (at
-    most 60% of free memory) and one decode graph per decode batch size of the grid (exact
-    sizes, no padding), on the current CUDA device."""
+                   min_blocks: int = 0, replay_setup: bool = False) -> ProfileEngine:
+    """Build the model, a KV pool and decode graphs for `grid` on the current CUDA device.
+
+    Default: a pool big enough for the grid's largest step and `min_blocks` (at most 60% of
+    free memory), each sequence's blocks side by side, and one decode graph per decode batch
+    size of the grid (exact sizes, tables as wide as the grid's longest sequence).
+    `replay_setup`: as a replay runs its steps: the graphs of capture_sizes(max_num_seqs) (a
+    batch runs padded to the next size up), tables `config`'s max_model_len wide, a pool over
+    60% of free memory and every step's blocks scattered over it at random (seeded).
+    """
     import torch
 
+    from gpu_backend.engine.graphs import capture_sizes
     from gpu_backend.engine.memory import dummy_store, kv_caches_of
     from gpu_backend.engine.runner import DecodeGraphs, ModelRunner
     from gpu_backend.engine.setup import measure_memory
@@ -161,34 +182,43 @@ def profile_engine(config: EngineConfig, grid: list[StepShape], seed: int = 0,
     max_prefill = max(s.num_tokens for s in grid if s.kind == "prefill")
     max_len = max(max(n + p for n, p in s.prefills) if s.prefills else max(s.decodes)
                   for s in grid) + config.block_size
+    table_len = max(max_len, config.memory_config().effective_max_model_len) \
+        if replay_setup else max_len
     config = config.with_(max_num_batched_tokens=max_prefill, max_model_len=max_len)
     model, m = measure_memory(config, device, seed, use_graphs=True)
     block_bytes = config.block_size * config.model.kv_bytes_per_token()
     free, _ = torch.cuda.mem_get_info(device)
     want = max(max(blocks_needed(s, config.block_size) for s in grid) + 1, min_blocks)
-    num_blocks = int(min(want, 0.6 * free // block_bytes))
+    if replay_setup:
+        want = max(want, int(REPLAY_POOL_SHARE * free // block_bytes))
+    num_blocks = int(min(want, REPLAY_POOL_SHARE * free // block_bytes))
     store = dummy_store(config.model, num_blocks, config.block_size, device)
     caches = kv_caches_of(store, config.model.num_layers)
     sizes = sorted({len(s.decodes) for s in grid if s.kind == "decode"})
-    graphs = DecodeGraphs(model, caches, sizes[-1], max_len, config.block_size, device, sizes)
+    if replay_setup:
+        sizes = sorted(set(capture_sizes(config.num_seqs)) | set(sizes))
+    graphs = DecodeGraphs(model, caches, sizes[-1], table_len, config.block_size, device, sizes)
     graphs.capture()
     runner = ModelRunner(model, caches, device, graphs)
-    return ProfileEngine(config, runner, graphs, m, num_blocks, device)
+    setup = {"replay_setup": replay_setup, "graph_sizes": list(sizes), "table_tokens": table_len,
+             "pool_blocks": num_blocks, "blocks": "scattered" if replay_setup else "side by side"}
+    return ProfileEngine(config, runner, graphs, m, num_blocks, device, setup,
+                         seed if replay_setup else None)
 
 
 def calibrate(config: EngineConfig, *, seed: int = 0, quick: bool = False,
-              warmup: int = 2, repeat: int = 5) -> dict:
+              warmup: int = 2, repeat: int = 5, replay_setup: bool = False) -> dict:
     import torch
 
     from gpu_backend.env import copy_bandwidth_bytes_s
 
     grid = default_grid(quick)
-    engine = profile_engine(config, grid, seed)
+    engine = profile_engine(config, grid, seed, replay_setup=replay_setup)
     config, runner, graphs, m = engine.config, engine.runner, engine.graphs, engine.memory
     num_blocks, device = engine.num_blocks, engine.device
     measurements, outputs, times = [], [], []
     for shape in grid:
-        mirror, out = engine_step(shape, config.block_size, num_blocks, config.model.vocab_size)
+        mirror, out = engine.step(shape)
         timing = time_step(runner, partial(mirror.build, out), warmup, repeat)
         measurements.append({**shape.describe(), **timing})
         outputs.append(scheduler_output(shape))
@@ -209,6 +239,7 @@ def calibrate(config: EngineConfig, *, seed: int = 0, quick: bool = False,
                        "non_torch_bytes": m.profile.non_torch_bytes},
         "activation_peaks": {str(k): v for k, v in m.activation_peaks.items()},
         "weights_bytes": m.weights_bytes, "graph_capture_s": graphs.capture_s,
+        "setup": engine.setup,
         "copy_bandwidth_bytes_s": bandwidth,
         "measurements": measurements, "fit_error": fit_error,
         "vmm": measure_transitions(runner, config, device, num_blocks),

@@ -15,6 +15,7 @@ from dataclasses import replace
 import numpy as np
 
 from gpu_backend.engine.inputs import SCRATCH_BLOCK_ID, HostBatch
+from sim.cost_model import padded_batch
 
 BASE_CAPTURE_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128)
 
@@ -33,12 +34,9 @@ def capture_sizes(max_num_seqs: int) -> tuple[int, ...]:
     return tuple(sorted(set(sizes)))
 
 
-def bucket_for(batch_size: int, sizes: tuple[int, ...]) -> int | None:
-    """Smallest capture size >= batch_size, or None when the batch is larger than all."""
-    for size in sizes:
-        if size >= batch_size:
-            return size
-    return None
+# Smallest capture size >= batch_size, or None when the batch is larger than all: the one
+# rule the engine runs and the simulator's cost model prices.
+bucket_for = padded_batch
 
 
 def pad_decode(batch: HostBatch, size: int, table_width: int, block_size: int) -> HostBatch:

@@ -129,6 +129,15 @@ def engine_step(shape: StepShape, block_size: int, num_pool_blocks: int,
     return mirror, out
 
 
+def scatter_tables(mirror: RequestMirror, num_pool_blocks: int, seed: int = 0) -> None:
+    """Move every table's blocks to random places over the pool (one seeded permutation of
+    the usable blocks): a replay's scheduler hands blocks out scattered, not side by side."""
+    usable = num_pool_blocks - 1
+    perm = np.random.default_rng(seed).permutation(usable)
+    for request_id, table in mirror.tables.items():
+        mirror.tables[request_id] = [int(perm[b]) for b in table]
+
+
 def blocks_needed(shape: StepShape, block_size: int) -> int:
     lens = [n + p for n, p in shape.prefills] + list(shape.decodes)
     return sum(-(-n // block_size) for n in lens)

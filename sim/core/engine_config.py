@@ -57,6 +57,9 @@ class EngineConfig:
     reclaim: str = "remap"
     enable_prefix_caching: bool = False
     hash_block_tokens: int = 512
+    # Decode CUDA graph batch sizes: a decode-only batch runs padded to the next one up
+    # (CostModel's graph_sizes). Empty: priced at its own size.
+    cuda_graph_sizes: tuple[int, ...] = ()
 
     @property
     def chunk_tokens(self) -> int:

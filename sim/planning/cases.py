@@ -115,6 +115,7 @@ class EngineOptions:
     vmm_handle_mib: int = 512
     reclaim: str = "remap"
     enable_prefix_caching: bool = False
+    cuda_graph_sizes: tuple[int, ...] = ()  # EngineConfig.cuda_graph_sizes
 
 
 @dataclass(frozen=True)
@@ -145,6 +146,7 @@ class Case:
             block_size=o.block_size, policy=Policy.parse(self.policy),
             drain=DrainStrategy.parse(o.drain), vmm_handle_bytes=o.vmm_handle_mib * MIB,
             reclaim=o.reclaim, enable_prefix_caching=o.enable_prefix_caching,
+            cuda_graph_sizes=o.cuda_graph_sizes,
         )
 
     def run_spec(self) -> RunSpec:
@@ -164,6 +166,8 @@ class Case:
             "max_num_seqs": o.max_num_seqs, "gpu_memory_utilization": o.gpu_memory_utilization,
             "max_model_len": o.max_model_len, "block_size": o.block_size, "drain": o.drain,
             "vmm_handle_mib": o.vmm_handle_mib, "reclaim": o.reclaim,
-            "enable_prefix_caching": o.enable_prefix_caching, "num_replicas": self.num_replicas,
+            "enable_prefix_caching": o.enable_prefix_caching,
+            "cuda_graph_sizes": ",".join(map(str, o.cuda_graph_sizes)) or "none",
+            "num_replicas": self.num_replicas,
             "slo_ttft_s": self.slo.ttft_s, "slo_tpot_s": self.slo.tpot_s,
         }

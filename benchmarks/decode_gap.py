@@ -1,0 +1,109 @@
+"""Why replays' decode steps of 17-48 sequences run 7-9% over the profile's (one GPU, ~1 min).
+
+    python benchmarks/decode_gap.py [--model llama-3.1-8b] [--rounds 3] [--out FILE]
+
+The replays' steps.csv phases put the gap on the device span, not on the host (device call
+2 of 2026-11-30's fourth session: Azure conv decode steps of 17-32 sequences 6.33 ms on the
+device for 24k keys, the profile's 32 x 1,024 uniform point 6.26 ms for 33k), and it holds at
+low skew and whatever the time since the last prefill. What differs between the two is how the
+engine is set up: the profile captures one graph per grid batch size with tables as wide as
+the grid's longest sequence, on a pool just big enough for the grid, each sequence's blocks
+side by side; a replay captures `capture_sizes(256)` (a batch runs padded to the next size)
+with tables max_model_len wide (32,768 keys in the validation slices, 131,072 in the Azure
+conv run), on a pool over most of the memory whose blocks the scheduler hands out scattered.
+
+Each condition runs the same decode steps (uniform 32 and 48 x 1,024; 24, 32 and 40 sequences
+of 200-2,000 keys, seeded), in rounds, conditions interleaved within a round so that a drift
+of the machine hits all alike:
+  A  the profile's setup (exact graphs, narrow tables, small pool, blocks side by side)
+  B  the replays' graphs: capture_sizes(256), tables 32,768 keys wide
+  C  B on a pool over 60% of free memory, blocks scattered at random
+  D  capture_sizes(256), tables 131,072 keys wide (the model's full length)
+Prints each step's median per condition and its ratio to A; writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a plain checkout
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from eager_gap import Lab, timed  # noqa: E402
+
+from gpu_backend.engine.shapes import StepShape, decode_shape  # noqa: E402
+
+
+def varied(batch_size: int, seed: int) -> StepShape:
+    contexts = np.random.default_rng(seed).integers(200, 2001, batch_size)
+    return StepShape("decode", decodes=tuple(int(c) for c in contexts))
+
+
+SHAPES = {"uniform 32 x 1,024": decode_shape(32, 1024), "uniform 48 x 1,024": decode_shape(48, 1024),
+          "24 of 200-2,000": varied(24, 1), "32 of 200-2,000": varied(32, 2),
+          "40 of 200-2,000": varied(40, 3)}
+
+
+def conditions(lab: Lab) -> dict:
+    """name -> (runner, pool blocks, scatter)."""
+    import torch
+
+    from gpu_backend.engine.graphs import capture_sizes
+    from gpu_backend.engine.memory import dummy_store, kv_caches_of, kv_layout
+
+    caches = lab.runner.kv_caches
+    exact = tuple(sorted({len(s.decodes) for s in SHAPES.values()}))
+    out = {"A profile": (lab.runner_on(caches, exact), None, False),
+           "B replay graphs (32k tables)": (lab.runner_on(caches, capture_sizes(256), 32768),
+                                            None, False)}
+    free, _ = torch.cuda.mem_get_info(lab.engine.device)
+    layout = kv_layout(lab.config.model, lab.block_size)
+    blocks = int(0.6 * free // layout.block_bytes)
+    big = kv_caches_of(dummy_store(lab.config.model, blocks, lab.block_size, lab.engine.device),
+                       lab.config.model.num_layers)
+    out["C B + big scattered pool"] = (lab.runner_on(big, capture_sizes(256), 32768), blocks, True)
+    out["D replay graphs (128k tables)"] = (lab.runner_on(caches, capture_sizes(256), 131072),
+                                            None, False)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="llama-3.1-8b")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        sys.exit("decode_gap needs a CUDA GPU")
+    from gpu_backend.env import device_environment, write_result
+
+    lab = Lab(args.model, extra_shapes=tuple(SHAPES.values()))
+    setups = conditions(lab)
+    steps = {(shape, cond): lab.step(SHAPES[shape], runner, blocks, scatter)
+             for shape in SHAPES for cond, (runner, blocks, scatter) in setups.items()}
+    times: dict[str, dict[str, list[float]]] = {s: {c: [] for c in setups} for s in SHAPES}
+    for _ in range(args.rounds):
+        for shape in SHAPES:
+            for cond in setups:
+                times[shape][cond].append(timed(steps[shape, cond]))
+    result = {"env": device_environment(), "model": args.model, "rounds": args.rounds,
+              "shapes": {s: list(SHAPES[s].decodes) for s in SHAPES}, "times_s": times}
+    for shape, by_cond in times.items():
+        base = statistics.median(by_cond["A profile"])
+        print(shape)
+        for cond, values in by_cond.items():
+            median = statistics.median(values)
+            print(f"  {cond:<32} {median * 1e3:7.3f} ms  {median / base:5.3f}x  "
+                  f"(rounds {', '.join(f'{v * 1e3:.3f}' for v in values)})")
+    print(f"wrote {write_result(result, args.out, 'decode_gap', result['env']['gpu'])}")
+
+
+if __name__ == "__main__":
+    main()
