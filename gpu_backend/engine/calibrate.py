@@ -7,8 +7,10 @@ runs timed like the engine's steps in a replay (the engine's RequestMirror build
 arrays -> device -> forward -> sampled ids on the host). Before 2026-11-30's second session
 the host arrays were built outside the timed region: part of why replays' decode steps of
 many sequences came out up to 10% above the fit (~3.6 us per sequence on a 2-core CPU,
-benchmarks/host_build.py). The engine's elastic transitions are timed too
-(`measure_transitions`).
+benchmarks/host_build.py). Each point also records the medians of its phases as a replay's
+steps.csv does (`build_s`, `enqueue_s`, `device_s`: ModelRunner.phases), which show how much of
+it is host time. `--replay-setup` times the grid on a replay's setup (profile_engine). The
+engine's elastic transitions are timed too (`measure_transitions`).
 
 The fit: the `sim.cost_model.FIT_PARAMETERS` fields of `Efficiency`, by
 `sim.calibration.fit_efficiency` (scipy least squares) on the relative error of
