@@ -28,6 +28,7 @@ from gpu_backend.engine.shapes import decode_shape, engine_step, mixed_shape  # 
 
 BATCHES = (1, 8, 32, 64, 128, 256)
 CONTEXT = 1024
+LONG_CONTEXT = 8192  # the profile grid's 256 x 8k point: 131k blocks in one step
 VOCAB = 128256  # Llama-3.1-8B
 RESULT = Path(__file__).resolve().parent / "results" / "host_build_cpu.json"
 
@@ -50,14 +51,16 @@ def main() -> None:
     args = parser.parse_args()
     rows = [{"kind": "decode", "num_seqs": b, "context": CONTEXT,
              "seconds": build_seconds(decode_shape(b, CONTEXT))} for b in BATCHES]
+    rows += [{"kind": "decode", "num_seqs": b, "context": LONG_CONTEXT,
+              "seconds": build_seconds(decode_shape(b, LONG_CONTEXT))} for b in (64, 256)]
     rows += [{"kind": "mixed", "num_seqs": b + 1, "context": CONTEXT,
               "seconds": build_seconds(mixed_shape(512, 2048, b, CONTEXT))} for b in (8, 64)]
-    decode = [r for r in rows if r["kind"] == "decode"]
+    decode = [r for r in rows if r["kind"] == "decode" and r["context"] == CONTEXT]
     per_seq, fixed = np.polyfit([r["num_seqs"] for r in decode], [r["seconds"] for r in decode], 1)
     result = {"machine": machine(), "rows": rows,
               "decode_fit": {"fixed_s": float(fixed), "per_seq_s": float(per_seq)}}
     for r in rows:
-        print(f"{r['kind']:>7} {r['num_seqs']:>4} sequences: {r['seconds'] * 1e6:8.1f} us")
+        print(f"{r['kind']:>7} {r['num_seqs']:>4} x {r['context']:>5}: {r['seconds'] * 1e6:8.1f} us")
     print(f"decode build = {fixed * 1e6:.1f} us + {per_seq * 1e6:.2f} us per sequence")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))

@@ -88,7 +88,7 @@ def drive(sched, mirror: RequestMirror, prompt_len: dict[int, int]) -> dict[str,
         batch = mirror.build(out)
         for req in sched.running:
             if req.request_id in mirror.tables:
-                assert mirror.tables[req.request_id] == req.block_ids
+                assert list(mirror.tables[req.request_id]) == list(req.block_ids)
         assert batch.num_tokens == out.num_scheduled_tokens
         ids = np.zeros(len(batch.sample_request_ids), dtype=np.int64)
         mirror.append_sampled(batch.sample_request_ids, ids)
@@ -136,7 +136,7 @@ def test_scattered_tables_stay_distinct_and_usable():
 
     shape = decode_shape(6, 100)  # 6 sequences of 7 blocks: 42 blocks side by side
     mirror, out = engine_step(shape, 16, 1000, 128)
-    before = dict(mirror.tables)
+    before = {r: list(t) for r, t in mirror.tables.items()}
     assert sorted(b for t in before.values() for b in t) == list(range(42))
     scatter_tables(mirror, 1000, seed=5)
     blocks = [b for t in mirror.tables.values() for b in t]
@@ -146,3 +146,27 @@ def test_scattered_tables_stay_distinct_and_usable():
     mirror.check_usable(mirror.tables, 999)  # the device ids stay inside the pool
     batch = mirror.build(out)
     assert batch.block_tables.max() == max(blocks) + 1  # device id = core id + 1
+
+
+def test_block_tables_grow_track_their_largest_id_and_remap():
+    from gpu_backend.engine.inputs import BlockTables
+
+    tables = BlockTables()
+    tables[7] = (4, 2)
+    for start in range(10, 60, 5):  # many small appends: capacity grows past its first size
+        tables.extend(7, list(range(start, start + 5)))
+    tables.extend(7, [])
+    assert list(tables[7]) == [4, 2, *range(10, 60)] and tables.max_id(7) == 59
+    tables[8] = []
+    assert tables.max_id(8) == -1 and tables.length(8) == 0
+    with pytest.raises(ValueError):
+        tables[7][0] = 1  # reads are read-only views; writes go through the table
+    tables.remap({59: 3, 4: 1, 1000: 5})  # migrated elastic blocks move to base ids
+    assert list(tables[7])[:2] == [1, 2] and tables[7][-1] == 3 and tables.max_id(7) == 58
+    out = np.full((2, 60), -9, dtype=np.int32)
+    tables.fill_rows(out, [8, 7], offset=1)
+    assert (out[0] == -9).all() and list(out[1, :52]) == [x + 1 for x in tables[7]]
+    assert (out[1, 52:] == -9).all()
+    remapped = list(tables[7])
+    assert list(tables.pop(7)) == remapped
+    assert 7 not in tables and len(tables) == 1 and tables.pop(7) is None

@@ -134,8 +134,8 @@ def scatter_tables(mirror: RequestMirror, num_pool_blocks: int, seed: int = 0) -
     the usable blocks): a replay's scheduler hands blocks out scattered, not side by side."""
     usable = num_pool_blocks - 1
     perm = np.random.default_rng(seed).permutation(usable)
-    for request_id, table in mirror.tables.items():
-        mirror.tables[request_id] = [int(perm[b]) for b in table]
+    for request_id in list(mirror.tables):
+        mirror.tables[request_id] = perm[mirror.tables[request_id]]
 
 
 def blocks_needed(shape: StepShape, block_size: int) -> int:
