@@ -32,6 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a plain checkout
 
+from gpu_backend.engine.hostprobe import PROBE_ITERATIONS, probe  # noqa: E402
 from gpu_backend.engine.shapes import (  # noqa: E402
     decode_shape,
     engine_step,
@@ -41,7 +42,6 @@ from gpu_backend.engine.shapes import (  # noqa: E402
 
 EAGER = mixed_shape(128, 0, 32, 1024)
 DECODE = decode_shape(1, 512)
-PROBE_ITERATIONS = 200_000
 
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
@@ -53,15 +53,6 @@ def current_cpu() -> int:
         return int(_LIBC.sched_getcpu())
     except AttributeError:
         return -1
-
-
-def probe() -> float:
-    """Seconds of a fixed pure-Python loop: the host CPU's speed at this moment."""
-    start = time.perf_counter()
-    total = 0
-    for i in range(PROBE_ITERATIONS):
-        total += i & 7
-    return time.perf_counter() - start
 
 
 def cpu_facts() -> dict:

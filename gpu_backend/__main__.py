@@ -114,6 +114,7 @@ def print_headline(summary: dict) -> None:
 def run_replay(args: argparse.Namespace) -> int:
     import torch
 
+    from gpu_backend.engine.hostprobe import HostProbe
     from gpu_backend.engine.replay import engine_summary, replay, write_outputs
     from gpu_backend.engine.setup import build_gpu_engine
     from gpu_backend.env import versions
@@ -137,8 +138,11 @@ def run_replay(args: argparse.Namespace) -> int:
         print(f"  t={now_s:8.2f} s  submitted {submitted}  steps {steps}", flush=True)
 
     wall_start = time.perf_counter()
-    replay(engine, trace.requests(), wait=not args.no_wait, progress=progress)
+    probe = HostProbe() if args.no_wait else None
+    replay(engine, trace.requests(), wait=not args.no_wait, progress=progress, host_probe=probe)
     measured = {
+        # the host's speed during the replay (a fixed Python loop; gpu_backend.engine.hostprobe)
+        "host_probe": probe.summary() if probe is not None else None,
         "setup_s": setup_s, "replay_wall_s": time.perf_counter() - wall_start,
         "clock": "wall" if not args.no_wait else "virtual",
         "gpu_name": torch.cuda.get_device_name(), "versions": versions(),

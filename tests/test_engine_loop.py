@@ -118,3 +118,22 @@ def test_a_step_that_compiles_kernels_is_timed_on_a_rerun():
     assert [row[1] for row in engine.recorder.timeline] == [1.0, 1.0]
     assert len(runner.batches) == 3  # the first step ran twice
     assert engine.recorder.requests[0].status is RequestStatus.FINISHED
+
+
+def test_host_probe_runs_between_steps_on_the_virtual_clock_only():
+    from gpu_backend.engine.hostprobe import PROBE_ITERATIONS, HostProbe, summarize
+    from gpu_backend.engine.replay import replay
+
+    engine = make_engine()
+    probe = HostProbe(every_s=0.0)  # every step
+    replay(engine, [Request(0, 0.0, 20, 4), Request(1, 0.0, 12, 3)], wait=False, host_probe=probe)
+    assert len(probe.samples) == len(engine.steps) and min(probe.samples) > 0
+    assert probe.summary()["count"] == len(engine.steps)
+    rare = HostProbe(every_s=3600.0)
+    rare.maybe(), rare.maybe()
+    assert len(rare.samples) == 1  # at most once per interval
+    with pytest.raises(ValueError, match="virtual clock only"):
+        replay(make_engine(), [Request(0, 0.0, 20, 4)], wait=True, host_probe=HostProbe())
+    stats = summarize([0.010, 0.007, 0.008, 0.030, 0.009])
+    assert stats["median_s"] == 0.009 and stats["iterations"] == PROBE_ITERATIONS
+    assert summarize([])["median_s"] is None

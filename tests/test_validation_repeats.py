@@ -85,3 +85,19 @@ def test_table_lists_each_reports_repeat_deviation_and_pools_the_runs(tmp_path):
     assert "| a | 2 | 6.0% | 6.0% | 6.0% | 6.0% |" in lines
     assert "| b | 1 | 30.0% | 30.0% | 30.0% | 30.0% |" in lines
     assert "| all of the above | 3 | 10.0% | 10.0% | 10.0% | 10.0% |" in lines  # 2, 10, 30
+
+
+def test_host_speed_line_compares_each_replay_with_the_profile():
+    from validation.report import host_speed_line
+
+    probe = {"median_s": 0.007, "count": 9}
+    runs = [("static/chunk=8192", {"measured": {"host_probe": {"median_s": 0.014}}}),
+            ("elastic/chunk=8192", {"measured": {"host_probe": None}}),  # wall-clock replay
+            ("old/chunk=8192", {})]  # a replay from before the probe
+    line = host_speed_line(probe, runs)
+    assert "profile 7.00 ms" in line and "static/chunk=8192 14.00 ms (2.00x the profile's)" in line
+    assert "elastic" not in line and "old" not in line
+    assert host_speed_line(None, runs).startswith(
+        "Host speed (a fixed Python loop, median; launch-bound steps scale with it): profile not "
+        "recorded; static/chunk=8192 14.00 ms.")
+    assert host_speed_line(None, runs[1:]) == ""

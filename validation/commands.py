@@ -50,7 +50,9 @@ def compare(args: argparse.Namespace) -> int:
                  gpu_name=args.gpu, holdout_fraction=args.holdout, fit=not args.no_fit,
                  resimulate_fitted=args.resimulate_fitted, vmm_costs=vmm_costs)
     if args.calibration is not None:
-        v.calibration_versions = json.loads(args.calibration.read_text()).get("versions")
+        calibration = json.loads(args.calibration.read_text())
+        v.calibration_versions = calibration.get("versions")
+        v.profile_host_probe = calibration.get("host_probe")
     v.repeats = repeat_rows(runs, [(d.name, load_runs(d)) for d in args.repeat_dir or ()])
     paths = write_report(args.out, v, plots=not args.no_plots)
     print_targets(v.targets)

@@ -83,6 +83,7 @@ class Validation:
     vmm_costs: VmmCosts | None = None  # the calibration's transition costs, if it has them
     calibration_versions: dict | None = None  # the calibration's GPU-side versions, if any
     repeats: list[dict] = field(default_factory=list)  # repeats.repeat_rows: the same replays again
+    profile_host_probe: dict | None = None  # the calibration's host speed (hostprobe.summarize)
 
 
 SENSITIVITY_FACTOR = 1.02

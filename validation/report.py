@@ -37,7 +37,7 @@ def report_dict(v: Validation) -> dict:
         "environment": _environment(v),
         "runs": [run_dict(r) for r in v.runs], "targets": v.targets, "gains": v.gains,
         "fit": v.fit.to_dict() if v.fit else None, "fit_note": v.fit_note,
-        "repeats": v.repeats,
+        "repeats": v.repeats, "profile_host_probe": v.profile_host_probe,
         "repeat_deviation": median_deviation(v.repeats) if v.repeats else None,
     }
     if v.refit_runs:
@@ -241,6 +241,31 @@ def _environment(v: Validation) -> str:
     return f"Measured on {gpu}; {listed} ({source})."
 
 
+def _nonempty(line: str) -> list[str]:
+    return [line, ""] if line else []
+
+
+def host_speed_line(profile_probe: dict | None, runs: list[tuple[str, dict]]) -> str:
+    """The host's speed (gpu_backend.engine.hostprobe's fixed loop) during the profile and
+    during each replay (label, summary), when recorded: launch-bound steps take what the host
+    takes to launch them. "" when nothing was recorded."""
+    def ms(probe) -> float | None:
+        return probe.get("median_s") if isinstance(probe, dict) else None
+
+    profile = ms(profile_probe)
+    replays = [(label, ms((summary.get("measured") or {}).get("host_probe")))
+               for label, summary in runs]
+    replays = [(label, s) for label, s in replays if s is not None]
+    if profile is None and not replays:
+        return ""
+    parts = [f"profile {profile * 1e3:.2f} ms" if profile is not None else "profile not recorded"]
+    for label, s in replays:
+        ratio = f" ({s / profile:.2f}x the profile's)" if profile else ""
+        parts.append(f"{label} {s * 1e3:.2f} ms{ratio}")
+    return ("Host speed (a fixed Python loop, median; launch-bound steps scale with it): "
+            + "; ".join(parts) + ".")
+
+
 def markdown(v: Validation, images: list[str]) -> str:
     first = v.runs[0]
     ts = first.trace_slice
@@ -249,7 +274,8 @@ def markdown(v: Validation, images: list[str]) -> str:
            f"{first.sim.summary['tensor_parallel_size']}; trace {ts.trace} (limit {ts.limit}, "
            f"window {ts.window_s}, rate x{ts.rate_scale:g}); cost model efficiencies: "
            f"{v.calibration_source}; elastic transition costs: {_vmm_source(v)}.", "",
-           _environment(v), "",
+           _environment(v), "", *_nonempty(host_speed_line(
+               v.profile_host_probe, [(r.label, r.gpu.summary) for r in v.runs])),
            "## Targets", "", *_targets_table(v.targets), "",
            f"Reference: {REFERENCES}", "", *_repeat_lines(v.repeats),
            "## Predicted / measured (relative error), per run", "", *_metrics_table(v.runs), "",

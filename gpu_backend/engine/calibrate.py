@@ -37,6 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
+from gpu_backend.engine.hostprobe import probe
+from gpu_backend.engine.hostprobe import summarize as summarize_probes
 from gpu_backend.engine.shapes import (
     StepShape,
     blocks_needed,
@@ -218,11 +220,12 @@ def calibrate(config: EngineConfig, *, seed: int = 0, quick: bool = False,
     engine = profile_engine(config, grid, seed, replay_setup=replay_setup)
     config, runner, graphs, m = engine.config, engine.runner, engine.graphs, engine.memory
     num_blocks, device = engine.num_blocks, engine.device
-    measurements, outputs, times = [], [], []
+    measurements, outputs, times, probes = [], [], [], []
     for shape in grid:
         mirror, out = engine.step(shape)
+        probes.append(probe())  # the host's speed next to this point (hostprobe)
         timing = time_step(runner, partial(mirror.build, out), warmup, repeat)
-        measurements.append({**shape.describe(), **timing})
+        measurements.append({**shape.describe(), **timing, "host_probe_s": probes[-1]})
         outputs.append(scheduler_output(shape))
         times.append(timing["measured_s"])
     cost_args = (config.model, config.gpu, 1)
@@ -241,7 +244,7 @@ def calibrate(config: EngineConfig, *, seed: int = 0, quick: bool = False,
                        "non_torch_bytes": m.profile.non_torch_bytes},
         "activation_peaks": {str(k): v for k, v in m.activation_peaks.items()},
         "weights_bytes": m.weights_bytes, "graph_capture_s": graphs.capture_s,
-        "setup": engine.setup,
+        "setup": engine.setup, "host_probe": summarize_probes(probes),
         "copy_bandwidth_bytes_s": bandwidth,
         "measurements": measurements, "fit_error": fit_error,
         "vmm": measure_transitions(runner, config, device, num_blocks),

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from gpu_backend.engine.engine import STEP_COLUMNS, GpuEngine, VirtualClock, WallClock
+from gpu_backend.engine.hostprobe import HostProbe
 from sim.core.request import RequestState
 from sim.metrics import Slo, summarize
 from sim.outputs import config_fields, run_label, slug, write_request_csv, write_timeline_csv
@@ -29,24 +30,30 @@ ProgressFn = Callable[[float, int, int], None]  # (now_s, num_submitted, num_ste
 
 
 def replay(engine: GpuEngine, requests: Sequence[Request], *, wait: bool,
-           progress: ProgressFn | None = None, progress_every: int = 500) -> float:
+           progress: ProgressFn | None = None, progress_every: int = 500,
+           host_probe: HostProbe | None = None) -> float:
     """Drive the engine over `requests` (sorted by arrival); returns the final clock time.
 
     The objects made during setup (model, graphs, pools) are frozen out of the garbage
     collector first, as serving engines do, so that no full collection over them lands inside
     a timed step. (Eager, launch-bound prefill steps of Qwen2.5-0.5B replays have 20-100 ms
     outliers; with the freeze they still had 30-50 ms ones, so the collector is not all of it.)
+    `host_probe` (virtual clock only: on the wall clock its loop would delay the engine) times
+    the host's speed between steps now and then.
     """
+    if wait and host_probe is not None:
+        raise ValueError("a host probe runs between steps on the virtual clock only (--no-wait)")
     gc.collect()
     gc.freeze()
     try:
-        return _drive(engine, requests, wait, progress, progress_every)
+        return _drive(engine, requests, wait, progress, progress_every, host_probe)
     finally:
         gc.unfreeze()
 
 
 def _drive(engine: GpuEngine, requests: Sequence[Request], wait: bool,
-           progress: ProgressFn | None, progress_every: int) -> float:
+           progress: ProgressFn | None, progress_every: int,
+           host_probe: HostProbe | None = None) -> float:
     first_s = requests[0].arrival_s if requests else 0.0
     clock = WallClock(first_s) if wait else VirtualClock(first_s)
     index, num_steps = 0, 0
@@ -61,6 +68,8 @@ def _drive(engine: GpuEngine, requests: Sequence[Request], wait: bool,
             continue
         engine.step(clock)
         num_steps += 1
+        if host_probe is not None:
+            host_probe.maybe()
         if progress is not None and num_steps % progress_every == 0:
             progress(clock.now(), index, num_steps)
     return clock.now()
