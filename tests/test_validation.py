@@ -249,3 +249,26 @@ def test_graph_sizes_come_from_the_replay_summary():
     assert sized.cuda_graph_sizes == (1, 2, 4, 8)
     with pytest.raises(ValueError, match=r"measured.graph_sizes is \[1, 'x'\]"):
         engine_config({**base, "measured": {"graph_sizes": [1, "x"]}})
+
+
+def test_step_classes_report_the_median_phases_when_recorded(tmp_path):
+    from validation.steps import step_classes
+
+    path = tmp_path / "steps.csv"  # two decode steps and an eager prefill; device spans of a CPU
+    path.write_text("step_id,num_prefill_tokens,num_decode_tokens,decode_context_tokens,"
+                    "num_seqs,measured_s,build_s,enqueue_s,device_s\n"
+                    "1,300,0,0,1,0.020,0.0004,0.0150,0.0190\n"
+                    "2,0,4,900,4,0.006,0.0001,0.0003,nan\n"
+                    "3,0,4,904,4,0.006,0.0003,0.0005,0.0055\n")
+    table = read_steps_csv(path)
+    rows = {r["class"]: r for r in step_classes(np.full(3, 0.01), table)}
+    decode = rows["decode, 1-8 sequences"]["median_phases_s"]
+    assert decode["build_s"] == pytest.approx(0.0002) and decode["enqueue_s"] == pytest.approx(0.0004)
+    assert decode["device_s"] == pytest.approx(0.0055)  # the NaN (no CUDA events) left out
+    assert rows["prefill only"]["median_phases_s"]["enqueue_s"] == pytest.approx(0.015)
+    old = tmp_path / "old.csv"  # a replay from before the phases: none reported
+    old.write_text(path.read_text().replace(",build_s,enqueue_s,device_s", "")
+                   .replace(",0.0004,0.0150,0.0190", "").replace(",0.0001,0.0003,nan", "")
+                   .replace(",0.0003,0.0005,0.0055", ""))
+    assert all(r["median_phases_s"] is None
+               for r in step_classes(np.full(3, 0.01), read_steps_csv(old)))

@@ -155,13 +155,26 @@ def _steps_table(runs: list[RunComparison]) -> list[str]:
 
 def _step_class_table(runs: list[RunComparison]) -> list[str]:
     lines = ["| run | class | steps | measured s | predicted s | sum error | median step error "
-             "| median step ms |", "|---|---|---|---|---|---|---|---|"]
+             "| median step ms | host build / enqueue, device span ms |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         for c in r.step_classes:
             lines.append(f"| {r.label} | {c['class']} | {c['count']} | {c['measured_s']:.2f} | "
                          f"{c['predicted_s']:.2f} | {_pct(c['sum_error'])} | "
-                         f"{_pct(c['median_error'])} | {c['median_measured_s'] * 1e3:.2f} |")
+                         f"{_pct(c['median_error'])} | {c['median_measured_s'] * 1e3:.2f} | "
+                         f"{_phases(c.get('median_phases_s'))} |")
     return lines
+
+
+def _phases(medians: dict | None) -> str:
+    """'0.31 / 0.40, 5.19' (ms) from a class's median phases; '-' when not recorded."""
+    if not medians:
+        return "-"
+
+    def ms(key: str) -> str:
+        return "-" if medians.get(key) is None else f"{medians[key] * 1e3:.2f}"
+
+    return f"{ms('build_s')} / {ms('enqueue_s')}, {ms('device_s')}"
 
 
 def _tpot_attribution_table(runs: list[RunComparison]) -> list[str]:
@@ -285,7 +298,10 @@ def markdown(v: Validation, images: list[str]) -> str:
            "## Step times: the cost model on every measured step's composition", "",
            *_steps_table(v.runs), "",
            "Per class of step (error = predicted / measured - 1; negative: the model is "
-           "faster than the engine):", "", *_step_class_table(v.runs), "",
+           "faster than the engine; the last column, where the replay recorded them, is the "
+           "median host batch build and host enqueue time and the device span, which holds "
+           "any wait for the host's launches: a span close to the enqueue time is a "
+           "launch-bound step):", "", *_step_class_table(v.runs), "",
            "TPOT p50 on the measured step sequence, with the model's time for every step, or "
            "for one class of step only (the rest measured): the error each class makes "
            "(validation/attribution.py):", "", *_tpot_attribution_table(v.runs), "",

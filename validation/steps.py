@@ -15,7 +15,8 @@ steps.csv columns read (GPU engine; extra columns are ignored):
                                                   prefill is priced as one chunk, no prefix
     num_sampled_rows, start_s, num_preempted,
     kv_blocks_used, kv_blocks_usable,
-    reserve_lent_blocks                           optional
+    reserve_lent_blocks, max_decode_context,
+    build_s, enqueue_s, device_s                  optional (the last three: a step's phases)
 """
 
 from __future__ import annotations
@@ -32,9 +33,13 @@ from sim.cost_model import CostModel
 REQUIRED_COLUMNS = ("num_prefill_tokens", "num_decode_tokens", "decode_context_tokens",
                     "num_seqs")
 DURATION_COLUMNS = ("measured_s", "duration_s", "step_s")
+# Where a GPU step's time went (gpu_backend since 2026-11-30's fourth session): host batch
+# build, host enqueue (inputs staged, graph or kernels launched), device span (CUDA events).
+PHASE_COLUMNS = ("build_s", "enqueue_s", "device_s")
 OPTIONAL_COLUMNS = ("start_s", "num_preempted", "kv_blocks_used", "kv_blocks_usable",
                     "reserve_lent_blocks", "lent_blocks", "oom",
-                    "max_decode_context")  # longest decode row's context (GPU runs since 2026-11-30)
+                    "max_decode_context",  # longest decode row's context (GPU runs since 2026-11-30)
+                    *PHASE_COLUMNS)
 
 
 @dataclass(frozen=True)
@@ -231,5 +236,19 @@ def step_classes(predicted: np.ndarray, measured: StepTable) -> list[dict]:
                      "predicted_s": float(p.sum()),
                      "sum_error": float(p.sum() / m.sum() - 1.0) if m.sum() > 0 else None,
                      "median_error": float(np.nanmedian(relative_errors(p, m))),
-                     "median_measured_s": float(np.median(m))})
+                     "median_measured_s": float(np.median(m)),
+                     "median_phases_s": _median_phases(measured, mask)})
     return rows
+
+
+def _median_phases(table: StepTable, mask: np.ndarray) -> dict[str, float] | None:
+    """Median of each recorded phase over the masked steps (None: not recorded, or NaN: the
+    device span of a CPU run)."""
+    if not all(c in table.extra for c in PHASE_COLUMNS):
+        return None
+    medians = {}
+    for column in PHASE_COLUMNS:
+        values = table.extra[column][mask]
+        values = values[np.isfinite(values)]
+        medians[column] = float(np.median(values)) if values.size else None
+    return medians
