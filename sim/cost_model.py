@@ -156,6 +156,16 @@ class CostModel:
         padded = padded_batch(num_rows, self.graph_sizes)
         return (num_rows, True) if padded is None else (padded, False)
 
+    def decode_rows_array(self, num_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`decode_rows` of many decode-only steps at once: (rows computed, eager?)."""
+        num_rows = np.asarray(num_rows, dtype=np.int64)
+        if not self.graph_sizes:
+            return num_rows, np.zeros(num_rows.shape, dtype=bool)
+        sizes = np.asarray(self.graph_sizes, dtype=np.int64)
+        index = np.searchsorted(sizes, num_rows)  # the first size >= the rows
+        eager = index == len(sizes)
+        return np.where(eager, num_rows, sizes[np.minimum(index, len(sizes) - 1)]), eager
+
     def step(self, out: SchedulerOutput) -> StepCost:
         """Cost of one step of `out` (the first step, for a decode run)."""
         num_tokens = out.num_prefill_tokens + out.num_decode_tokens

@@ -248,3 +248,14 @@ def test_padded_decode_run_equals_its_single_steps():
         singles = [padded.step(output(num_decode=batch, decode_context=10_000 + k * batch,
                                       num_rows=batch, num_seqs=batch)).total_s for k in range(3)]
         np.testing.assert_allclose(run, singles, rtol=1e-12)
+
+
+def test_decode_rows_of_many_steps_match_one_at_a_time():
+    padded = CostModel(LLAMA_8B, H200, graph_sizes=GRAPHS)
+    rows = np.array([1, 3, 16, 17, 32, 33, 200])
+    many, eager = padded.decode_rows_array(rows)
+    assert [(int(r), bool(e)) for r, e in zip(many, eager)] == [padded.decode_rows(int(n))
+                                                                 for n in rows]
+    assert list(many) == [1, 4, 16, 32, 32, 33, 200] and list(eager) == [False] * 5 + [True] * 2
+    plain, none = CostModel(LLAMA_8B, H200).decode_rows_array(rows)
+    assert list(plain) == list(rows) and not none.any()

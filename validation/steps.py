@@ -165,11 +165,9 @@ def predict_step_times(cost: CostModel, table: StepTable) -> np.ndarray:
     # Decode-only steps run the graph of the next capture size up (CostModel.decode_rows):
     # its rows are what the linear layers and logits compute; beyond every size, eagerly.
     decode_only = (table.num_prefill_tokens == 0) & (tokens > 0)
-    graph = {int(n): cost.decode_rows(int(n)) for n in np.unique(tokens[decode_only])}
-    padded = np.array([graph[int(n)][0] if d else n for n, d in zip(tokens, decode_only)],
-                      dtype=np.int64)
-    eager = ~decode_only | np.array([d and graph[int(n)][1] for n, d in zip(tokens, decode_only)],
-                                    dtype=bool)
+    graph_rows, graph_eager = cost.decode_rows_array(tokens)
+    padded = np.where(decode_only, graph_rows, tokens)
+    eager = ~decode_only | graph_eager
     sampled = np.where(decode_only & ~eager, padded, table.num_sampled_rows)
     # Prefill attention and decode KV reads are linear in pairs and context tokens.
     per_pair_s = cost.prefill_attention_s(((2, 0),)) / 2.0  # a 2-token chunk is 2 pairs
