@@ -10,8 +10,8 @@ by 41% in TTFT p50 (Qwen2.5-0.5B, Azure conv). A model error is only meaningful 
 runs: every run of DIR whose policy and chunk match a compared run must have replayed the same
 configuration and trace slice (else a clear error names both folders and the field). For each
 run and metric the report lists every measured value and the largest deviation of a repeat
-from the compared replay; the targets table adds the median of that over runs. The targets
-themselves are judged on the model's error alone.
+from the compared replay, and the median of that over runs; `python -m validation table` lists
+the medians per report. The targets themselves are judged on the model's error alone.
 """
 
 from __future__ import annotations
