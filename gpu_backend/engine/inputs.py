@@ -249,13 +249,16 @@ class RequestMirror:
         starts = np.array([s.num_computed_tokens for s in items], dtype=np.int64)  # [S]
         query_start_loc = np.zeros(len(items) + 1, dtype=np.int32)
         np.cumsum(lens, out=query_start_loc[1:], dtype=np.int32)
-        positions = np.concatenate([np.arange(c, c + n) for c, n in zip(starts, lens)]
-                                   or [np.zeros(0, np.int64)]).astype(np.int64)  # [T]
-        input_ids = np.concatenate(
-            [self.tokens[s.request_id][s.num_computed_tokens:s.num_computed_tokens + s.num_new_tokens]
-             for s in items] or [[]]).astype(np.int64)  # [T]
-        tables = self._table_array([s.request_id for s in items])  # [S, max_blocks]
         row_of_token = np.repeat(np.arange(len(items)), lens)  # [T]
+        # token t of row r sits at starts[r] + (t - query_start_loc[r])
+        positions = (np.arange(int(lens.sum()), dtype=np.int64)
+                     + (starts - query_start_loc[:-1])[row_of_token])  # [T]
+        flat: list[int] = []
+        for s in items:
+            flat += self.tokens[s.request_id][s.num_computed_tokens:
+                                              s.num_computed_tokens + s.num_new_tokens]
+        input_ids = np.array(flat, dtype=np.int64)  # [T]
+        tables = self._table_array([s.request_id for s in items])  # [S, max_blocks]
         block_ids = tables[row_of_token, positions // self.block_size]
         slot_mapping = block_ids.astype(np.int64) * self.block_size + positions % self.block_size
         sampled = [i for i, s in enumerate(items) if s.samples]
