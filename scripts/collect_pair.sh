@@ -5,7 +5,8 @@
 #   bash scripts/collect_pair.sh FILES_AT [PYTHON]
 #
 # FILES_AT "-": copy nothing, only regenerate the reports and the table.
-# FILES_AT: the folder holding gpu0.tar.gz, gpu1.tar.gz, status.txt and kernel_smoke.log.
+# FILES_AT: the folder holding gpu0.tar.gz, gpu1.tar.gz, status.txt and kernel_smoke.log, or
+# the stage tarballs (replay.tar.gz, ...) of a plain `scripts/gpu_all.sh` call.
 # Copies, when present: the replays (validation/gpu_runs/h200_*), the calibration profiles
 # (calibration/), the kernel and engine benchmarks (benchmarks/results/); then runs
 # `python -m validation compare` for each single-GPU slice (with --repeat-dir for every earlier
@@ -17,7 +18,12 @@ PY="${2:-${PYTHON:-python}}"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 [ "$SRC" = - ] && SRC="$WORK/none"  # nothing to copy: every test below finds no file
-for gpu in 0 1; do
+# g0, g1: the two tracks of a gpu_pair.sh call; g2: stage tarballs of a plain gpu_all.sh call
+mkdir -p "$WORK/g2"
+for stage in bench profile replay validation; do
+  [ -f "$SRC/$stage.tar.gz" ] && cp "$SRC/$stage.tar.gz" "$WORK/g2/"
+done
+for gpu in 0 1 2; do
   mkdir -p "$WORK/g$gpu"
   [ -f "$SRC/gpu$gpu.tar.gz" ] && tar -xzf "$SRC/gpu$gpu.tar.gz" -C "$WORK/g$gpu"
   for stage in bench profile replay validation; do
@@ -33,7 +39,7 @@ copy_run() {  # copy_run FROM NAME: a replay folder (static/, elastic/) into val
   cp -r "$1" "validation/gpu_runs/$2"
   echo "replays -> validation/gpu_runs/$2"
 }
-for gpu in 0 1; do
+for gpu in 0 1 2; do
   g="$WORK/g$gpu"
   copy_run "$g/replay" h200_llama-3.1-8b_azure-conv
   for run in "$g"/validation/h200_*; do [ -d "$run" ] && copy_run "$run" "$(basename "$run")"; done
