@@ -23,6 +23,14 @@ shape under one condition the replay differs in, the rest held equal:
   after 10 s of the same step back to back (a replay runs for minutes: clocks, temperature).
 
 Prints the median of each and its ratio to the profile's condition; writes JSON.
+
+Result (H200, 2026-11-30's fourth session, device call 1; benchmarks/results/eager_gap_nvidia-
+h200.json): the eager steps' medians moved between 13 and 26 ms with no order among the
+conditions (the 128-token step back to back 22.5 ms, after a decode-graph step 13.3 ms; the
+256-token prompt 25.0 ms back to back, 14.2 ms after a full GC), and the decode step stayed
+within 7.65-8.36 ms under every condition. What moved was the host's speed
+(benchmarks/host_noise.py), not any one condition; benchmarks/decode_gap.py then separated the
+replay setup's share of the decode gap (the graph padding only).
 """
 
 from __future__ import annotations
