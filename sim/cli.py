@@ -16,7 +16,7 @@ from sim.core.catalog import MIB, get_gpu, get_model
 from sim.core.elastic import DrainStrategy, VmmCosts
 from sim.core.engine_config import EngineConfig
 from sim.core.memory_plan import ActivationProfile
-from sim.cost_model import load_efficiency
+from sim.cost_model import Efficiency, host_slower, load_efficiency
 from sim.metrics import Slo
 from sim.outputs import parse_int_list, parse_policies
 from sim.progress import progress_bar
@@ -133,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--plot", action="store_true", help="with --out: write PNG plots")
     g.add_argument("--json", action="store_true", help="print the summaries as JSON")
     g.add_argument("--no-progress", action="store_true")
+    g.add_argument("--host-slowdown", type=float, default=1.0, metavar="FACTOR",
+                   help="what-if: a host FACTOR times as slow (the per-step host terms of the "
+                        "calibration multiplied; launch-bound steps of small models feel it)")
     return parser
 
 
@@ -142,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         trace = trace_from_args(args)
         configs = engine_configs(args)
         efficiency, profile, vmm_costs = load_calibration(args.calibration)
+        if args.host_slowdown != 1.0:
+            efficiency = host_slower(efficiency or Efficiency(), args.host_slowdown)
     except (TraceError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

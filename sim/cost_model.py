@@ -223,6 +223,19 @@ def slower(eff: Efficiency, factor: float) -> Efficiency:
             "allreduce_latency_s", "step_overhead_s", "per_seq_overhead_s", "eager_launch_s")})
 
 
+HOST_TERMS = ("step_overhead_s", "per_seq_overhead_s", "eager_launch_s")
+
+
+def host_slower(eff: Efficiency, factor: float) -> Efficiency:
+    """`eff` on a host `factor` times slower: the per-step terms a calibration fits, which are
+    mostly host time (scheduling, building and copying inputs, launching kernels), multiplied;
+    the device's rates kept. The lent H200's host ran a fixed Python loop in 7 to 14 ms in
+    different sessions, and eager steps' launch time moved with it (benchmarks/host_noise.py)."""
+    if factor <= 0:
+        raise ValueError(f"host_slower() needs a positive factor, got {factor}")
+    return replace(eff, **{name: getattr(eff, name) * factor for name in HOST_TERMS})
+
+
 def load_efficiency(path: str | Path) -> Efficiency:
     """Read a calibration JSON's "efficiency" object; unknown keys are an error, not ignored."""
     path = Path(path)

@@ -259,3 +259,21 @@ def test_decode_rows_of_many_steps_match_one_at_a_time():
     assert list(many) == [1, 4, 16, 32, 32, 33, 200] and list(eager) == [False] * 5 + [True] * 2
     plain, none = CostModel(LLAMA_8B, H200).decode_rows_array(rows)
     assert list(plain) == list(rows) and not none.any()
+
+
+def test_host_slower_scales_only_the_host_terms():
+    from sim.cost_model import host_slower
+
+    eff = Efficiency(eager_launch_s=0.02, per_seq_overhead_s=5e-6, step_overhead_s=1e-3)
+    base = CostModel(LLAMA_8B, H200, efficiency=eff)
+    slow = CostModel(LLAMA_8B, H200, efficiency=host_slower(eff, 2.0))
+    # a launch-bound eager step: its launch and the serial overhead double, nothing else
+    eager = output(num_prefill=64, prefill_chunks=((64, 0),), num_rows=1, num_seqs=4)
+    b, s = base.step(eager), slow.step(eager)
+    assert b.device_s < b.launch_s and s.total_s == pytest.approx(2 * b.total_s, rel=1e-12)
+    # a decode graph step: the device time stays, the overhead doubles
+    decode = output(num_decode=32, decode_context=32_000, num_rows=32, num_seqs=32)
+    b, s = base.step(decode), slow.step(decode)
+    assert s.device_s == b.device_s and s.overhead_s == pytest.approx(2 * b.overhead_s)
+    with pytest.raises(ValueError, match="positive factor"):
+        host_slower(eff, 0.0)

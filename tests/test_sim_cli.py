@@ -150,3 +150,18 @@ def test_cuda_graph_sizes_flag_parses_sorted_sizes_or_none():
     for bad in ("1,x", "0,4", "-2"):
         with pytest.raises(argparse.ArgumentTypeError, match="--cuda-graph-sizes"):
             parse_graph_sizes(bad)
+
+
+def test_host_slowdown_what_if_lengthens_latency_and_rejects_nonsense(capsys):
+    from sim.cli import main
+
+    def ttft_p50(*flags: str) -> float:
+        assert main(["--trace", "azure-conv", "--limit", "60", "--policy", "static",
+                     "--chunk", "8192", "--no-progress", "--json", *flags]) == 0
+        return json.loads(capsys.readouterr().out)[0]["ttft_s"]["p50"]
+
+    base = ttft_p50()
+    assert ttft_p50("--host-slowdown", "2") > base
+    assert main(["--trace", "azure-conv", "--limit", "5", "--host-slowdown", "0",
+                 "--no-progress"]) == 2
+    assert "host_slower() needs a positive factor" in capsys.readouterr().err

@@ -73,6 +73,9 @@ def test_compare_with_true_efficiencies_reports_no_error(runs):
     for run in v.runs:  # every step 2% longer: later first tokens, the same tokens per second
         assert run.sensitivity["ttft_p50_s"] > 0.005, run.label
         assert abs(run.sensitivity["throughput_tok_s"]) < 0.01, run.label
+        # a slower host lengthens steps by their host terms only: later, never earlier
+        assert run.host_sensitivity["ttft_p50_s"] > 0, run.label
+        assert run.host_sensitivity["tpot_p50_s"] > 0, run.label
 
 
 def test_compare_with_default_efficiencies_reports_the_perturbation(runs):

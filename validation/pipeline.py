@@ -16,7 +16,7 @@ import numpy as np
 
 from sim.core.elastic import VmmCosts
 from sim.core.memory_plan import ActivationProfile
-from sim.cost_model import CostModel, Efficiency, slower
+from sim.cost_model import CostModel, Efficiency, host_slower, slower
 from sim.runner import RunResult, RunSpec
 from validation.attribution import tpot_attribution
 from validation.calibrate import (
@@ -58,6 +58,8 @@ class RunComparison:
     # predicted metrics when every step takes SENSITIVITY_FACTOR times as long, relative to
     # the prediction: how much a metric amplifies a step-time error (None: not computed)
     sensitivity: dict[str, float | None] | None = None
+    # the same with the host terms HOST_SENSITIVITY_FACTOR times as long (sim.cost_model.host_slower)
+    host_sensitivity: dict[str, float | None] | None = None
 
     @property
     def label(self) -> str:
@@ -87,6 +89,7 @@ class Validation:
 
 
 SENSITIVITY_FACTOR = 1.02
+HOST_SENSITIVITY_FACTOR = 1.5  # a host half again as slow (the lent H200's swung up to 2x)
 SENSITIVITY_METRICS = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "throughput_tok_s")
 
 
@@ -104,14 +107,17 @@ def compare_run(gpu: GpuRun, efficiency: Efficiency | None, profile: ActivationP
                      config.cuda_graph_sizes)
     step_predicted = predict_step_times(cost, gpu.steps)
     sim_steps = recorder.table()
-    moved = None
+    moved = host_moved = None
     if sensitivity:
-        slow = RunSpec(config, efficiency=slower(efficiency or Efficiency(), SENSITIVITY_FACTOR),
-                       profile=profile, vmm_costs=vmm_costs)
-        slow_values = metric_values(simulate_logged(slow, trace)[0].summary)
-        moved = {k: (slow_values[k] / predicted[k] - 1.0
-                     if predicted[k] and slow_values[k] is not None else None)
-                 for k in SENSITIVITY_METRICS}
+        def moves(eff: Efficiency) -> dict[str, float | None]:
+            spec = RunSpec(config, efficiency=eff, profile=profile, vmm_costs=vmm_costs)
+            values = metric_values(simulate_logged(spec, trace)[0].summary)
+            return {k: (values[k] / predicted[k] - 1.0
+                        if predicted[k] and values[k] is not None else None)
+                    for k in SENSITIVITY_METRICS}
+
+        moved = moves(slower(efficiency or Efficiency(), SENSITIVITY_FACTOR))
+        host_moved = moves(host_slower(efficiency or Efficiency(), HOST_SENSITIVITY_FACTOR))
     return RunComparison(
         gpu=gpu, sim=result, sim_steps=sim_steps, trace_slice=ts, arrival_s=trace.arrival_s,
         metrics=compare_metrics(predicted, measured), step_predicted_s=step_predicted,
@@ -119,6 +125,7 @@ def compare_run(gpu: GpuRun, efficiency: Efficiency | None, profile: ActivationP
         step_classes=step_classes(step_predicted, gpu.steps),
         tpot_attribution=tpot_attribution(gpu.steps, gpu.requests, step_predicted),
         divergence=find_divergence(sim_steps, gpu.steps, trace.arrival_s), sensitivity=moved,
+        host_sensitivity=host_moved,
     )
 
 

@@ -8,7 +8,12 @@ from dataclasses import asdict
 from pathlib import Path
 
 from validation.compare import METRICS, format_target_value
-from validation.pipeline import SENSITIVITY_FACTOR, RunComparison, Validation
+from validation.pipeline import (
+    HOST_SENSITIVITY_FACTOR,
+    SENSITIVITY_FACTOR,
+    RunComparison,
+    Validation,
+)
 from validation.repeats import median_deviation
 
 REFERENCES = ("Vidur reports ~9% latency error; LLMServingSim 2.0 reports 2-14%.")
@@ -23,7 +28,7 @@ def run_dict(run: RunComparison) -> dict:
             "vmm_handle_bytes")},
         "metrics": run.metrics, "step_time": run.step_error, "step_classes": run.step_classes,
         "tpot_attribution": run.tpot_attribution,
-        "sensitivity": run.sensitivity,
+        "sensitivity": run.sensitivity, "host_sensitivity": run.host_sensitivity,
         "steps_chunks_exact": run.gpu.steps.chunks_exact,
         "num_measured_steps": len(run.gpu.steps), "num_simulated_steps": len(run.sim_steps),
         "divergence": run.divergence.to_dict(),
@@ -197,9 +202,14 @@ def _sensitivity_table(runs: list[RunComparison]) -> list[str]:
     if not runs:
         return ["(not computed)"]
     names = list(runs[0].sensitivity)
-    lines = ["| run | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    lines = ["| run | what changed | " + " | ".join(names) + " |",
+             "|---|---|" + "---|" * len(names)]
     for r in runs:
-        lines.append(f"| {r.label} | " + " | ".join(_pct(r.sensitivity[n]) for n in names) + " |")
+        for what, moved in ((f"every step {SENSITIVITY_FACTOR - 1:.0%} longer", r.sensitivity),
+                            (f"host terms x{HOST_SENSITIVITY_FACTOR:g}", r.host_sensitivity)):
+            if moved:
+                lines.append(f"| {r.label} | {what} | "
+                             + " | ".join(_pct(moved[n]) for n in names) + " |")
     return lines
 
 
@@ -306,11 +316,15 @@ def markdown(v: Validation, images: list[str]) -> str:
            "for one class of step only (the rest measured): the error each class makes "
            "(validation/attribution.py):", "", *_tpot_attribution_table(v.runs), "",
            "## Step-by-step alignment", "", *_divergence_lines(v.runs), "",
-           f"## Sensitivity: the prediction with every step {SENSITIVITY_FACTOR - 1:.0%} longer",
+           f"## Sensitivity: the prediction with every step {SENSITIVITY_FACTOR - 1:.0%} longer, "
+           f"and on a host x{HOST_SENSITIVITY_FACTOR:g} as slow",
            "", "How much each metric moves, relative to the prediction: a metric that moves "
            "by several times the step-time change (queueing, or a median that sits between "
            "requests whose decode windows do and do not hold a long prefill step) cannot be "
-           "predicted to 5% unless the step times are right to a fraction of that.", "",
+           "predicted to 5% unless the step times are right to a fraction of that. The second "
+           "row scales only the per-step host terms (step overhead, per-sequence time, eager "
+           "launch; `sim.cost_model.host_slower`): how much of the prediction rides on the "
+           "host's speed, which moved up to 2x between sessions on the lent H200.", "",
            *_sensitivity_table(v.runs), "",
            "## Calibration (held-out steps only)", "", *_fit_lines(v), ""]
     if v.refit_runs:
