@@ -324,7 +324,9 @@ def markdown(v: Validation, images: list[str]) -> str:
            "predicted to 5% unless the step times are right to a fraction of that. The second "
            "row scales only the per-step host terms (step overhead, per-sequence time, eager "
            "launch; `sim.cost_model.host_slower`): how much of the prediction rides on the "
-           "host's speed, which moved up to 2x between sessions on the lent H200.", "",
+           "host's speed, which moved up to 2x between sessions on the lent H200 (an upper "
+           "bound for decode graph steps, whose fitted step overhead also holds device "
+           "time).", "",
            *_sensitivity_table(v.runs), "",
            "## Calibration (held-out steps only)", "", *_fit_lines(v), ""]
     if v.refit_runs:
