@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -101,3 +102,48 @@ def test_host_speed_line_compares_each_replay_with_the_profile():
         "Host speed (a fixed Python loop, median; launch-bound steps scale with it): profile not "
         "recorded; static/chunk=8192 14.00 ms.")
     assert host_speed_line(None, runs[1:]) == ""
+
+
+def test_run_with_repeats_replays_each_round_and_reports_the_spread(tmp_path, monkeypatch):
+    """`validation run --repeats 2` with the GPU replay stood in by simulator-written runs
+    (validation.synthetic): the second round's host is 10% slower, so the report must show
+    the first round matching the simulator and the second one moved."""
+    import subprocess
+
+    from sim.core.catalog import get_gpu, get_model
+    from sim.core.elastic import Policy
+    from sim.core.engine_config import EngineConfig
+    from sim.cost_model import Efficiency, slower
+    from sim.runner import RunSpec
+    from validation import commands
+    from validation.cli import main
+    from validation.runs import TraceSlice
+    from validation.synthetic import write_gpu_style_run
+
+    replayed = []
+
+    def fake_replay(cmd, **_):
+        arg = {k: v for k, v in zip(cmd, cmd[1:]) if k.startswith("--")}
+        out = Path(arg["--out"])
+        replayed.append(out.relative_to(tmp_path).as_posix())
+        eff = slower(Efficiency(), 1.1) if "gpu_repeat2" in out.parts else Efficiency()
+        config = EngineConfig(get_model(arg["--model"]), get_gpu("h200"),
+                              policy=Policy.parse(arg["--policy"]),
+                              max_num_batched_tokens=int(arg["--chunk"]), max_num_seqs=64)
+        write_gpu_style_run(out, RunSpec(config, efficiency=eff),
+                            TraceSlice("azure-conv", limit=int(arg["--limit"])))
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(commands.subprocess, "run", fake_replay)
+    assert main(["run", "--trace", "azure-conv", "--limit", "40", "--model", "llama-3.1-8b",
+                 "--policies", "static", "--chunks", "2048", "--repeats", "2", "--no-fit",
+                 "--no-plots", "--out", str(tmp_path / "v")]) == 0
+    assert replayed == ["v/gpu/static_chunk_2048", "v/gpu_repeat2/static_chunk_2048"]
+    report = json.loads((tmp_path / "v" / "report" / "report.json").read_text())
+    errors = report["runs"][0]["metrics"]
+    assert abs(errors["tpot_p50_s"]["relative_error"]) < 1e-9  # round 1 is the simulation
+    tpot = next(r for r in report["repeats"] if r["metric"] == "tpot_p50_s")
+    assert [o["name"] for o in tpot["repeats"]] == ["gpu_repeat2"]
+    assert tpot["max_deviation"] == pytest.approx(0.10, abs=0.03)  # 10% longer steps
+    assert main(["run", "--trace", "azure-conv", "--limit", "5", "--model", "llama-3.1-8b",
+                 "--repeats", "0", "--out", str(tmp_path / "w")]) == 2

@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="extra flags for `python -m gpu_backend replay`, quoted")
     run.add_argument("--gpu-only", action="store_true",
                      help="run the GPU replays only (no simpy needed); compare later")
+    run.add_argument("--repeats", type=int, default=1,
+                     help="replay every run this many times; the report compares the first with "
+                          "the simulator and shows how far the others moved (default 1)")
     _add_compare_arguments(run)
 
     fit = commands.add_parser("fit", help="fit cost-model efficiencies to measured step times")

@@ -93,18 +93,27 @@ def _replay_command(args: argparse.Namespace, policy: str, chunk: int, out: Path
 
 
 def run(args: argparse.Namespace) -> int:
-    gpu_dir = args.out / "gpu"
-    for chunk in parse_int_list(args.chunks, "--chunks"):
-        for policy in parse_policies(args.policies):
-            folder = gpu_dir / f"{policy.value}_chunk_{chunk}"
-            cmd = _replay_command(args, policy.value, chunk, folder)
-            print("$ " + shlex.join(cmd), flush=True)
-            code = subprocess.run(cmd).returncode
-            if code != 0:
-                print(f"error: the GPU replay failed (exit {code}); nothing compared",
-                      file=sys.stderr)
-                return code
-    compare_hint = (f"python -m validation compare --gpu-dir {gpu_dir} --out {args.out}/report")
+    """Replay every policy x chunk (`--repeats` times, each round into its own folder: gpu/,
+    then gpu_repeat2/, ...), then compare the first round with the simulator, the others as
+    repeats of it."""
+    if args.repeats < 1:
+        raise ValueError(f"--repeats {args.repeats}: replay each run at least once")
+    rounds = [args.out / "gpu"] + [args.out / f"gpu_repeat{i}" for i in range(2, args.repeats + 1)]
+    for gpu_dir in rounds:
+        for chunk in parse_int_list(args.chunks, "--chunks"):
+            for policy in parse_policies(args.policies):
+                folder = gpu_dir / f"{policy.value}_chunk_{chunk}"
+                cmd = _replay_command(args, policy.value, chunk, folder)
+                print("$ " + shlex.join(cmd), flush=True)
+                code = subprocess.run(cmd).returncode
+                if code != 0:
+                    print(f"error: the GPU replay failed (exit {code}); nothing compared",
+                          file=sys.stderr)
+                    return code
+    gpu_dir = rounds[0]
+    repeat_flags = "".join(f" --repeat-dir {d}" for d in rounds[1:])
+    compare_hint = (f"python -m validation compare --gpu-dir {gpu_dir} --out {args.out}/report"
+                    + repeat_flags)
     if args.gpu_only:
         print(f"GPU replays written to {gpu_dir}; compare them with:\n  {compare_hint}")
         return 0
@@ -116,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
               f"  {compare_hint}", file=sys.stderr)
         return 3
     args.gpu_dir = gpu_dir
+    args.repeat_dir = (getattr(args, "repeat_dir", None) or []) + rounds[1:]
     args.out = args.out / "report"
     return compare(args)
 
