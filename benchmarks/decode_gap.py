@@ -29,24 +29,17 @@ import statistics
 import sys
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a plain checkout
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from eager_gap import Lab, timed  # noqa: E402
 
-from gpu_backend.engine.shapes import StepShape, decode_shape  # noqa: E402
-
-
-def varied(batch_size: int, seed: int) -> StepShape:
-    contexts = np.random.default_rng(seed).integers(200, 2001, batch_size)
-    return StepShape("decode", decodes=tuple(int(c) for c in contexts))
-
+from gpu_backend.engine.shapes import decode_shape, spread_decode_shape  # noqa: E402
 
 SHAPES = {"uniform 32 x 1,024": decode_shape(32, 1024), "uniform 48 x 1,024": decode_shape(48, 1024),
-          "24 of 200-2,000": varied(24, 1), "32 of 200-2,000": varied(32, 2),
-          "40 of 200-2,000": varied(40, 3)}
+          "24 of 200-2,000": spread_decode_shape(24, 200, 2000, seed=1),
+          "32 of 200-2,000": spread_decode_shape(32, 200, 2000, seed=2),
+          "40 of 200-2,000": spread_decode_shape(40, 200, 2000, seed=3)}
 
 
 def conditions(lab: Lab) -> dict:

@@ -170,3 +170,13 @@ def test_block_tables_grow_track_their_largest_id_and_remap():
     remapped = list(tables[7])
     assert list(tables.pop(7)) == remapped
     assert 7 not in tables and len(tables) == 1 and tables.pop(7) is None
+
+
+def test_spread_decode_shape_is_seeded_and_within_its_bounds():
+    from gpu_backend.engine.shapes import spread_decode_shape
+
+    shape = spread_decode_shape(40, 200, 2000, seed=3)
+    assert len(shape.decodes) == 40 and 200 <= min(shape.decodes) and max(shape.decodes) <= 2000
+    assert shape == spread_decode_shape(40, 200, 2000, seed=3)
+    assert shape != spread_decode_shape(40, 200, 2000, seed=4)
+    assert max(shape.decodes) > 2 * min(shape.decodes)  # uneven: what the grid lacked

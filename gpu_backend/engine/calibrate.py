@@ -50,6 +50,7 @@ from gpu_backend.engine.shapes import (
     scatter_tables,
     scheduler_output,
     skewed_decode_shape,
+    spread_decode_shape,
 )
 from gpu_backend.env import versions
 from sim.calibration import eager_launch_start
@@ -77,6 +78,11 @@ def default_grid(quick: bool = False) -> list[StepShape]:
     # not its longest sequence (the attention kernel's split plan; see kernels/attention.py).
     grid += [skewed_decode_shape(32, 512, 16384), skewed_decode_shape(64, 1024, 16384, 2),
              skewed_decode_shape(20, 256, 12000, 4), skewed_decode_shape(128, 512, 8192)]
+    # Contexts spread as a trace's are (no single outlier): replays' decode steps of 17-48
+    # such sequences ran 3-17% over the uniform points' fit on the GPU alone, and
+    # benchmarks/decode_gap.py timed 40 of 200-2,000 keys above 48 uniform of 1,024.
+    grid += [spread_decode_shape(24, 200, 2000, seed=1), spread_decode_shape(40, 200, 2000, seed=3),
+             spread_decode_shape(24, 2000, 24000, seed=5)]
     grid += [mixed_shape(2048, 0, 64, 1024), mixed_shape(512, 2048, 32, 2048),
              mixed_shape(1024, 0, 128, 512)]
     # Short, launch-bound eager steps with many sequences, as replays have them (a few short

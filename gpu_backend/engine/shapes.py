@@ -67,6 +67,13 @@ def prefill_shape(new_tokens: int, prefix_tokens: int = 0) -> StepShape:
     return StepShape("prefill", prefills=((new_tokens, prefix_tokens),))
 
 
+def spread_decode_shape(batch_size: int, low: int, high: int, seed: int = 0) -> StepShape:
+    """A decode batch whose contexts are spread uniformly over [low, high] (seeded), as a
+    trace's are: uneven, with no single outlier."""
+    contexts = np.random.default_rng(seed).integers(low, high + 1, batch_size)
+    return StepShape("decode", decodes=tuple(int(c) for c in contexts))
+
+
 def mixed_shape(new_tokens: int, prefix_tokens: int, batch_size: int, context: int) -> StepShape:
     return StepShape("mixed", ((new_tokens, prefix_tokens),), (context,) * batch_size)
 
