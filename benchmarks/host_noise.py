@@ -35,7 +35,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a plain
 from gpu_backend.engine.hostprobe import PROBE_ITERATIONS, probe  # noqa: E402
 from gpu_backend.engine.shapes import (  # noqa: E402
     decode_shape,
-    engine_step,
     mixed_shape,
     prefill_shape,
 )
@@ -64,14 +63,13 @@ def cpu_facts() -> dict:
         path = base / name
         facts[name] = path.read_text().strip() if path.exists() else None
     try:
-        mhz = [float(line.split(":")[1]) for line in Path("/proc/cpuinfo").read_text().splitlines()
-               if line.startswith("cpu MHz")]
-        facts["cpuinfo_mhz"] = {"min": min(mhz), "max": max(mhz)} if mhz else None
-        model = [line.split(":")[1].strip() for line in
-                 Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")]
-        facts["model_name"] = model[0] if model else None
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        facts["cpuinfo_mhz"] = None
+        lines = []
+    mhz = [float(line.split(":")[1]) for line in lines if line.startswith("cpu MHz")]
+    facts["cpuinfo_mhz"] = {"min": min(mhz), "max": max(mhz)} if mhz else None
+    model = [line.split(":")[1].strip() for line in lines if line.startswith("model name")]
+    facts["model_name"] = model[0] if model else None
     facts["loadavg"] = os.getloadavg()
     return facts
 
@@ -127,8 +125,7 @@ def main() -> None:
     engine = profile_engine(config, [EAGER, DECODE, prefill_shape(256)])  # one prefill: sizes
     steps = {}
     for name, shape in (("eager 128 + 32 decodes", EAGER), ("decode graph, 1 sequence", DECODE)):
-        mirror, out = engine_step(shape, engine.config.block_size, engine.num_blocks,
-                                  config.model.vocab_size)
+        mirror, out = engine.step(shape)
         steps[name] = (lambda mirror=mirror, out=out: mirror.build(out))
     rounds(engine.runner, steps, 5)  # warm-up
     result = {"env": device_environment(), "model": args.model, "cpu": cpu_facts(),

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from sim.cost_model import HOST_TERMS
 from sim.outputs import parse_int_list, parse_policies
 from validation.compare import format_target_value
 from validation.runs import GpuRun, TraceSlice, engine_config, find_runs, load_run
@@ -132,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
 
 # The per-step terms a profile's grid cannot see the same way a replay does (host work between
 # and inside steps); `fit --free host` fits only these and keeps the grid's device efficiencies.
-HOST_PARAMETERS = ("step_overhead_s", "per_seq_overhead_s", "eager_launch_s")
+HOST_PARAMETERS = HOST_TERMS  # sim.cost_model: the same terms host_slower scales
 
 
 def fit(args: argparse.Namespace) -> int:
