@@ -8,7 +8,7 @@
 # GPU_BACKEND_DECODE_PLAN=0; fused layers: GPU_BACKEND_FUSED=0). Then GPU 0: GPU_PAIR_TRACK0 stages (default: tests bench profile
 # validation, bench = GPU_ALL_BENCH or engine, validation = the Qwen replays); GPU 1:
 # GPU_PAIR_TRACK1 (default: replay validation = the Azure-conv and Llama validation
-# replays; "none": no track 1, everything on GPU 0, one job at a time, e.g. on a one-GPU
+# replays, the validation slices GPU_PAIR_VALIDATION1 when set; "none": no track 1, everything on GPU 0, one job at a time, e.g. on a one-GPU
 # machine with GPU_PAIR_VALIDATION0="" = every validation slice on GPU 0). Each track is
 # `scripts/gpu_all.sh` with its own deadline (GPU_PAIR_BUDGET_S, default 540 s).
 # Results: gpu0.tar.gz and gpu1.tar.gz (each track's logs, stage tarballs and status.txt),
@@ -61,7 +61,7 @@ GPU_ALL_BENCH="${GPU_ALL_BENCH:-engine}" \
       sleep 1
     done
   fi
-  GPU_ALL_VALIDATION="h200_llama-3.1-8b_azure-code h200_llama-3.1-8b_mooncake-conv" \
+  GPU_ALL_VALIDATION="${GPU_PAIR_VALIDATION1-h200_llama-3.1-8b_azure-code h200_llama-3.1-8b_mooncake-conv}" \
     track 1 "${stages1[@]}"
 ) &
 wait
