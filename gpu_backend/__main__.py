@@ -59,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--no-wait", action="store_true",
                     help="virtual clock: advance by measured step times, skip idle gaps")
     rp.add_argument("--no-graphs", action="store_true", help="run decode steps eagerly")
+    rp.add_argument("--piecewise-graphs", action="store_true",
+                    help="steps with prefill tokens replay piecewise CUDA graphs (the layers "
+                         "between attentions) captured at padded token counts")
     rp.add_argument("--torch-cap", default="auto", choices=["auto", "on", "off"],
                     help="cap torch's allocator at the unlent reserve (auto: overcommit only)")
     rp.add_argument("--max-kv-blocks", type=int, default=None,
@@ -75,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="time the grid as a replay runs its steps: graphs of the replay's "
                          "capture sizes, tables --max-model-len wide, a pool over 60%% of free "
                          "memory with blocks scattered")
+    pp.add_argument("--piecewise-graphs", action="store_true",
+                    help="time steps with prefill tokens through piecewise CUDA graphs, as a "
+                         "replay with --piecewise-graphs runs them")
     pp.add_argument("--out", type=Path, default=None)
     fp = sub.add_parser("refit", help="fit a calibration's stored measurements again (no GPU)")
     fp.add_argument("calibration", type=Path)
@@ -122,12 +128,15 @@ def run_replay(args: argparse.Namespace) -> int:
     trace = trace_from_args(args)
     config = engine_config(args, Policy.parse(args.policy))
     if config.tensor_parallel_size > 1:
+        if args.piecewise_graphs:
+            raise ValueError("--piecewise-graphs runs on one GPU only: drop it or --tp")
         from gpu_backend.tp.launch import run_tp_replay
 
         return run_tp_replay(args, config)
     setup_start = time.perf_counter()
     setup = build_gpu_engine(config, seed=args.seed, use_graphs=not args.no_graphs,
-                             torch_cap=args.torch_cap, max_kv_blocks=args.max_kv_blocks)
+                             torch_cap=args.torch_cap, max_kv_blocks=args.max_kv_blocks,
+                             piecewise=args.piecewise_graphs)
     setup_s = time.perf_counter() - setup_start
     engine, m = setup.engine, setup.measurement
     print(f"setup {setup_s:.1f} s: KV {engine.core.plan.num_kv_blocks} blocks "
@@ -154,6 +163,9 @@ def run_replay(args: argparse.Namespace) -> int:
         "graph_capture_s": setup.graphs.capture_s if setup.graphs else None,
         # decode batches of B sequences run the graph of the smallest size >= B (padded rows)
         "graph_sizes": list(setup.graphs.sizes) if setup.graphs else None,
+        # steps with prefill tokens of T tokens run the piecewise graphs of the smallest size >= T
+        "piecewise_sizes": list(setup.piecewise.sizes) if setup.piecewise else None,
+        "piecewise_capture_s": setup.piecewise.capture_s if setup.piecewise else None,
         "total_bytes": m.total_bytes if m else None,
         "torch_cap_bytes": setup.budget.cap_bytes if setup.budget else None,
     }
@@ -169,7 +181,8 @@ def run_profile(args: argparse.Namespace) -> int:
     from gpu_backend.engine.calibrate import calibrate, write_calibration
 
     config = engine_config(args, Policy.STATIC)
-    result = calibrate(config, seed=args.seed, quick=args.quick, replay_setup=args.replay_setup)
+    result = calibrate(config, seed=args.seed, quick=args.quick, replay_setup=args.replay_setup,
+                       piecewise=args.piecewise_graphs)
     out = args.out or Path(f"calibration_{config.model.name}.json")
     write_calibration(out, result)
     print(json.dumps({"efficiency": result["efficiency"], "fit_error": result["fit_error"]},

@@ -104,9 +104,14 @@ class PagedAttention(nn.Module):
                 batch: ForwardBatch) -> Tensor:
         """q: [T, H, D]; k, v: [T, KVH, D]; caches: [num_blocks, block_size, KVH, D].
         Returns [T, H, D]."""
-        store = store_kvcache_ref if self.backend == "torch" else store_kvcache
-        store(k, v, k_cache, v_cache, batch.slot_mapping)
+        self.store(k, v, k_cache, v_cache, batch.slot_mapping)
         return self.attend(q, k_cache, v_cache, batch)
+
+    def store(self, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,
+              slot_mapping: Tensor) -> None:
+        """This step's K/V into the paged cache (slot -1: skipped)."""
+        store = store_kvcache_ref if self.backend == "torch" else store_kvcache
+        store(k, v, k_cache, v_cache, slot_mapping)
 
     def prepare(self, batch: ForwardBatch) -> ForwardBatch:
         """The batch with its decode rows' split plan (Triton; else unchanged), made once per
@@ -133,18 +138,23 @@ class PagedAttention(nn.Module):
         return replace(batch, decode_plan=plan,
                        prefill_query_start_loc=batch.query_start_loc[decodes:] - decodes)
 
-    def attend(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, batch: ForwardBatch) -> Tensor:
-        """Attention over a cache that already holds this step's K/V: [T, H, D]."""
+    def attend(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, batch: ForwardBatch,
+               out: Tensor | None = None) -> Tensor:
+        """Attention over a cache that already holds this step's K/V: [T, H, D] (into `out`,
+        a contiguous [T, H, D], when given)."""
         if self.backend == "torch":
-            return paged_attention_ref(q, k_cache, v_cache, batch.block_tables, batch.seq_lens,
-                                       batch.query_start_loc, self.scale)
+            result = paged_attention_ref(q, k_cache, v_cache, batch.block_tables,
+                                         batch.seq_lens, batch.query_start_loc, self.scale)
+            return result if out is None else out.copy_(result)
         if batch.prefill_query_start_loc is None:
             return paged_attention(q, k_cache, v_cache, batch.block_tables, batch.seq_lens,
                                    batch.query_start_loc, self.scale,
                                    max_query_len=batch.max_query_len,
-                                   max_seq_len=batch.max_seq_len, plan=batch.decode_plan)
+                                   max_seq_len=batch.max_seq_len, plan=batch.decode_plan,
+                                   out=out)
         d = batch.num_decodes  # a mixed step: decode rows, then prefill rows (see prepare)
-        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        if out is None:
+            out = torch.empty_like(q, memory_format=torch.contiguous_format)
         paged_attention(q[:d], k_cache, v_cache, batch.block_tables[:d], batch.seq_lens[:d],
                         batch.query_start_loc[:d + 1], self.scale, max_query_len=1,
                         plan=batch.decode_plan, out=out[:d])

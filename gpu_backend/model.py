@@ -91,6 +91,16 @@ class DecoderLayer(nn.Module):
     def forward(self, batch: ForwardBatch, hidden: Tensor, residual: Tensor | None,
                 k_cache: Tensor, v_cache: Tensor) -> tuple[Tensor, Tensor]:
         """hidden, residual: [T, hidden] -> (layer output, residual stream)."""
+        q, residual = self.pre(hidden, residual, batch.positions, batch.slot_mapping,
+                               k_cache, v_cache)
+        return self.post(self.attn.attend(q, k_cache, v_cache, batch), residual)
+
+    def pre(self, hidden: Tensor, residual: Tensor | None, positions: Tensor,
+            slot_mapping: Tensor, k_cache: Tensor, v_cache: Tensor) -> tuple[Tensor, Tensor]:
+        """Everything before attention: norm, QKV, rotary, this step's K/V into the cache.
+
+        Returns (rotated q [T, H, D], residual stream). No host sync and no data-dependent
+        shape, so the piecewise graphs (engine/piecewise.py) capture it."""
         hidden, residual = self._norm(self.input_layernorm, hidden, residual)
         num_tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden)  # [T, (H + 2 KVH) * D]
@@ -99,13 +109,16 @@ class DecoderLayer(nn.Module):
         k = k.view(num_tokens, self.kv_heads, self.head_dim)  # [T, KVH, D]
         v = v.view(num_tokens, self.kv_heads, self.head_dim)  # strided view of qkv
         if self.fused:  # rotary on q and k, k and v into the cache: one launch
-            q = rotary_store_kv(q, k, v, batch.positions, self.rotary.cos_sin, k_cache, v_cache,
-                                batch.slot_mapping)
-            attn = self.attn.attend(q, k_cache, v_cache, batch)  # [T, H, D]
+            q = rotary_store_kv(q, k, v, positions, self.rotary.cos_sin, k_cache, v_cache,
+                                slot_mapping)
         else:
-            q, k = self.rotary(batch.positions, q, k)
-            attn = self.attn(q, k, v, k_cache, v_cache, batch)  # [T, H, D]
-        hidden = self.o_proj(attn.view(num_tokens, self.q_size))
+            q, k = self.rotary(positions, q, k)
+            self.attn.store(k, v, k_cache, v_cache, slot_mapping)
+        return q, residual
+
+    def post(self, attn: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:
+        """Everything after attention: output projection, norm, MLP. attn: [T, H, D]."""
+        hidden = self.o_proj(attn.reshape(attn.shape[0], self.q_size))
         if self.all_reduce is not None:
             hidden = self.all_reduce(hidden)
         hidden, residual = self._norm(self.post_attention_layernorm, hidden, residual)

@@ -20,13 +20,14 @@ trap 'rm -rf "$WORK"' EXIT
 [ "$SRC" = - ] && SRC="$WORK/none"  # nothing to copy: every test below finds no file
 # g0, g1: the two tracks of a gpu_pair.sh call; g2: stage tarballs of a plain gpu_all.sh call
 mkdir -p "$WORK/g2"
-for stage in bench profile replay validation; do
+STAGES="bench profile replay replay_piecewise validation"
+for stage in $STAGES; do
   [ -f "$SRC/$stage.tar.gz" ] && cp "$SRC/$stage.tar.gz" "$WORK/g2/"
 done
 for gpu in 0 1 2; do
   mkdir -p "$WORK/g$gpu"
   [ -f "$SRC/gpu$gpu.tar.gz" ] && tar -xzf "$SRC/gpu$gpu.tar.gz" -C "$WORK/g$gpu"
-  for stage in bench profile replay validation; do
+  for stage in $STAGES; do
     if [ -f "$WORK/g$gpu/$stage.tar.gz" ]; then
       mkdir -p "$WORK/g$gpu/$stage"
       tar -xzf "$WORK/g$gpu/$stage.tar.gz" -C "$WORK/g$gpu/$stage"
@@ -42,6 +43,7 @@ copy_run() {  # copy_run FROM NAME: a replay folder (static/, elastic/) into val
 for gpu in 0 1 2; do
   g="$WORK/g$gpu"
   copy_run "$g/replay" h200_llama-3.1-8b_azure-conv
+  copy_run "$g/replay_piecewise" h200_llama-3.1-8b_azure-conv_piecewise
   for run in "$g"/validation/h200_*; do [ -d "$run" ] && copy_run "$run" "$(basename "$run")"; done
   for cal in "$g"/profile/calibration_*.json; do
     [ -f "$cal" ] && cp "$cal" calibration/ && echo "profile -> calibration/$(basename "$cal")"
@@ -55,16 +57,23 @@ for gpu in 0 1 2; do
 done
 # shellcheck source=scripts/lib.sh
 source "$(dirname "$0")/lib.sh"  # the slices: CONV_RUN, VALIDATION_RUNS
+eager=() piecewise=()  # the reports of each engine, for one table each
 for line in "$CONV_RUN" "${VALIDATION_RUNS[@]}"; do
-  read -r name model trace limit rate _ <<<"$line"
-  [ -d "validation/gpu_runs/$name" ] || continue
-  rm -rf "validation/reports/$name"
-  repeats=()  # earlier replays of the slice, kept under validation/gpu_runs/repeats/NAME/TAG
-  for dir in validation/gpu_runs/repeats/"$name"/*/; do
-    [ -d "$dir" ] && repeats+=(--repeat-dir "${dir%/}")
+  read -r slice model trace limit rate _ <<<"$line"
+  for suffix in "" _piecewise; do  # the eager engine's replays, then the piecewise graphs'
+    name="$slice$suffix"
+    [ -d "validation/gpu_runs/$name" ] || continue
+    rm -rf "validation/reports/$name"
+    repeats=()  # earlier replays of the slice, kept under validation/gpu_runs/repeats/NAME/TAG
+    for dir in validation/gpu_runs/repeats/"$name"/*/; do
+      [ -d "$dir" ] && repeats+=(--repeat-dir "${dir%/}")
+    done
+    "$PY" -m validation compare --gpu-dir "validation/gpu_runs/$name" \
+      --out "validation/reports/$name" --calibration "calibration/calibration_$model$suffix.json" \
+      --trace "$trace" --limit "$limit" --rate-scale "$rate" "${repeats[@]}" \
+      | grep -v "^simulating"
+    if [ -z "$suffix" ]; then eager+=("validation/reports/$name"); else piecewise+=("validation/reports/$name"); fi
   done
-  "$PY" -m validation compare --gpu-dir "validation/gpu_runs/$name" \
-    --out "validation/reports/$name" --calibration "calibration/calibration_$model.json" \
-    --trace "$trace" --limit "$limit" --rate-scale "$rate" "${repeats[@]}" | grep -v "^simulating"
 done
-"$PY" -m validation table validation/reports/h200_llama-3.1-8b_* validation/reports/h200_qwen2.5-0.5b_*
+[ ${#eager[@]} -eq 0 ] || "$PY" -m validation table "${eager[@]}"
+[ ${#piecewise[@]} -eq 0 ] || "$PY" -m validation table "${piecewise[@]}"

@@ -13,6 +13,9 @@
 # and status.txt (environment, per-stage exit codes and durations). A global deadline
 # (GPU_ALL_BUDGET_S, default 560 s) shortens the later stages so the call ends in time;
 # `all` runs the quick variants of the benchmarks.
+# GPU_ALL_ENGINE=piecewise: the profiles and replays run with --piecewise-graphs, their
+# results named with a _piecewise suffix (calibration_MODEL_piecewise.json, replay_piecewise,
+# validation/NAME_piecewise), so they sit beside the eager engine's.
 set -o pipefail
 export PYTHONUNBUFFERED=1
 
@@ -35,6 +38,13 @@ for stage in "${STAGES[@]}"; do
 done
 QUICK=""
 [ "$STAGE" = all ] && QUICK="--quick"
+ENGINE_FLAGS=()
+SUFFIX=""
+case "${GPU_ALL_ENGINE:-eager}" in
+  eager) ;;
+  piecewise) ENGINE_FLAGS=(--piecewise-graphs); SUFFIX=_piecewise ;;
+  *) echo "GPU_ALL_ENGINE: eager or piecewise, not ${GPU_ALL_ENGINE}" >&2; exit 2 ;;
+esac
 
 # shellcheck source=scripts/lib.sh
 source "$(dirname "$0")/lib.sh"
@@ -73,21 +83,21 @@ stage_profile() {  # GPU_ALL_PROFILE picks the models (default: llama-3.1-8b qwe
   local dir="$WORK/profile" log="$OUT/profile.log" wanted=" ${GPU_ALL_PROFILE:-llama-3.1-8b qwen2.5-0.5b} "
   mkdir -p "$dir"
   [[ "$wanted" == *" llama-3.1-8b "* ]] && run_step "$log" 150 "$PY" -m gpu_backend profile \
-    --model llama-3.1-8b --out "$dir/calibration_llama-3.1-8b.json"
-  [[ "$wanted" == *" qwen2.5-0.5b "* ]] && run_step "$log" 90 "$PY" -m gpu_backend profile \
-    --model qwen2.5-0.5b --out "$dir/calibration_qwen2.5-0.5b.json"
+    --model llama-3.1-8b --out "$dir/calibration_llama-3.1-8b$SUFFIX.json" "${ENGINE_FLAGS[@]}"
+  [[ "$wanted" == *" qwen2.5-0.5b "* ]] && run_step "$log" 120 "$PY" -m gpu_backend profile \
+    --model qwen2.5-0.5b --out "$dir/calibration_qwen2.5-0.5b$SUFFIX.json" "${ENGINE_FLAGS[@]}"
   bundle profile
 }
 
 stage_replay() {
-  local dir="$WORK/replay" log="$OUT/replay.log" model trace limit rate seconds
+  local dir="$WORK/replay$SUFFIX" log="$OUT/replay.log" model trace limit rate seconds
   mkdir -p "$dir"
   read -r _ model trace limit rate seconds <<<"$CONV_RUN"
   for policy in static elastic; do
     run_step "$log" "$seconds" "$PY" -m gpu_backend replay --trace "$trace" --limit "$limit" \
       --rate-scale "$rate" --model "$model" --policy "$policy" --max-num-seqs 256 --no-wait \
-      --out "$dir/$policy"
-    bundle replay
+      --out "$dir/$policy" "${ENGINE_FLAGS[@]}"
+    bundle "replay$SUFFIX"
   done
 }
 
@@ -101,7 +111,8 @@ stage_validation() {
     for policy in static elastic; do
       run_step "$log" "$seconds" "$PY" -m gpu_backend replay --trace "$trace" --limit "$limit" \
         --rate-scale "$rate" --model "$model" --policy "$policy" --max-num-seqs 256 \
-        --max-model-len 32768 --no-wait --out "$WORK/validation/$name/$policy"
+        --max-model-len 32768 --no-wait --out "$WORK/validation/$name$SUFFIX/$policy" \
+        "${ENGINE_FLAGS[@]}"
     done
     bundle validation
   done

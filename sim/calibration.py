@@ -46,6 +46,17 @@ def fit_efficiency(start: Efficiency, relative_errors: Callable[[Efficiency], np
     return efficiency(solution.x), solution
 
 
+# Fewer steps than this whose attention splits its keys (CostModel.splits): split_launch_s is
+# held at its start, not fitted (one such step, as in a Llama-3.1-8B profile grid, would set it
+# to whatever that step's noise needs).
+MIN_SPLIT_STEPS = 3
+
+
+def split_term_fixed(num_split_steps: int) -> tuple[str, ...]:
+    """("split_launch_s",) when too few steps split their attention to fit it, else ()."""
+    return ("split_launch_s",) if num_split_steps < MIN_SPLIT_STEPS else ()
+
+
 def eager_launch_start(start: Efficiency, prefill_step_s: np.ndarray) -> Efficiency:
     """`start` with a usable eager_launch_s when it has none.
 

@@ -16,7 +16,12 @@ from sim.core.catalog import MIB, get_gpu, get_model
 from sim.core.elastic import DrainStrategy, VmmCosts
 from sim.core.engine_config import EngineConfig
 from sim.core.memory_plan import ActivationProfile
-from sim.cost_model import Efficiency, host_slower, load_efficiency
+from sim.cost_model import (
+    Efficiency,
+    host_slower,
+    load_efficiency,
+    piecewise_capture_sizes,
+)
 from sim.metrics import Slo
 from sim.outputs import parse_int_list, parse_policies
 from sim.progress import progress_bar
@@ -52,6 +57,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                    help="decode CUDA graph batch sizes, comma-separated: a decode-only batch is "
                         "priced padded to the next size up, eager beyond the largest (vLLM "
                         "captures 1,2,4,8,16,24,...,512; default: each batch at its own size)")
+    g.add_argument("--piecewise-graphs", action="store_true",
+                   help="steps with prefill tokens run piecewise CUDA graphs: their linear "
+                        "layers are priced padded to the next of piecewise_capture_sizes(chunk) "
+                        "(as `python -m gpu_backend replay --piecewise-graphs`)")
 
 
 def parse_graph_sizes(text: str) -> tuple[int, ...]:
@@ -82,7 +91,12 @@ def engine_configs(args: argparse.Namespace) -> list[EngineConfig]:
     )
     policies = parse_policies(args.policy)
     chunks = parse_int_list(args.chunk, "--max-num-batched-tokens") if args.chunk else [None]
-    return [replace(base, policy=p, max_num_batched_tokens=c) for c in chunks for p in policies]
+    configs = [replace(base, policy=p, max_num_batched_tokens=c)
+               for c in chunks for p in policies]
+    if not args.piecewise_graphs:
+        return configs
+    return [replace(c, piecewise_graph_sizes=piecewise_capture_sizes(c.chunk_tokens))
+            for c in configs]
 
 
 def vmm_costs_of(data: dict, source: object) -> VmmCosts | None:

@@ -47,13 +47,20 @@ class Efficiency:
     # engine). The host enqueues kernels while the device runs the earlier ones, so such a
     # step takes max(device time, this), not the sum: short chunks are launch-bound, long
     # ones compute-bound (H200, Llama-3.1-8B, torch layers: prefills of 16 to 1,024 tokens
-    # all took ~42 ms). 0 where every step is graphed.
+    # all took ~42 ms). 0 where every step is graphed. With piecewise graphs (CostModel's
+    # token_graph_sizes) such a step still launches attention eagerly between the pieces, so
+    # the term stays, fitted on profiles taken with the graphs.
     eager_launch_s: float = 0.0
     # How much of the shorter of a linear layer's compute and weight-read times is NOT hidden
     # under the longer: 0 is the roofline (max of the two), 1 adds them. Skinny GEMMs (decode
     # batches of 8..64 rows) sit between: measured H200 decode steps grow with the batch long
     # before the roofline's compute term overtakes the weight read.
     linear_serial_fraction: float = 0.0
+    # Host time added to an eager step's launch when its attention splits each tile's keys
+    # over several programs (`attention_splits`): per layer a combine kernel and two scratch
+    # buffers more. Qwen2.5-0.5B with piecewise graphs on the H200: 4.4-4.7 ms launches with
+    # splits against 3.1-3.4 ms without (profile grid; replays alike).
+    split_launch_s: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -83,12 +90,73 @@ class StepCost:
         return max(self.device_s, self.launch_s) + self.overhead_s
 
 
+# The engine's prefill attention (gpu_backend/kernels/attention.py) tiles 128 query rows
+# (tokens x GQA group) per program; when tiles x KV heads leave SMs idle it splits every
+# tile's keys (at least MIN_KEYS_PER_SPLIT each) and launches a second kernel to combine the
+# parts, as flash-attention's split-KV heuristic does. tests/test_cost_model.py holds this
+# rule to the kernel's choose_num_splits.
+ATTENTION_TILE_ROWS = 128
+MIN_KEYS_PER_SPLIT = 256
+
+
+def attention_splits(num_tokens: int, num_seqs: int, max_query_len: int, max_seq_len: int,
+                     num_kv_heads: int, group: int, num_sms: int) -> bool:
+    """Does the attention of a step with prefill tokens split its keys (num_sms 0: never)?"""
+    block_q = max(1, ATTENTION_TILE_ROWS // group)
+    tiles = num_seqs if max_query_len <= block_q else num_tokens // block_q + num_seqs
+    return tiles * num_kv_heads < num_sms and max_seq_len > MIN_KEYS_PER_SPLIT
+
+
+def attention_splits_array(num_tokens: np.ndarray, num_seqs: np.ndarray,
+                           max_query_len: np.ndarray, max_seq_len: np.ndarray,
+                           num_kv_heads: int, group: int, num_sms: int) -> np.ndarray:
+    """`attention_splits` of many steps at once (bool array)."""
+    block_q = max(1, ATTENTION_TILE_ROWS // group)
+    tiles = np.where(max_query_len <= block_q, num_seqs, num_tokens // block_q + num_seqs)
+    return (tiles * num_kv_heads < num_sms) & (max_seq_len > MIN_KEYS_PER_SPLIT)
+
+
+def step_extents(out: SchedulerOutput) -> tuple[int, int]:
+    """(longest query, longest sequence after the step) of one step's scheduled rows."""
+    max_query = max_seq = 0
+    for row in out.scheduled:
+        max_query = max(max_query, row.num_new_tokens)
+        max_seq = max(max_seq, row.num_computed_tokens + row.num_new_tokens)
+    return max_query, max_seq
+
+
 def padded_batch(num_rows: int, sizes: Sequence[int]) -> int | None:
     """Smallest of `sizes` (ascending) >= num_rows, or None when the batch is larger than all."""
     for size in sizes:
         if size >= num_rows:
             return size
     return None
+
+
+def padded_batch_array(num_rows: np.ndarray,
+                       sizes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """`padded_batch` of many batches: (the padded size, or the batch itself beyond every
+    size; beyond every size?). `sizes` ascending and not empty."""
+    sizes_array = np.asarray(sizes, dtype=np.int64)
+    index = np.searchsorted(sizes_array, num_rows)  # the first size >= the rows
+    beyond = index == len(sizes_array)
+    return np.where(beyond, num_rows, sizes_array[np.minimum(index, len(sizes_array) - 1)]), beyond
+
+
+def piecewise_capture_sizes(max_tokens: int) -> tuple[int, ...]:
+    """Token counts to capture piecewise CUDA graphs at for steps of up to `max_tokens`
+    tokens (the GPU engine imports this rule, so the simulator pads as the engine does).
+
+    16 to 256 in steps of 16, 320 to 1,024 in steps of 64, 1,280 to 8,192 in steps of 256,
+    then steps of 512: fine where a step is short and padding a large share of it, coarse
+    where it is long (fewer graphs to capture and hold). The sizes below `max_tokens`, then
+    `max_tokens` itself, so every step the scheduler can build has a graph.
+    """
+    if max_tokens < 1:
+        raise ValueError(f"piecewise_capture_sizes needs max_tokens >= 1, got {max_tokens}")
+    grid = [*range(16, 257, 16), *range(320, 1025, 64), *range(1280, 8193, 256),
+            *range(8704, max_tokens, 512)]
+    return (*(size for size in grid if size < max_tokens), max_tokens)
 
 
 class CostModel:
@@ -100,13 +168,23 @@ class CostModel:
     and a batch larger than every size runs eagerly (its launches as a prefill's). Empty: every
     decode-only step is a graph of exactly its rows (measured on the H200, Llama-3.1-8B: 24
     rows padded to 32 took 1.9% longer, 40 padded to 48 4.3%; benchmarks/decode_gap.py).
+
+    `token_graph_sizes`: the token counts the engine captured piecewise CUDA graphs at for
+    steps with prefill tokens (ascending; `piecewise_capture_sizes`). A step of T tokens then
+    runs the graphs of the next size up: its linear layers and all-reduces compute the padded
+    count, while attention runs eagerly on the T real tokens between the pieces and lm_head on
+    the rows that sample. Its launch term stays `eager_launch_s` (fitted on profiles taken
+    with the graphs); beyond the largest size the step runs unpadded. Empty: every step with
+    prefill tokens computes exactly its tokens (a fully eager engine).
     """
 
     def __init__(self, model: ModelSpec, gpu: GpuSpec, tp: int = 1,
-                 efficiency: Efficiency | None = None, graph_sizes: Sequence[int] = ()) -> None:
+                 efficiency: Efficiency | None = None, graph_sizes: Sequence[int] = (),
+                 token_graph_sizes: Sequence[int] = ()) -> None:
         self.model, self.gpu, self.tp = model, gpu, tp
         self.eff = efficiency or Efficiency()
         self.graph_sizes = tuple(sorted(graph_sizes))
+        self.token_graph_sizes = tuple(sorted(token_graph_sizes))
         h, vocab = model.hidden_size, model.padded_vocab_size(tp)
         self._lm_head_flops_per_row = 2.0 * h * vocab
         self._layer_flops_per_token = model.linear_flops_per_token(tp) - 2.0 * h * model.vocab_size / tp
@@ -117,6 +195,8 @@ class CostModel:
         self._bytes_s = gpu.memory_bandwidth_bytes_s * self.eff.memory
         self._kv_bytes_s = gpu.memory_bandwidth_bytes_s * self.eff.kv_memory
         heads = model.num_attention_heads // tp
+        self._kv_heads = max(1, model.num_kv_heads // tp)  # per GPU (replicated below tp)
+        self._group = max(1, model.num_attention_heads // model.num_kv_heads)
         self._attn_flops_per_pair = 4.0 * heads * model.head_dim * model.num_layers
         self._kv_bytes_per_token = float(model.kv_bytes_per_token(tp))
         self._allreduce_bytes_per_token = float(h * model.dtype_bytes)
@@ -161,26 +241,55 @@ class CostModel:
         num_rows = np.asarray(num_rows, dtype=np.int64)
         if not self.graph_sizes:
             return num_rows, np.zeros(num_rows.shape, dtype=bool)
-        sizes = np.asarray(self.graph_sizes, dtype=np.int64)
-        index = np.searchsorted(sizes, num_rows)  # the first size >= the rows
-        eager = index == len(sizes)
-        return np.where(eager, num_rows, sizes[np.minimum(index, len(sizes) - 1)]), eager
+        return padded_batch_array(num_rows, self.graph_sizes)
+
+    def prefill_tokens(self, num_tokens: int) -> int:
+        """Tokens the linear layers and all-reduces compute in a step of `num_tokens` tokens
+        with prefill among them: the next piecewise graph size up, else the tokens."""
+        padded = padded_batch(num_tokens, self.token_graph_sizes)
+        return num_tokens if padded is None else padded
+
+    def prefill_tokens_array(self, num_tokens: np.ndarray) -> np.ndarray:
+        """`prefill_tokens` of many steps with prefill tokens at once."""
+        num_tokens = np.asarray(num_tokens, dtype=np.int64)
+        if not self.token_graph_sizes:
+            return num_tokens
+        return padded_batch_array(num_tokens, self.token_graph_sizes)[0]
 
     def step(self, out: SchedulerOutput) -> StepCost:
         """Cost of one step of `out` (the first step, for a decode run)."""
         num_tokens = out.num_prefill_tokens + out.num_decode_tokens
         rows, sampled, eager = num_tokens, out.num_sampled_rows, out.num_prefill_tokens > 0
-        if not eager and num_tokens:
+        if eager:  # eager launches, but padded to a piecewise graph size when there is one
+            rows = self.prefill_tokens(num_tokens)
+        elif num_tokens:
             rows, eager = self.decode_rows(num_tokens)
             sampled = rows if not eager else sampled
         attention = self.prefill_attention_s(out.prefill_chunks)
         attention += self.decode_attention_s(out.decode_context_tokens)
+        launch = self.eff.eager_launch_s if eager else 0.0
+        if out.num_prefill_tokens and self.eff.split_launch_s:
+            max_query, max_seq = step_extents(out)
+            if self.splits(num_tokens, len(out.scheduled), max_query, max_seq):
+                launch += self.eff.split_launch_s
         return StepCost(
             linear_s=self.linear_s(rows), attention_s=attention,
             allreduce_s=self.allreduce_s(rows), logits_s=self.logits_s(sampled),
             overhead_s=self.eff.step_overhead_s + self.eff.per_seq_overhead_s * len(out.scheduled),
-            launch_s=self.eff.eager_launch_s if eager else 0.0,
+            launch_s=launch,
         )
+
+    def splits(self, num_tokens: int, num_seqs: int, max_query_len: int,
+               max_seq_len: int) -> bool:
+        """`attention_splits` for this model (KV heads per GPU) on this GPU."""
+        return attention_splits(num_tokens, num_seqs, max_query_len, max_seq_len,
+                                self._kv_heads, self._group, self.gpu.num_sms)
+
+    def splits_array(self, num_tokens: np.ndarray, num_seqs: np.ndarray,
+                     max_query_len: np.ndarray, max_seq_len: np.ndarray) -> np.ndarray:
+        """`splits` of many steps at once (bool array)."""
+        return attention_splits_array(num_tokens, num_seqs, max_query_len, max_seq_len,
+                                      self._kv_heads, self._group, self.gpu.num_sms)
 
     def decode_run_s(self, batch_size: int, context_tokens: int, num_steps: int) -> np.ndarray:
         """Durations of `num_steps` consecutive decode-only steps of `batch_size` sequences
@@ -209,6 +318,7 @@ FIT_PARAMETERS = (
     ("per_seq_overhead_s", (0.0, 1e-3), 1e-6),
     ("eager_launch_s", (0.0, 0.2), 1e-3),
     ("linear_serial_fraction", (0.0, 1.0), 1.0),
+    ("split_launch_s", (0.0, 0.05), 1e-3),
 )
 
 
@@ -223,7 +333,7 @@ def slower(eff: Efficiency, factor: float) -> Efficiency:
             "allreduce_latency_s", "step_overhead_s", "per_seq_overhead_s", "eager_launch_s")})
 
 
-HOST_TERMS = ("step_overhead_s", "per_seq_overhead_s", "eager_launch_s")
+HOST_TERMS = ("step_overhead_s", "per_seq_overhead_s", "eager_launch_s", "split_launch_s")
 
 
 def host_slower(eff: Efficiency, factor: float) -> Efficiency:

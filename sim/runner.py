@@ -64,7 +64,8 @@ def simulate(spec: RunSpec, trace: Trace, progress: ProgressFn | None = None,
     vmm = spec.engine.vmm_cost(spec.vmm_costs)
     cores = [build_core(spec.engine, spec.profile, vmm) for _ in range(spec.num_replicas)]
     cost = CostModel(spec.engine.model, spec.engine.gpu, spec.engine.tensor_parallel_size,
-                     spec.efficiency, spec.engine.cuda_graph_sizes)
+                     spec.efficiency, spec.engine.cuda_graph_sizes,
+                     spec.engine.piecewise_graph_sizes)
     for replica_id, core in enumerate(cores):
         replica = Replica(env, replica_id, core, cost, fleet)
         replica.recorder = recorder(replica_id, core.config.block_size)

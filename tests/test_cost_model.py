@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -277,3 +278,169 @@ def test_host_slower_scales_only_the_host_terms():
     assert s.device_s == b.device_s and s.overhead_s == pytest.approx(2 * b.overhead_s)
     with pytest.raises(ValueError, match="positive factor"):
         host_slower(eff, 0.0)
+
+
+# ------------------------------------------------------------ piecewise CUDA graph token sizes
+def test_piecewise_capture_sizes_follow_the_grid_up_to_the_step_budget():
+    from sim.cost_model import piecewise_capture_sizes
+
+    sizes = piecewise_capture_sizes(8192)
+    # 16..256 by 16 (16 sizes), 320..1024 by 64 (12), 1280..8192 by 256 (28)
+    assert len(sizes) == 16 + 12 + 28 == 56
+    assert sizes[:3] == (16, 32, 48) and sizes[-1] == 8192
+    assert {256, 320, 1024, 1280, 1536, 7936}.issubset(sizes)
+    assert not {272, 288, 1088, 1152, 8448}.intersection(sizes)
+    assert list(sizes) == sorted(set(sizes))
+    assert piecewise_capture_sizes(100) == (16, 32, 48, 64, 80, 96, 100)
+    assert piecewise_capture_sizes(96) == (16, 32, 48, 64, 80, 96)  # no size twice
+    assert piecewise_capture_sizes(1) == (1,) and piecewise_capture_sizes(16) == (16,)
+    # past 8192 the steps are 512 tokens; the budget itself closes the list
+    assert piecewise_capture_sizes(10_000)[-5:] == (8192, 8704, 9216, 9728, 10_000)
+    with pytest.raises(ValueError, match="max_tokens >= 1"):
+        piecewise_capture_sizes(0)
+
+
+# Llama-3.1-8B's linear layers without lm_head: 32 layers of q and o (4096 x 4096), k and v
+# (4096 x 1024) and the MLP (3 x 4096 x 14336); 2 FLOPs per weight per token.
+LLAMA_8B_LAYER_FLOPS_PER_TOKEN = 2 * 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336)
+H200_LINEAR_FLOPS_S = 989.4e12 * 0.73  # peak bf16 x the default linear_compute efficiency
+
+
+def test_a_prefill_step_computes_its_linear_layers_at_the_next_token_size():
+    sizes = (256, 320, 384)
+    padded = CostModel(LLAMA_8B, H200, token_graph_sizes=sizes)
+    exact = CostModel(LLAMA_8B, H200)
+    step = output(num_prefill=300, prefill_chunks=((300, 1000),), num_rows=1)
+    got, plain = padded.step(step), exact.step(step)
+    # 300 and 320 tokens are compute-bound (320 x 14 GFLOP in 6.2 ms > 14 GB of weights in 4.1 ms)
+    assert got.linear_s == pytest.approx(320 * LLAMA_8B_LAYER_FLOPS_PER_TOKEN / H200_LINEAR_FLOPS_S,
+                                         rel=1e-12)
+    assert plain.linear_s == pytest.approx(300 * LLAMA_8B_LAYER_FLOPS_PER_TOKEN / H200_LINEAR_FLOPS_S,
+                                           rel=1e-12)
+    # attention on the real tokens, one sampled row, the same launch and overhead
+    assert (got.attention_s, got.logits_s, got.overhead_s, got.launch_s) == (
+        plain.attention_s, plain.logits_s, plain.overhead_s, plain.launch_s)
+    # a mixed step pads its prefill and decode tokens together: 250 + 50 -> 320
+    mixed = output(num_prefill=250, prefill_chunks=((250, 0),), num_decode=50,
+                   decode_context=50 * 2000, num_rows=51, num_seqs=51)
+    assert padded.step(mixed).linear_s == got.linear_s
+    assert padded.step(mixed).logits_s == exact.step(mixed).logits_s  # 51 rows sample
+    # beyond the largest size: unpadded
+    long = output(num_prefill=400, prefill_chunks=((400, 0),), num_rows=1)
+    assert padded.step(long) == exact.step(long)
+
+
+def test_a_padded_prefill_step_all_reduces_the_padded_tokens_under_tp():
+    padded = CostModel(LLAMA_8B, H200, tp=2, token_graph_sizes=(320,))
+    step = padded.step(output(num_prefill=300, prefill_chunks=((300, 0),), num_rows=1))
+    # 2 all-reduces x 32 layers, ring 2 (2-1)/2 = 1 x 320 tokens x 4096 x 2 B over
+    # 450 GB/s x 0.8, plus 8 us each
+    per_call_s = 320 * 4096 * 2 / (450e9 * 0.8) + 8e-6
+    assert step.allreduce_s == pytest.approx(2 * 32 * per_call_s, rel=1e-12)
+
+
+def test_decode_only_steps_ignore_the_token_sizes():
+    for graphs in ((), GRAPHS):
+        padded = CostModel(LLAMA_8B, H200, efficiency=NO_PER_SEQ, graph_sizes=graphs,
+                           token_graph_sizes=(16, 32, 48, 64))
+        plain = CostModel(LLAMA_8B, H200, efficiency=NO_PER_SEQ, graph_sizes=graphs)
+        for rows in (3, 20, 40):
+            step = output(num_decode=rows, decode_context=rows * 500, num_rows=rows,
+                          num_seqs=rows)
+            assert padded.step(step) == plain.step(step)
+            np.testing.assert_array_equal(padded.decode_run_s(rows, rows * 500, 4),
+                                          plain.decode_run_s(rows, rows * 500, 4))
+
+
+def test_prefill_tokens_of_many_steps_match_one_at_a_time():
+    from sim.cost_model import piecewise_capture_sizes
+
+    padded = CostModel(LLAMA_8B, H200, token_graph_sizes=piecewise_capture_sizes(8192))
+    tokens = np.array([1, 15, 16, 17, 300, 320, 321, 1025, 8191, 8192, 9000])
+    many = padded.prefill_tokens_array(tokens)
+    assert list(many) == [padded.prefill_tokens(int(n)) for n in tokens]
+    assert list(many) == [16, 16, 16, 32, 320, 320, 384, 1280, 8192, 8192, 9000]
+    plain = CostModel(LLAMA_8B, H200)
+    assert list(plain.prefill_tokens_array(tokens)) == list(tokens)
+    assert [plain.prefill_tokens(int(n)) for n in tokens] == list(tokens)
+
+
+# ------------------------------------------------------------------ attention key splits
+QWEN_05B = get_model("qwen2.5-0.5b")  # 2 KV heads, 7 query heads each: 18 tokens per tile
+
+
+def rows(*rows_: tuple[int, int]) -> tuple[ScheduledRequest, ...]:
+    """ScheduledRequests of (cached tokens, new tokens) rows."""
+    return tuple(ScheduledRequest(i, done, new, (), new == 1, True)
+                 for i, (done, new) in enumerate(rows_))
+
+
+def step_of(*rows_: tuple[int, int]) -> SchedulerOutput:
+    scheduled = rows(*rows_)
+    prefills = tuple((n, c) for c, n in rows_ if n > 1)
+    decodes = [(c, n) for c, n in rows_ if n == 1]
+    return SchedulerOutput(
+        step_id=1, scheduled=scheduled, num_steps=1,
+        num_prefill_tokens=sum(n for n, _ in prefills), num_decode_tokens=len(decodes),
+        prefill_chunks=prefills, decode_context_tokens=sum(c + 1 for c, _ in decodes),
+        preempted_ids=(), elastic=None, oom=None, activation_bytes=0,
+        activation_available_bytes=0, num_used_blocks=0, num_usable_blocks=0,
+        num_lent_blocks=0, num_sampled_rows=len(scheduled))
+
+
+@pytest.mark.parametrize("rows_, splits", [
+    # 512 new on an 8,192 prefix: 512 // 18 + 1 = 29 tiles x 2 KV heads = 58 programs < 132
+    (((8192, 512),), True),
+    # 2,048 new: 113 + 1 tiles x 2 = 228 programs fill the 132 SMs
+    (((0, 2048),), False),
+    # 200 new, no prefix: 12 tiles, but 200 keys are too few to split (> 256 needed)
+    (((0, 200),), False),
+    # 1,024 new beside 6 decodes of 2k keys: (1,030 // 18 + 7) x 2 = 128 programs < 132
+    (((0, 1024), *[(2047, 1)] * 6), True),
+])
+def test_a_step_whose_attention_splits_its_keys_launches_longer(rows_, splits):
+    eff = Efficiency(eager_launch_s=3e-3, split_launch_s=1.2e-3)
+    cost = CostModel(QWEN_05B, H200, efficiency=eff)
+    step = cost.step(step_of(*rows_))
+    assert step.launch_s == pytest.approx(4.2e-3 if splits else 3e-3)
+    # the same step without the term, or on a GPU of unknown SM count: the eager launch only
+    plain = CostModel(QWEN_05B, H200, efficiency=Efficiency(eager_launch_s=3e-3))
+    assert plain.step(step_of(*rows_)).launch_s == pytest.approx(3e-3)
+    unknown = CostModel(QWEN_05B, replace(H200, num_sms=0), efficiency=eff)
+    assert unknown.step(step_of(*rows_)).launch_s == pytest.approx(3e-3)
+
+
+def test_decode_only_steps_never_pay_the_split_launch():
+    eff = Efficiency(eager_launch_s=3e-3, split_launch_s=1.2e-3)
+    step = CostModel(QWEN_05B, H200, efficiency=eff).step(step_of(*[(4000, 1)] * 4))
+    assert step.launch_s == 0.0
+
+
+def test_the_split_rule_is_the_kernels():
+    """sim.cost_model.attention_splits against gpu_backend's choose_num_splits (the CPU
+    stands in for a GPU of 4 SMs there) over prefill and mixed shapes of two GQA groups."""
+    import torch
+
+    from gpu_backend.kernels.attention import choose_num_splits, prefill_config
+    from sim.cost_model import attention_splits, attention_splits_array
+
+    cpu, sms = torch.device("cpu"), 4
+    cases = []
+    for kv_heads, heads, head_dim in ((2, 14, 64), (8, 32, 128), (1, 8, 128)):
+        group = heads // kv_heads
+        block_q = prefill_config(head_dim).block_m // group
+        for tokens, seqs, max_query, max_seq in ((16, 1, 16, 16), (300, 1, 300, 300),
+                                                 (40, 2, 20, 5000), (8, 1, 8, 9000),
+                                                 (64, 3, 40, 257), (64, 3, 40, 256),
+                                                 (500, 20, 480, 600)):
+            tiles = seqs if max_query <= block_q else tokens // block_q + seqs
+            kernel = choose_num_splits(tiles * kv_heads, max_seq, cpu) > 1
+            ours = attention_splits(tokens, seqs, max_query, max_seq, kv_heads, group, sms)
+            assert ours == kernel, (kv_heads, group, tokens, seqs, max_query, max_seq)
+            cases.append((tokens, seqs, max_query, max_seq, kv_heads, group, kernel))
+    assert {c[-1] for c in cases} == {True, False}  # both outcomes exercised
+    for kv_heads, group in {(c[4], c[5]) for c in cases}:
+        mine = [c for c in cases if (c[4], c[5]) == (kv_heads, group)]
+        arrays = [np.array([c[i] for c in mine]) for i in range(4)]
+        np.testing.assert_array_equal(
+            attention_splits_array(*arrays, kv_heads, group, sms), [c[-1] for c in mine])

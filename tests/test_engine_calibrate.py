@@ -260,3 +260,34 @@ def test_time_step_reports_the_median_of_each_phase():
     assert runner.calls == 7
     assert timing["enqueue_s"] == 3 and timing["device_s"] == 30
     assert timing["measured_s"] >= timing["build_s"] >= 0
+
+
+def test_split_launch_is_fitted_where_the_grid_splits_and_held_where_it_barely_does():
+    """The grid's steps whose attention splits its keys (sim.cost_model.attention_splits):
+    enough of them for both models, so a known split launch comes back; with only one such
+    step (the grid before 2026-11-30's fifth session, for Llama-3.1-8B) it stays at 0."""
+    from sim.calibration import MIN_SPLIT_STEPS
+    from sim.cost_model import step_extents
+
+    gpu = get_gpu("h200")
+    # launch times as measured: Qwen with piecewise graphs, Llama eager (its short steps are
+    # launch-bound there, so a split shows)
+    for name, launch in (("qwen2.5-0.5b", 3e-3), ("llama-3.1-8b", 15e-3)):
+        truth = Efficiency(linear_compute=0.5, memory=0.85, attention_compute=0.35,
+                           step_overhead_s=1.4e-3, per_seq_overhead_s=2e-6,
+                           eager_launch_s=launch, split_launch_s=1.2e-3)
+        model = get_model(name)
+        cost = CostModel(model, gpu, 1, truth)
+        outputs = [scheduler_output(s) for s in default_grid()]
+        split = [o for o in outputs if o.num_prefill_tokens and cost.splits(
+            o.num_prefill_tokens + o.num_decode_tokens, len(o.scheduled), *step_extents(o))]
+        assert len(split) >= MIN_SPLIT_STEPS, name
+        measured = np.array([cost.step(o).total_s for o in outputs])
+        fitted, error = fit_efficiency((model, gpu, 1), outputs, measured)
+        assert fitted.split_launch_s == pytest.approx(1.2e-3, rel=0.05), name
+        assert error["median_abs_rel"] < 0.01, name
+        # one splitting step only: the term is held at its start (0), not fitted to it
+        keep = [o for o in outputs if o not in split[1:]]
+        times = np.array([cost.step(o).total_s for o in keep])
+        held, _ = fit_efficiency((model, gpu, 1), keep, times)
+        assert held.split_launch_s == 0.0, name

@@ -13,10 +13,11 @@ from test_engine_helpers import TINY, TickTimer, toy_config, toy_core
 
 from gpu_backend.engine.engine import STEP_COLUMNS
 from gpu_backend.engine.memory import kv_caches_of
+from gpu_backend.engine.piecewise import PiecewiseGraphs
 from gpu_backend.engine.replay import engine_summary, replay, write_outputs
 from gpu_backend.engine.runner import DecodeGraphs
 from gpu_backend.engine.setup import assemble_engine, plain_store
-from gpu_backend.model import build_model
+from gpu_backend.model import ForwardBatch, build_model
 from sim.core.elastic import DrainStrategy, Policy
 from sim.metrics import TIMELINE_COLUMNS
 from traces import Request
@@ -131,3 +132,47 @@ def test_decode_graph_wiring_gives_the_eager_tokens(model):
     assert engine.runner.num_graph_steps > 10
     assert sum(g.num_replays for g, _ in graphs.graphs.values()) == engine.runner.num_graph_steps
     assert engine.mirror.outputs == reference
+
+
+def test_piecewise_graph_wiring_gives_the_eager_tokens(model):
+    """Every step with a prompt runs the piecewise path (padded to 16 / 32 / 64 tokens, the
+    pieces run eagerly on the CPU): the same tokens as the eager engine, and a padded row
+    writes no K/V (a stray write would corrupt another request's blocks)."""
+    reference = run(model, Policy.STATIC, num_kv_blocks=12).mirror.outputs
+    core = toy_core(toy_config(Policy.STATIC), 12)
+    store = plain_store(core, "cpu", torch.float32)
+    pieces = PiecewiseGraphs(model, kv_caches_of(store, TINY.num_layers), 64,
+                             torch.device("cpu"), sizes=(16, 32, 64))
+    pieces.capture()
+    assert sorted(pieces.graphs) == [16, 32, 64]
+    assert all(len(p) == TINY.num_layers + 1 for p in pieces.graphs.values())
+    engine = assemble_engine(core, model, store, torch.device("cpu"), None, seed=3,
+                             piecewise=pieces)
+    engine.mirror.keep_outputs = True
+    engine.timer = TickTimer(1.0)
+    replay(engine, REQUESTS, wait=False)
+    runner = engine.runner
+    assert runner.num_piecewise_steps >= len(REQUESTS)  # every prompt's step at least
+    assert runner.num_piecewise_steps + runner.num_eager_steps == sum(
+        1 for step in engine.steps if step[2] + step[3] > 0)  # every step with tokens
+    assert engine.mirror.outputs == reference
+
+
+def test_piecewise_sizes_and_refusals(model):
+    core = toy_core(toy_config(Policy.STATIC), 12)
+    caches = kv_caches_of(plain_store(core, "cpu", torch.float32), TINY.num_layers)
+    pieces = PiecewiseGraphs(model, caches, 64, torch.device("cpu"), sizes=(32, 16))
+    assert pieces.bucket(5) is None  # nothing captured yet: the step runs eagerly
+    pieces.capture()
+    assert (pieces.bucket(1), pieces.bucket(17), pieces.bucket(32), pieces.bucket(33)) == (
+        16, 32, 32, None)
+    batch = ForwardBatch(**{name: torch.zeros(20, dtype=torch.int64) for name in
+                            ("input_ids", "positions", "slot_mapping", "logits_indices")},
+                         block_tables=torch.zeros(1, 2, dtype=torch.int32),
+                         seq_lens=torch.tensor([20], dtype=torch.int32),
+                         query_start_loc=torch.tensor([0, 20], dtype=torch.int32),
+                         max_query_len=20, max_seq_len=20)
+    with pytest.raises(ValueError, match="20 tokens cannot run the graphs of size 16"):
+        pieces.run(batch, 16)
+    with pytest.raises(ValueError, match="KV caches"):
+        PiecewiseGraphs(model, caches[:1], 64, torch.device("cpu"))

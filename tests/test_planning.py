@@ -152,3 +152,20 @@ def test_sweep_cases_price_transitions_with_a_calibrations_vmm_costs():
     assert rows[1]["num_attach"] > 0
     assert rows[1]["attach_time_s"] == pytest.approx(0.2 * rows[1]["num_attach"])
     assert rows[0]["attach_time_s"] < 0.01 * rows[0]["num_attach"]
+
+
+def test_piecewise_graphs_option_pads_each_cases_prefill_steps_at_its_own_chunk():
+    """EngineOptions(piecewise_graphs=True): every case's engine captures the sizes of its own
+    chunk (up to 512 here: 16..256 by 16, 320, 384, 448, 512), and its prefill steps cost at
+    least what they cost unpadded."""
+    from dataclasses import replace
+
+    trace = small_trace()
+    plain = Case("llama-3.2-1b", "h200", 1, 512, "static", trace)
+    padded = replace(plain, options=EngineOptions(piecewise_graphs=True))
+    assert plain.engine().piecewise_graph_sizes == ()
+    assert padded.engine().piecewise_graph_sizes == (*range(16, 257, 16), 320, 384, 448, 512)
+    assert replace(padded, chunk=8192).engine().piecewise_graph_sizes[-1] == 8192
+    assert padded.input_fields()["piecewise_graphs"] is True
+    rows = run_sweep([plain, padded], QUIET)
+    assert rows[1]["ttft_s_p50"] > rows[0]["ttft_s_p50"]

@@ -165,3 +165,24 @@ def test_host_slowdown_what_if_lengthens_latency_and_rejects_nonsense(capsys):
     assert main(["--trace", "azure-conv", "--limit", "5", "--host-slowdown", "0",
                  "--no-progress"]) == 2
     assert "host_slower() needs a positive factor" in capsys.readouterr().err
+
+
+def test_piecewise_graphs_flag_pads_prefill_steps_to_each_chunks_capture_sizes(capsys):
+    from sim.cli import build_parser, engine_configs
+
+    def configs(*flags: str):
+        return engine_configs(build_parser().parse_args(["--trace", "azure-conv", *flags]))
+
+    assert [c.piecewise_graph_sizes for c in configs("--chunk", "100")] == [(), ()]
+    padded = configs("--chunk", "100,8192", "--policy", "static", "--piecewise-graphs")
+    assert padded[0].piecewise_graph_sizes == (16, 32, 48, 64, 80, 96, 100)
+    assert len(padded[1].piecewise_graph_sizes) == 56  # 16 + 12 + 28 sizes up to 8192
+    # no --chunk: vLLM's default for an H200, 8192
+    assert configs("--piecewise-graphs")[0].piecewise_graph_sizes[-1] == 8192
+
+    def ttft_p50(*flags: str) -> float:
+        assert main(["--trace", "azure-conv", "--limit", "60", "--policy", "static",
+                     "--chunk", "2048", "--no-progress", "--json", *flags]) == 0
+        return json.loads(capsys.readouterr().out)[0]["ttft_s"]["p50"]
+
+    assert ttft_p50("--piecewise-graphs") > ttft_p50()  # padded prefills take longer

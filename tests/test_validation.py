@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import re
+
 import numpy as np
 import pytest
 
@@ -272,3 +275,144 @@ def test_step_classes_report_the_median_phases_when_recorded(tmp_path):
                    .replace(",0.0003,0.0005,0.0055", ""))
     assert all(r["median_phases_s"] is None
                for r in step_classes(np.full(3, 0.01), read_steps_csv(old)))
+
+
+# ------------------------------------------------------------------ piecewise prefill graphs
+def test_measured_prefill_steps_are_priced_at_their_piecewise_size(tmp_path):
+    from sim.core.catalog import get_gpu, get_model
+    from sim.cost_model import CostModel, Efficiency
+    from validation.steps import predict_step_times
+
+    path = tmp_path / "steps.csv"  # a 300-token prefill, a 250 + 50 mixed step, a decode step
+    path.write_text("step_id,num_prefill_tokens,num_decode_tokens,decode_context_tokens,"
+                    "num_seqs,num_sampled_rows,measured_s,prefill_chunks\n"
+                    "1,300,0,0,1,1,0.02,300:0\n2,250,50,100000,51,51,0.03,250:700\n"
+                    "3,0,20,9000,20,20,0.007,\n4,0,0,0,0,0,0.001,\n")
+    table = read_steps_csv(path)
+    eff = Efficiency(linear_serial_fraction=0.5, eager_launch_s=0.004)
+    model, gpu = get_model("llama-3.1-8b"), get_gpu("h200")
+    padded = CostModel(model, gpu, efficiency=eff, graph_sizes=(1, 8, 32),
+                       token_graph_sizes=(16, 256, 320))
+    got = predict_step_times(padded, table)
+    from test_cost_model import output
+
+    want = [padded.step(output(num_prefill=300, prefill_chunks=((300, 0),), num_rows=1)).total_s,
+            padded.step(output(num_prefill=250, prefill_chunks=((250, 700),), num_decode=50,
+                               decode_context=100_000, num_rows=51, num_seqs=51)).total_s,
+            padded.step(output(num_decode=20, decode_context=9000, num_rows=20,
+                               num_seqs=20)).total_s,
+            eff.step_overhead_s]
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    # the two prefill steps pay 320 tokens' linear layers (compute-bound: 20 more tokens'
+    # worth of FLOPs, at 0.73 of 989.4 TFLOP/s); the decode step is as before
+    plain = predict_step_times(CostModel(model, gpu, efficiency=eff, graph_sizes=(1, 8, 32)),
+                               table)
+    flops_per_token = 2 * 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336)
+    extra_s = 20 * flops_per_token / (989.4e12 * 0.73)
+    np.testing.assert_allclose(got[:2] - plain[:2], [extra_s, extra_s], rtol=1e-9)
+    assert got[2] == plain[2] and got[3] == plain[3]
+
+
+def test_piecewise_sizes_come_from_the_replay_summary(tmp_path):
+    from validation.runs import engine_config, load_run
+
+    base = {"model": "llama-3.1-8b", "gpu": "h200", "chunk": 2048, "policy": "static"}
+    assert engine_config(base).piecewise_graph_sizes == ()
+    assert engine_config({**base, "measured": {"piecewise_sizes": None}}).piecewise_graph_sizes == ()
+    sized = engine_config({**base, "measured": {"graph_sizes": [1, 2],
+                                                "piecewise_sizes": [2048, 16, 320]}})
+    assert sized.piecewise_graph_sizes == (16, 320, 2048) and sized.cuda_graph_sizes == (1, 2)
+    for bad in ([16, "32"], [0, 16], "16,32", [True], 16):
+        with pytest.raises(ValueError, match=r"summary.json: measured.piecewise_sizes is"):
+            engine_config({**base, "measured": {"piecewise_sizes": bad}})
+    folder = tmp_path / "static_chunk_2048"  # a replay folder names itself in the error
+    folder.mkdir()
+    (folder / "summary.json").write_text(json.dumps(
+        {**base, "measured": {"piecewise_sizes": [16, -1]}}))
+    (folder / "steps.csv").write_text(STEPS_HEADER)
+    with pytest.raises(ValueError, match=re.escape(f"{folder}/summary.json: "
+                                                   "measured.piecewise_sizes is [16, -1]")):
+        load_run(folder)
+
+
+STEPS_HEADER = ("step_id,num_prefill_tokens,num_decode_tokens,decode_context_tokens,num_seqs,"
+                "measured_s\n1,300,0,0,1,0.02\n")
+
+
+def _replay(folder, piecewise_sizes):
+    from validation.runs import load_run
+
+    folder.mkdir(parents=True)
+    measured = {} if piecewise_sizes == "absent" else {"piecewise_sizes": piecewise_sizes}
+    (folder / "summary.json").write_text(json.dumps(
+        {"model": "llama-3.1-8b", "chunk": 2048, "measured": measured}))
+    (folder / "steps.csv").write_text(STEPS_HEADER)
+    return load_run(folder)
+
+
+def test_a_calibration_is_refused_for_replays_run_the_other_way(tmp_path):
+    from validation.runs import check_calibration_graphs
+
+    eager = _replay(tmp_path / "eager", None)
+    old = _replay(tmp_path / "old", "absent")  # replays older than the option: eager
+    piecewise = _replay(tmp_path / "piecewise", [16, 32, 2048])
+    profiled = tmp_path / "piecewise.json"
+    profiled.write_text(json.dumps({"efficiency": {}, "piecewise_sizes": [16, 32, 8192]}))
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps({"efficiency": {}}))
+    off = tmp_path / "off.json"
+    off.write_text(json.dumps({"efficiency": {}, "piecewise_sizes": None}))
+    # the same way (the sizes may differ with the chunk), or no calibration: accepted
+    check_calibration_graphs(profiled, [piecewise])
+    check_calibration_graphs(plain, [eager, old])
+    check_calibration_graphs(off, [eager, old])
+    check_calibration_graphs(None, [eager, piecewise])
+    with pytest.raises(ValueError, match=re.escape(
+            f"{profiled} was profiled with piecewise CUDA graphs but the replay in "
+            f"{tmp_path / 'eager'} ran without them; re-profile without --piecewise-graphs")):
+        check_calibration_graphs(profiled, [piecewise, eager])
+    with pytest.raises(ValueError, match=re.escape(
+            f"{plain} was profiled without piecewise CUDA graphs but the replay in "
+            f"{tmp_path / 'piecewise'} ran with them; re-profile with --piecewise-graphs")):
+        check_calibration_graphs(plain, [old, piecewise])
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"efficiency": {}, "piecewise_sizes": "on"}))
+    with pytest.raises(ValueError, match=re.escape(f"{bad}: piecewise_sizes is 'on'")):
+        check_calibration_graphs(bad, [eager])
+
+
+def test_replays_pool_into_one_fit_when_their_token_sizes_nest():
+    from sim.cost_model import piecewise_capture_sizes
+    from validation.calibrate import pooled_token_sizes
+
+    small, large = piecewise_capture_sizes(2048), piecewise_capture_sizes(8192)
+    # 2048 is on the capture grid: its sizes are the first 32 of 8192's (16 + 12 + 4)
+    assert small == large[:32] and pooled_token_sizes([small, large, small]) == large
+    assert pooled_token_sizes([(), ()]) == () and pooled_token_sizes([]) == ()
+    # 1000 is not: its steps of 961..1000 tokens ran at 1000, 8192's sizes would say 1024
+    assert pooled_token_sizes([piecewise_capture_sizes(1000), large]) is None
+    assert pooled_token_sizes([(), small]) is None  # an eager replay beside a piecewise one
+
+
+def test_steps_csv_extents_and_their_concatenation(tmp_path):
+    """The longest query and sequence of each step, from the GPU engine's columns (chunks and
+    the longest decode row), survive a split and a concatenation; a table without them makes
+    the concatenation's unknown rather than misaligned."""
+    from validation.calibrate import concat, split_tail
+
+    path = tmp_path / "steps.csv"
+    path.write_text("step_id,num_prefill_tokens,num_decode_tokens,decode_context_tokens,"
+                    "num_seqs,measured_s,max_decode_context,prefill_chunks\n"
+                    "1,300,0,0,1,0.01,0,300:0\n"
+                    "2,0,3,3000,3,0.002,1500,\n"
+                    "3,512,2,700,3,0.02,400,512:8192\n"
+                    "4,96,1,2000,3,0.01,2000,64:0;32:100\n")
+    table = read_steps_csv(path)
+    assert table.max_query_len.tolist() == [300, 1, 512, 64]
+    assert table.max_seq_len.tolist() == [300, 1500, 8704, 2000]
+    head, tail = split_tail(table, 0.5)
+    joined = concat([head, tail])
+    assert joined.max_query_len.tolist() == [300, 1, 512, 64]
+    assert joined.max_seq_len.tolist() == [300, 1500, 8704, 2000]
+    unknown = concat([head, StepTable(**{**vars(tail), "max_seq_len": None})])
+    assert unknown.max_seq_len is None and len(unknown) == 4

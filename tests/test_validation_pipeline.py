@@ -5,7 +5,7 @@ error must vanish; fitted from the defaults, the efficiencies must come back."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import numpy as np
 import pytest
@@ -207,3 +207,81 @@ def test_report_names_the_gpu_and_versions_it_was_measured_with(runs):
         gpu_name="NVIDIA H200", versions={"driver": "590.2", "torch": "2.11"})
     text = markdown(v, [])
     assert "Measured on NVIDIA H200; driver 590.2, torch 2.11 (recorded by the replays)" in text
+
+
+# ------------------------------------------------------------------ piecewise prefill graphs
+def piecewise_config(policy: Policy, chunk: int) -> EngineConfig:
+    """`config` with prefill steps padded as `gpu_backend replay --piecewise-graphs` pads them."""
+    from sim.cost_model import piecewise_capture_sizes
+
+    return config(policy, chunk).with_(piecewise_graph_sizes=piecewise_capture_sizes(chunk))
+
+
+def test_step_prediction_equals_the_simulators_piecewise_step_times():
+    trace = load_trace("azure-code").head(60)
+    engine = piecewise_config(Policy.ELASTIC, 1024)
+    _, recorder = simulate_logged(RunSpec(engine, efficiency=TRUE), trace)
+    table = recorder.table()
+    cost = CostModel(LLAMA_8B, H200, 1, TRUE, token_graph_sizes=engine.piecewise_graph_sizes)
+    np.testing.assert_allclose(predict_step_times(cost, table), table.duration_s, rtol=1e-9)
+    # priced unpadded, the device-bound prefill steps come out shorter, the others the same
+    eager = predict_step_times(CostModel(LLAMA_8B, H200, 1, TRUE), table)
+    prefill, measured = table.has_prefill, table.duration_s
+    assert (eager[prefill] <= measured[prefill] * (1 + 1e-9)).all()
+    assert (eager[prefill] < measured[prefill] * (1 - 1e-3)).any()
+    np.testing.assert_allclose(eager[~prefill], measured[~prefill], rtol=1e-9)
+
+
+def test_cli_fit_of_piecewise_replays_takes_a_piecewise_calibration_only(tmp_path, capsys):
+    from sim.cost_model import piecewise_capture_sizes
+    from validation.runs import check_calibration_graphs
+
+    gpu_dir = tmp_path / "gpu"
+    for chunk in (1024, 4096):  # both on the capture grid: one fit prices them both
+        write_gpu_style_run(gpu_dir, RunSpec(piecewise_config(Policy.STATIC, chunk),
+                                             efficiency=TRUE), SLICE)
+    eager = write_calibration_json(tmp_path / "eager.json", Efficiency())
+    out = tmp_path / "fitted.json"
+    assert main(["fit", "--gpu-dir", str(gpu_dir), "--calibration", str(eager),
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"the calibration {eager} was profiled without piecewise CUDA graphs" in err
+    assert str(gpu_dir) in err and "re-profile with --piecewise-graphs" in err
+    assert not out.exists()
+    profiled = tmp_path / "piecewise.json"
+    profiled.write_text(json.dumps({"efficiency": asdict(Efficiency()),
+                                    "piecewise_sizes": list(piecewise_capture_sizes(8192))}))
+    assert main(["fit", "--gpu-dir", str(gpu_dir), "--calibration", str(profiled),
+                 "--out", str(out)]) == 0
+    saved = json.loads(out.read_text())
+    # the padding priced exactly (priced unpadded, the prefill steps' p99 error is ~2%)
+    assert saved["fit"]["holdout_after"]["p99_abs"] < 1e-6
+    assert saved["piecewise_sizes"] == list(piecewise_capture_sizes(4096))
+    check_calibration_graphs(out, [load_run(f) for f in find_runs(gpu_dir)])  # pairs with them
+
+
+# ------------------------------------------------------------------ attention key splits
+def test_step_prediction_prices_the_split_launch_as_the_simulator(tmp_path):
+    """A small model whose short prefills split their attention keys (sim.cost_model's
+    split_launch_s): the vectorised prediction equals the simulator's step times, from its
+    own step log and from the GPU-style steps.csv written and read back."""
+    qwen = get_model("qwen2.5-0.5b")
+    eff = Efficiency(eager_launch_s=3e-3, split_launch_s=1.3e-3, step_overhead_s=1.4e-3)
+    engine = EngineConfig(qwen, H200, policy=Policy.STATIC, max_num_batched_tokens=2048)
+    spec = RunSpec(engine, efficiency=eff)
+    _, recorder = simulate_logged(spec, load_trace("azure-conv").head(40))
+    table = recorder.table()
+    cost = CostModel(qwen, H200, 1, eff)
+    np.testing.assert_allclose(predict_step_times(cost, table), table.duration_s, rtol=1e-9)
+    splits = table.has_prefill & cost.splits_array(table.num_tokens, table.num_seqs,
+                                                   table.max_query_len, table.max_seq_len)
+    assert 0 < splits.sum() < table.has_prefill.sum()  # some prefill steps split, some not
+    folder = write_gpu_style_run(tmp_path, spec, TraceSlice("azure-conv", limit=40))
+    from validation.steps import read_steps_csv
+
+    written = read_steps_csv(folder / "steps.csv")
+    np.testing.assert_allclose(predict_step_times(cost, written), written.duration_s, rtol=1e-9)
+    without = predict_step_times(CostModel(qwen, H200, 1, replace(eff, split_launch_s=0.0)),
+                                 table)
+    np.testing.assert_allclose(table.duration_s - without, np.where(splits, 1.3e-3, 0.0),
+                               atol=1e-12)

@@ -3,7 +3,9 @@
 Run on the GPU machine: ``python -m pytest tests_gpu/test_engine_gpu.py -q``.
 Checks: a short replay per policy completes with graphs and the simulator's outputs; an
 elastic run with attach/detach leaves base blocks untouched; migration copies whole blocks
-(every layer) on the VMM pool; a real torch.OutOfMemoryError fails the step, not the run.
+(every layer) on the VMM pool; a real torch.OutOfMemoryError fails the step, not the run;
+piecewise graphs give the eager forward's logits and K/V, and a replay through them runs
+every step with a prompt as graphs.
 """
 
 from __future__ import annotations
@@ -17,9 +19,12 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 from gpu_backend.engine.kv_store import copy_blocks  # noqa: E402
-from gpu_backend.engine.memory import kv_layout  # noqa: E402
+from gpu_backend.engine.memory import dummy_store, kv_caches_of, kv_layout  # noqa: E402
+from gpu_backend.engine.piecewise import PiecewiseGraphs  # noqa: E402
 from gpu_backend.engine.replay import engine_summary, replay, write_outputs  # noqa: E402
-from gpu_backend.engine.setup import build_gpu_engine  # noqa: E402
+from gpu_backend.engine.runner import InputCopier  # noqa: E402
+from gpu_backend.engine.setup import build_gpu_engine, load_model  # noqa: E402
+from gpu_backend.engine.shapes import host_batch, mixed_shape, prefill_shape  # noqa: E402
 from gpu_backend.vmm import MIB, ElasticKVPool  # noqa: E402
 from sim.core.catalog import get_gpu, get_model  # noqa: E402
 from sim.core.elastic import DrainStrategy, Policy  # noqa: E402
@@ -129,4 +134,60 @@ def test_real_out_of_memory_fails_the_step_not_the_run():
     replay(engine, [Request(1, 0.0, 512, 4)], wait=False)
     assert engine.recorder.requests[1].status is RequestStatus.FINISHED
     assert engine_summary(engine, {})["num_oom"] == 1
+    teardown(setup)
+
+
+def test_piecewise_graphs_match_the_eager_forward():
+    """Prefill and mixed steps through the captured pieces (padded to the next size) from the
+    same cache contents as the eager forward: its logits (bf16, GEMMs of another shape: a
+    small tolerance) and the same K/V written; the padded rows write nothing (the scratch
+    block stays zero). The pool holds every step's blocks apart (shared blocks would make
+    two tokens of one step race for a slot)."""
+    device = torch.device("cuda")
+    model = load_model(config(Policy.STATIC), device, seed=0)
+    num_blocks = 256
+    eager_store = dummy_store(MODEL, num_blocks, 16, device)
+    graph_store = dummy_store(MODEL, num_blocks, 16, device)
+    eager_caches = kv_caches_of(eager_store, MODEL.num_layers)
+    graph_caches = kv_caches_of(graph_store, MODEL.num_layers)
+    for k_cache, v_cache in eager_caches:
+        k_cache.normal_()
+        v_cache.normal_()
+        k_cache[0].zero_()  # the scratch block
+        v_cache[0].zero_()
+    pieces = PiecewiseGraphs(model, graph_caches, 512, device)
+    pieces.capture()
+    copier = InputCopier(device)
+    for shape in (prefill_shape(300), mixed_shape(100, 200, 6, 400), prefill_shape(512)):
+        batch = host_batch(shape, 16, num_blocks)
+        size = pieces.bucket(batch.num_tokens)
+        assert size is not None and size >= batch.num_tokens
+        for (k_eager, v_eager), (k_graph, v_graph) in zip(eager_caches, graph_caches):
+            k_graph.copy_(k_eager)
+            v_graph.copy_(v_eager)
+        eager = model.compute_logits(copier.to_device(batch), eager_caches).float()
+        graphed = pieces.compute_logits(copier.to_device(batch), size).float()
+        torch.cuda.synchronize()
+        scale = eager.abs().max().item()
+        assert (graphed - eager).abs().max().item() < 0.05 * scale, shape
+        for (k_eager, v_eager), (k_graph, v_graph) in zip(eager_caches, graph_caches):
+            assert (k_graph.float() - k_eager.float()).abs().max().item() < 0.05, shape
+            assert (v_graph.float() - v_eager.float()).abs().max().item() < 0.05, shape
+            assert k_graph[0].abs().max().item() == 0 and v_graph[0].abs().max().item() == 0
+    pieces.release()
+    del pieces, model, eager_store, graph_store, eager_caches, graph_caches
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def test_replay_with_piecewise_graphs():
+    setup = build(Policy.ELASTIC, piecewise=True)
+    engine = setup.engine
+    replay(engine, REQUESTS, wait=False)
+    summary = engine_summary(engine, {})
+    assert {r.status for r in engine.recorder.requests} == {RequestStatus.FINISHED}
+    measured = summary["measured"]
+    assert measured["num_piecewise_steps"] > 0 and measured["num_eager_steps"] == 0
+    assert measured["num_graph_steps"] > 0
+    assert summary["num_attach"] >= 1 and summary["num_detach"] >= 1
     teardown(setup)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.calibration import eager_launch_start
+from sim.calibration import eager_launch_start, split_term_fixed
 from sim.calibration import fit_efficiency as fit_parameters
 from sim.core.catalog import GpuSpec, ModelSpec
 from sim.core.elastic import VmmCosts
@@ -39,6 +39,7 @@ class FitResult:
     holdout_after: dict  # error_stats on the held-out steps, fitted efficiency
     success: bool
     message: str
+    token_graph_sizes: tuple[int, ...] = ()  # the piecewise graph sizes the steps were priced at
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -62,27 +63,49 @@ def split_tail(table: StepTable, holdout_fraction: float) -> tuple[StepTable, St
 
 def concat(tables: list[StepTable]) -> StepTable:
     first = tables[0]
-    arrays = {name: np.concatenate([getattr(t, name) for t in tables])
+    arrays: dict[str, np.ndarray | None] = {name: np.concatenate([getattr(t, name) for t in tables])
               for name in ("num_prefill_tokens", "num_decode_tokens", "decode_context_tokens",
                            "num_seqs", "num_sampled_rows", "prefill_pairs", "duration_s")}
+    for name in ("max_query_len", "max_seq_len"):  # known only when every table knows them
+        parts = [getattr(t, name) for t in tables]
+        arrays[name] = None if any(p is None for p in parts) else np.concatenate(parts)
     common = set.intersection(*(set(t.extra) for t in tables))
     extra = {k: np.concatenate([t.extra[k] for t in tables]) for k in sorted(common)}
     return replace(first, **arrays, chunks_exact=all(t.chunks_exact for t in tables), extra=extra)
 
 
 def step_errors(model: ModelSpec, gpu: GpuSpec, tp: int, eff: Efficiency,
-                table: StepTable, graph_sizes: Sequence[int] = ()) -> np.ndarray:
-    predicted = predict_step_times(CostModel(model, gpu, tp, eff, graph_sizes), table)
-    return relative_errors(predicted, table.duration_s)
+                table: StepTable, graph_sizes: Sequence[int] = (),
+                token_graph_sizes: Sequence[int] = ()) -> np.ndarray:
+    cost = CostModel(model, gpu, tp, eff, graph_sizes, token_graph_sizes)
+    return relative_errors(predict_step_times(cost, table), table.duration_s)
+
+
+def pooled_token_sizes(sizes_per_run: Sequence[Sequence[int]]) -> tuple[int, ...] | None:
+    """One list of piecewise graph sizes that prices the steps pooled from several replays
+    as each replay padded them, or None when there is none.
+
+    A replay captures sizes up to its chunk (`piecewise_capture_sizes`), and none of its
+    steps is longer. A chunk on the capture grid (2048 beside 8192) has a prefix of a larger
+    chunk's sizes, so the longest list pads every step to the same size as its own replay's
+    did. Replays without piecewise graphs pool only with replays without them.
+    """
+    runs = [tuple(sorted(sizes)) for sizes in sizes_per_run]
+    longest = max(runs, key=len, default=())
+    if all(sizes == longest[:len(sizes)] and bool(sizes) == bool(longest) for sizes in runs):
+        return longest
+    return None
 
 
 def fit_efficiency(model: ModelSpec, gpu: GpuSpec, tp: int, fit: StepTable,
                    initial: Efficiency | None = None,
                    free: Collection[str] | None = None,
-                   graph_sizes: Sequence[int] = ()) -> tuple[Efficiency, bool, str]:
+                   graph_sizes: Sequence[int] = (),
+                   token_graph_sizes: Sequence[int] = ()) -> tuple[Efficiency, bool, str]:
     """Least-squares efficiencies for the steps in `fit` (relative error, soft-L1 loss).
     `free`: the FIT_PARAMETERS to fit (default all); the others keep `initial`'s values.
-    `graph_sizes`: the engine's decode graph sizes (CostModel)."""
+    `graph_sizes`, `token_graph_sizes`: the engine's decode and piecewise graph sizes
+    (CostModel)."""
     initial = initial or Efficiency()
     names = [name for name, _, _ in FIT_PARAMETERS]
     free = names if free is None else list(free)
@@ -94,38 +117,51 @@ def fit_efficiency(model: ModelSpec, gpu: GpuSpec, tp: int, fit: StepTable,
         raise ValueError(f"{len(fit)} usable steps cannot fit {len(free)} parameters")
     if "eager_launch_s" in free:
         initial = eager_launch_start(initial, fit.duration_s[fit.num_prefill_tokens > 0])
+    held = [n for n in names if n not in free]
+    if "split_launch_s" in free and fit.max_query_len is not None \
+            and fit.max_seq_len is not None:  # held where too few steps split to fit it
+        splits = fit.has_prefill & CostModel(model, gpu, tp, initial).splits_array(
+            fit.num_tokens, fit.num_seqs, fit.max_query_len, fit.max_seq_len)
+        held += split_term_fixed(int(splits.sum()))
     fitted, solution = fit_parameters(
-        initial, lambda eff: step_errors(model, gpu, tp, eff, fit, graph_sizes),
-        fixed=[n for n in names if n not in free],
+        initial, lambda eff: step_errors(model, gpu, tp, eff, fit, graph_sizes,
+                                         token_graph_sizes),
+        fixed=held,
         loss="soft_l1", f_scale=0.05, diff_step=1e-3, x_scale=1.0)
     return fitted, bool(solution.success), str(solution.message)
 
 
 def calibrate(model: ModelSpec, gpu: GpuSpec, tp: int, fit: StepTable, holdout: StepTable,
               initial: Efficiency | None = None,
-              free: Collection[str] | None = None, graph_sizes: Sequence[int] = ()) -> FitResult:
+              free: Collection[str] | None = None, graph_sizes: Sequence[int] = (),
+              token_graph_sizes: Sequence[int] = ()) -> FitResult:
     """Fit on `fit` (the `free` parameters, default all), then report the error on
     `holdout` before and after."""
     initial = initial or Efficiency()
-    fitted, success, message = fit_efficiency(model, gpu, tp, fit, initial, free, graph_sizes)
+    fitted, success, message = fit_efficiency(model, gpu, tp, fit, initial, free, graph_sizes,
+                                              token_graph_sizes)
     fit, holdout = usable_steps(fit), usable_steps(holdout)
 
     def errors(eff: Efficiency, table: StepTable) -> dict:
-        return error_stats(step_errors(model, gpu, tp, eff, table, graph_sizes))
+        return error_stats(step_errors(model, gpu, tp, eff, table, graph_sizes,
+                                       token_graph_sizes))
 
     return FitResult(
         efficiency=fitted, initial=initial, num_fit_steps=len(fit),
         num_holdout_steps=len(holdout), fit_error=errors(fitted, fit),
         holdout_before=errors(initial, holdout), holdout_after=errors(fitted, holdout),
-        success=success, message=message,
+        success=success, message=message, token_graph_sizes=tuple(sorted(token_graph_sizes)),
     )
 
 
 def write_calibration(path: Path, result: FitResult, profile: ActivationProfile | None,
                       provenance: dict, vmm_costs: VmmCosts | None = None) -> None:
     """A calibration JSON that `python -m sim --calibration FILE` loads; the starting
-    calibration's activation profile and measured VMM costs are carried over."""
-    data: dict = {"efficiency": asdict(result.efficiency)}
+    calibration's activation profile and measured VMM costs are carried over. Fitted on
+    replays with piecewise graphs, it says so as a profile taken with them does
+    ("piecewise_sizes"), so validation pairs it with such replays only."""
+    data: dict = {"efficiency": asdict(result.efficiency),
+                  "piecewise_sizes": list(result.token_graph_sizes) or None}
     if profile is not None:
         data["activation"] = asdict(profile)
     if vmm_costs is not None:

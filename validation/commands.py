@@ -13,7 +13,14 @@ from pathlib import Path
 from sim.cost_model import HOST_TERMS
 from sim.outputs import parse_int_list, parse_policies
 from validation.compare import format_target_value
-from validation.runs import GpuRun, TraceSlice, engine_config, find_runs, load_run
+from validation.runs import (
+    GpuRun,
+    TraceSlice,
+    check_calibration_graphs,
+    engine_config,
+    find_runs,
+    load_run,
+)
 
 
 def slice_from_args(args: argparse.Namespace) -> TraceSlice | None:
@@ -47,6 +54,7 @@ def compare(args: argparse.Namespace) -> int:
     efficiency, profile, vmm_costs = load_calibration(args.calibration)
     source = str(args.calibration) if args.calibration else "simulator defaults (uncalibrated)"
     runs = load_runs(args.gpu_dir)
+    check_calibration_graphs(args.calibration, runs)
     v = validate(runs, efficiency, profile, source, slice_override=slice_from_args(args),
                  gpu_name=args.gpu, holdout_fraction=args.holdout, fit=not args.no_fit,
                  resimulate_fitted=args.resimulate_fitted, vmm_costs=vmm_costs)
@@ -138,17 +146,29 @@ HOST_PARAMETERS = HOST_TERMS  # sim.cost_model: the same terms host_slower scale
 
 def fit(args: argparse.Namespace) -> int:
     from sim.cli import load_calibration
-    from validation.calibrate import calibrate, concat, split_tail, usable_steps, write_calibration
+    from validation.calibrate import (
+        calibrate,
+        concat,
+        pooled_token_sizes,
+        split_tail,
+        usable_steps,
+        write_calibration,
+    )
 
     efficiency, profile, vmm_costs = load_calibration(args.calibration)
     runs = load_runs(args.gpu_dir)
     test_runs = load_runs(args.test_dir) if args.test_dir else []
+    check_calibration_graphs(args.calibration, runs + test_runs)
     configs = [engine_config(r.summary, args.gpu) for r in runs + test_runs]
     hardware = {(c.model.name, c.gpu.name, c.tensor_parallel_size, c.cuda_graph_sizes)
                 for c in configs}
     if len(hardware) != 1:
         raise ValueError(f"the runs mix model/GPU/TP/decode graph size combinations "
                          f"{sorted(hardware)}; fit one combination at a time")
+    token_sizes = pooled_token_sizes([c.piecewise_graph_sizes for c in configs])
+    if token_sizes is None:
+        raise ValueError("the runs' piecewise graph sizes differ beyond their chunks (or some "
+                         "ran without them); fit runs of one chunk at a time")
     if test_runs:
         fit_table = concat([usable_steps(r.steps) for r in runs])
         holdout_table = concat([usable_steps(r.steps) for r in test_runs])
@@ -159,7 +179,8 @@ def fit(args: argparse.Namespace) -> int:
     free = HOST_PARAMETERS if args.free == "host" else (
         None if args.free is None else [n.strip() for n in args.free.split(",") if n.strip()])
     result = calibrate(config.model, config.gpu, config.tensor_parallel_size, fit_table,
-                       holdout_table, efficiency, free, config.cuda_graph_sizes)
+                       holdout_table, efficiency, free, config.cuda_graph_sizes,
+                       token_graph_sizes=token_sizes)
     provenance = {"gpu_dir": str(args.gpu_dir), "test_dir": str(args.test_dir or ""),
                   "holdout_fraction": None if test_runs else args.holdout,
                   "model": config.model.name, "gpu": config.gpu.name,

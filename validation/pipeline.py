@@ -24,6 +24,7 @@ from validation.calibrate import (
     FitResult,
     calibrate,
     concat,
+    pooled_token_sizes,
     split_tail,
     usable_steps,
 )
@@ -104,7 +105,7 @@ def compare_run(gpu: GpuRun, efficiency: Efficiency | None, profile: ActivationP
     predicted = metric_values(result.summary)
     measured = metric_values(gpu.summary, gpu.measured_kv_capacity_tokens())
     cost = CostModel(config.model, config.gpu, config.tensor_parallel_size, efficiency,
-                     config.cuda_graph_sizes)
+                     config.cuda_graph_sizes, config.piecewise_graph_sizes)
     step_predicted = predict_step_times(cost, gpu.steps)
     sim_steps = recorder.table()
     moved = host_moved = None
@@ -173,13 +174,18 @@ def fit_on_runs(runs: Sequence[RunComparison], initial: Efficiency,
     if len(hardware) != 1:
         return None, (f"not fitted: the runs mix {len(hardware)} model/GPU/TP/graph-size "
                       "combinations; fit each with `python -m validation fit`")
+    token_sizes = pooled_token_sizes([r.sim.spec.engine.piecewise_graph_sizes for r in runs])
+    if token_sizes is None:
+        return None, ("not fitted: the runs' piecewise graph sizes differ beyond their chunks "
+                      "(or some ran without them); fit each with `python -m validation fit`")
     splits = [split_tail(usable_steps(r.gpu.steps), holdout_fraction) for r in runs]
     fit_table = concat([s[0] for s in splits])
     holdout_table = concat([s[1] for s in splits])
     engine = runs[0].sim.spec.engine
     try:
         fitted = calibrate(engine.model, engine.gpu, engine.tensor_parallel_size, fit_table,
-                           holdout_table, initial, graph_sizes=engine.cuda_graph_sizes)
+                           holdout_table, initial, graph_sizes=engine.cuda_graph_sizes,
+                           token_graph_sizes=token_sizes)
     except ValueError as exc:
         return None, f"not fitted: {exc}"
     note = (f"fitted on the first {1 - holdout_fraction:.0%} of each run's steps "

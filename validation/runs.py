@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -117,6 +118,8 @@ def load_run(folder: Path) -> GpuRun:
         summary = {**{k: v for k, v in data.items() if k != "runs"}, **data["runs"][0]}
     if "chunk" not in summary:
         raise ValueError(f"{folder}/summary.json has no 'chunk': the run's config is missing")
+    for key in MEASURED_SIZES:
+        measured_sizes(summary, key, folder / "summary.json")  # malformed: named with its path
     steps_path = folder / "steps.csv"
     if not steps_path.is_file():
         raise ValueError(f"{folder}: no steps.csv (per-step measured times)")
@@ -161,20 +164,61 @@ def engine_config(summary: dict, gpu_name: str | None = None) -> EngineConfig:
         vmm_handle_bytes=int(get("vmm_handle_bytes", 512 * 1024**2)),
         reclaim=str(get("reclaim", _default_reclaim(summary))),
         enable_prefix_caching=bool(get("enable_prefix_caching", False)),
-        cuda_graph_sizes=_graph_sizes(summary),
+        cuda_graph_sizes=measured_sizes(summary, "graph_sizes"),
+        piecewise_graph_sizes=measured_sizes(summary, "piecewise_sizes"),
     )
 
 
-def _graph_sizes(summary: dict) -> tuple[int, ...]:
-    """The decode graphs' capture sizes a gpu_backend replay recorded (none: not padded)."""
+# What the capture sizes a replay records under "measured" count.
+MEASURED_SIZES = {"graph_sizes": "batch sizes (decode graphs)",
+                  "piecewise_sizes": "token counts (piecewise prefill graphs)"}
+
+
+def measured_sizes(summary: dict, key: str, source: object = "summary.json") -> tuple[int, ...]:
+    """The capture sizes a gpu_backend replay recorded as measured.`key` (a MEASURED_SIZES
+    key), ascending; () when absent or null (nothing padded). `source` names the file in
+    errors."""
     measured = summary.get("measured")
-    sizes = measured.get("graph_sizes") if isinstance(measured, dict) else None
+    sizes = measured.get(key) if isinstance(measured, dict) else None
+    return _sizes(sizes, source, f"measured.{key}", MEASURED_SIZES[key])
+
+
+def _sizes(sizes: object, source: object, field: str, what: str) -> tuple[int, ...]:
     if sizes is None:
         return ()
-    if not isinstance(sizes, list) or not all(isinstance(s, int) and s > 0 for s in sizes):
-        raise ValueError(f"summary.json: measured.graph_sizes is {sizes!r}; expected a list of "
-                         "positive batch sizes (as `python -m gpu_backend replay` writes it)")
+    if not isinstance(sizes, list) or not all(isinstance(s, int) and not isinstance(s, bool)
+                                              and s > 0 for s in sizes):
+        raise ValueError(f"{source}: {field} is {sizes!r}; expected null or a list of positive "
+                         f"{what}, as `python -m gpu_backend` writes it")
     return tuple(sorted(sizes))
+
+
+def calibration_piecewise_sizes(path: Path) -> tuple[int, ...]:
+    """The piecewise graphs' token sizes a calibration was profiled with ("piecewise_sizes":
+    a list, or null or absent, as in calibrations older than the option: none)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read calibration JSON: {exc}") from None
+    return _sizes(data.get("piecewise_sizes"), path, "piecewise_sizes",
+                  MEASURED_SIZES["piecewise_sizes"])
+
+
+def check_calibration_graphs(calibration: Path | None, runs: Sequence[GpuRun]) -> None:
+    """Refuse a calibration profiled with piecewise prefill graphs for replays run without
+    them, or the other way round: its eager_launch_s was fitted on steps with prefill tokens
+    that launch every kernel (eager) or only attention's between graph pieces (piecewise)."""
+    if calibration is None:
+        return
+    profiled = bool(calibration_piecewise_sizes(calibration))
+    for run in runs:
+        replayed = bool(measured_sizes(run.summary, "piecewise_sizes"))
+        if replayed != profiled:
+            cal, rep = ("with", "without") if profiled else ("without", "with")
+            raise ValueError(
+                f"the calibration {calibration} was profiled {cal} piecewise CUDA graphs but the "
+                f"replay in {run.path} ran {rep} them; re-profile {rep} --piecewise-graphs "
+                "(`python -m gpu_backend profile`) to compare these replays")
 
 
 def _default_reclaim(summary: dict) -> str:

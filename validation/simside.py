@@ -11,13 +11,15 @@ from __future__ import annotations
 import numpy as np
 
 from sim.core.step import SchedulerOutput
+from sim.cost_model import step_extents
 from sim.metrics import ReplicaRecorder
 from sim.runner import RunResult, RunSpec, simulate
 from traces import Trace
 from validation.steps import StepTable, chunk_pairs, format_chunks
 
-# (start_s, prefill, decode, context, seqs, rows, pairs, duration, preempted, used, usable, lent)
-_ROW_FIELDS = 12
+# (start_s, prefill, decode, context, seqs, rows, pairs, duration, preempted, used, usable, lent,
+#  longest query, longest sequence)
+_ROW_FIELDS = 14
 
 
 class StepLogRecorder(ReplicaRecorder):
@@ -34,6 +36,7 @@ class StepLogRecorder(ReplicaRecorder):
         pairs = chunk_pairs(list(out.prefill_chunks))
         seqs, decode = len(out.scheduled), out.num_decode_tokens
         starts = start_s + np.concatenate(([0.0], np.cumsum(durations[:-1])))
+        max_query, max_seq = step_extents(out)
         for i in range(out.num_steps):
             first = i == 0  # preemptions are recorded on the first step of a run
             self.step_rows.append((
@@ -41,6 +44,7 @@ class StepLogRecorder(ReplicaRecorder):
                 out.decode_context_tokens + i * decode, seqs, out.num_sampled_rows, pairs,
                 float(durations[i]), len(out.preempted_ids) if first else 0,
                 out.num_used_blocks, out.num_usable_blocks, out.num_lent_blocks,
+                max_query, max_seq + i,  # a decode run's rows grow by one token per step
             ))
             self.step_chunks.append(chunks)
 
@@ -51,7 +55,7 @@ class StepLogRecorder(ReplicaRecorder):
                  "kv_blocks_used": rows[:, 9], "kv_blocks_usable": rows[:, 10],
                  "reserve_lent_blocks": rows[:, 11]}
         return StepTable(ints[0], ints[1], ints[2], ints[3], ints[4], rows[:, 6], rows[:, 7],
-                         True, extra)
+                         True, extra, rows[:, 12].astype(np.int64), rows[:, 13].astype(np.int64))
 
 
 def simulate_logged(spec: RunSpec, trace: Trace) -> tuple[RunResult, StepLogRecorder]:

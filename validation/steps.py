@@ -55,6 +55,11 @@ class StepTable:
     duration_s: np.ndarray  # float64 [S]: measured (GPU) or predicted (simulator)
     chunks_exact: bool = True  # False: prefill chunk prefixes were unknown (priced as 0)
     extra: dict[str, np.ndarray] = field(default_factory=dict)  # OPTIONAL_COLUMNS present
+    # int64 [S]: the longest query (new tokens of one row) and the longest sequence after the
+    # step, which decide whether a step's attention splits its keys (CostModel.splits); None:
+    # unknown, no split priced
+    max_query_len: np.ndarray | None = None
+    max_seq_len: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.duration_s.shape[0])
@@ -126,21 +131,38 @@ def read_steps_csv(path: Path) -> StepTable:
     exact = "prefill_chunks" in header
     if exact:
         chunk_lists = [parse_chunks(r["prefill_chunks"] or "") for r in rows]
-        pairs = np.array([chunk_pairs(c) for c in chunk_lists])
-        num_chunks = np.array([len(c) for c in chunk_lists], dtype=np.int64)
-    else:
-        pairs = prefill * (prefill / 2.0)
-        num_chunks = (prefill > 0).astype(np.int64)
+    else:  # one chunk per step with a prefill, no prefix
+        chunk_lists = [[(int(n), 0)] if n else [] for n in prefill]
+    pairs = np.array([chunk_pairs(c) for c in chunk_lists])
+    num_chunks = np.array([len(c) for c in chunk_lists], dtype=np.int64)
+    decode_ctx = ints("decode_context_tokens")
+    if "max_decode_context" in header:
+        longest_decode = ints("max_decode_context")
+    else:  # the mean decode row: a lower bound of the longest
+        longest_decode = -(-decode_ctx // np.maximum(decode, 1))
+    if {"max_query_len", "max_seq_len"} <= header:  # written by write_steps_csv
+        max_query, max_seq = ints("max_query_len"), ints("max_seq_len")
+    else:  # the GPU engine's columns: the longest chunk and the longest row after the step
+        max_query = np.array([max((c for c, _ in chunks), default=0)
+                              for chunks in chunk_lists], dtype=np.int64)
+        max_query = np.where(decode > 0, np.maximum(max_query, 1), max_query)
+        max_seq = np.maximum(np.array([max((c + p for c, p in chunks), default=0)
+                                       for chunks in chunk_lists], dtype=np.int64),
+                             longest_decode)
     rows_sampled = ints("num_sampled_rows") if "num_sampled_rows" in header else decode + num_chunks
     extra = {c: np.array([float(r[c]) for r in rows]) for c in OPTIONAL_COLUMNS if c in header}
-    return StepTable(prefill, decode, ints("decode_context_tokens"), ints("num_seqs"),
+    return StepTable(prefill, decode, decode_ctx, ints("num_seqs"),
                      rows_sampled, pairs.astype(np.float64),
-                     np.array([float(r[duration]) for r in rows]), exact, extra)
+                     np.array([float(r[duration]) for r in rows]), exact, extra,
+                     max_query, max_seq)
 
 
 def write_steps_csv(path: Path, table: StepTable, chunks: list[str] | None = None) -> None:
     """Write a table in the GPU engine's steps.csv layout (`chunks`: formatted per row)."""
     columns = ["step_id", *REQUIRED_COLUMNS, "num_sampled_rows", "measured_s", *table.extra]
+    extents = table.max_query_len is not None and table.max_seq_len is not None
+    if extents:
+        columns += ["max_query_len", "max_seq_len"]
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(columns + (["prefill_chunks"] if chunks is not None else []))
@@ -149,6 +171,9 @@ def write_steps_csv(path: Path, table: StepTable, chunks: list[str] | None = Non
                    int(table.decode_context_tokens[i]), int(table.num_seqs[i]),
                    int(table.num_sampled_rows[i]), repr(float(table.duration_s[i]))]
             row += [repr(float(v[i])) for v in table.extra.values()]
+            if extents:
+                assert table.max_query_len is not None and table.max_seq_len is not None
+                row += [int(table.max_query_len[i]), int(table.max_seq_len[i])]
             writer.writerow(row + ([chunks[i]] if chunks is not None else []))
 
 
@@ -166,7 +191,10 @@ def predict_step_times(cost: CostModel, table: StepTable) -> np.ndarray:
     # its rows are what the linear layers and logits compute; beyond every size, eagerly.
     decode_only = (table.num_prefill_tokens == 0) & (tokens > 0)
     graph_rows, graph_eager = cost.decode_rows_array(tokens)
-    padded = np.where(decode_only, graph_rows, tokens)
+    # Steps with prefill tokens run the piecewise graphs of the next token size up, if any
+    # (CostModel.prefill_tokens): its tokens are what the linear layers compute.
+    piecewise_tokens = np.where(table.has_prefill, cost.prefill_tokens_array(tokens), tokens)
+    padded = np.where(decode_only, graph_rows, piecewise_tokens)
     eager = ~decode_only | graph_eager
     sampled = np.where(decode_only & ~eager, padded, table.num_sampled_rows)
     # Prefill attention and decode KV reads are linear in pairs and context tokens.
@@ -176,6 +204,11 @@ def predict_step_times(cost: CostModel, table: StepTable) -> np.ndarray:
               + _per_unique(sampled, cost.logits_s)
               + table.prefill_pairs * per_pair_s + table.decode_context_tokens * per_context_token_s)
     launch = np.where(eager & (tokens > 0), cost.eff.eager_launch_s, 0.0)
+    if cost.eff.split_launch_s and table.max_query_len is not None \
+            and table.max_seq_len is not None:  # CostModel.step's split term
+        splits = table.has_prefill & cost.splits_array(tokens, table.num_seqs,
+                                                       table.max_query_len, table.max_seq_len)
+        launch = launch + np.where(splits, cost.eff.split_launch_s, 0.0)
     total = (np.maximum(device, launch)
              + cost.eff.step_overhead_s + cost.eff.per_seq_overhead_s * table.num_seqs)
     # A step that scheduled nothing (an OOM the engine dropped) costs the fixed overhead only.

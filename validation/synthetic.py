@@ -44,6 +44,9 @@ def write_gpu_style_run(out_dir: Path, spec: RunSpec, ts: TraceSlice, *,
         "measured_kv_capacity_tokens": summary["kv_capacity_tokens"],
         "executor": "simulator (synthetic GPU-style output)",
         "synthetic_efficiency": asdict(spec.efficiency or Efficiency()),
+        # the capture sizes a gpu_backend replay records (validation.runs.measured_sizes)
+        "measured": {"graph_sizes": list(spec.engine.cuda_graph_sizes) or None,
+                     "piecewise_sizes": list(spec.engine.piecewise_graph_sizes) or None},
     })
     doc = {"trace": ts.trace, "num_trace_requests": len(trace), "runs": [summary]}
     (folder / "summary.json").write_text(json.dumps(doc, indent=2))

@@ -31,6 +31,7 @@ import json
 import math
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -53,12 +54,12 @@ from gpu_backend.engine.shapes import (
     spread_decode_shape,
 )
 from gpu_backend.env import versions
-from sim.calibration import eager_launch_start
+from sim.calibration import eager_launch_start, split_term_fixed
 from sim.calibration import fit_efficiency as fit_parameters
 from sim.core.catalog import get_gpu, get_model
 from sim.core.elastic import Policy
 from sim.core.engine_config import EngineConfig
-from sim.cost_model import CostModel, Efficiency
+from sim.cost_model import CostModel, Efficiency, step_extents
 
 
 def default_grid(quick: bool = False) -> list[StepShape]:
@@ -89,13 +90,23 @@ def default_grid(quick: bool = False) -> list[StepShape]:
     # prompts, or a small chunk beside a decode batch): what the per-sequence terms fit on.
     grid += [StepShape("prefill", ((128, 0),) * 4), mixed_shape(128, 0, 32, 1024),
              mixed_shape(64, 512, 8, 2048)]
+    # Eager steps whose attention splits its keys (sim.cost_model.attention_splits) beside
+    # ones that do not, for every GQA shape: a split launches a combine kernel per layer
+    # (split_launch_s), which a fit holds at 0 unless 3 or more grid steps split. A chunk of
+    # about a thousand tokens beside a dozen decodes: the Azure-conv replays' usual mixed step.
+    grid += [prefill_shape(128, 2048), mixed_shape(256, 0, 4, 2048),
+             mixed_shape(1024, 0, 16, 1500), mixed_shape(384, 0, 12, 1200)]
     return grid
 
 
 def fit_efficiency(cost_args: tuple, outputs: list, measured_s: np.ndarray,
                    start: Efficiency | None = None,
-                   copy_bandwidth_bytes_s: float | None = None) -> tuple[Efficiency, dict]:
+                   copy_bandwidth_bytes_s: float | None = None,
+                   token_graph_sizes: Sequence[int] = ()) -> tuple[Efficiency, dict]:
     """Least squares on relative error; returns (fitted Efficiency, error report).
+
+    `token_graph_sizes`: the piecewise graphs' sizes the profile ran its eager steps at
+    (CostModel prices the padded tokens); empty without piecewise graphs.
 
     With `copy_bandwidth_bytes_s`, `memory` is held at that bandwidth over the GPU preset's
     (see the module docstring); without it, `memory` is fitted like the rest.
@@ -109,9 +120,13 @@ def fit_efficiency(cost_args: tuple, outputs: list, measured_s: np.ndarray,
         fixed = ("memory",)
     eager = np.array([o.num_prefill_tokens > 0 for o in outputs], dtype=bool)
     start = eager_launch_start(start, measured_s[eager])
+    cost = CostModel(*cost_args, efficiency=start)
+    num_split = sum(cost.splits(o.num_prefill_tokens + o.num_decode_tokens, len(o.scheduled),
+                                *step_extents(o)) for o in outputs if o.num_prefill_tokens)
+    fixed = (*fixed, *split_term_fixed(num_split))
 
     def relative_errors(eff: Efficiency) -> np.ndarray:
-        cost = CostModel(*cost_args, efficiency=eff)
+        cost = CostModel(*cost_args, efficiency=eff, token_graph_sizes=token_graph_sizes)
         return np.array([cost.step(o).total_s for o in outputs]) / measured_s - 1.0
 
     before = relative_errors(start)
@@ -171,7 +186,8 @@ REPLAY_POOL_SHARE = 0.6  # of free memory, for the replay setup's pool
 
 
 def profile_engine(config: EngineConfig, grid: list[StepShape], seed: int = 0,
-                   min_blocks: int = 0, replay_setup: bool = False) -> ProfileEngine:
+                   min_blocks: int = 0, replay_setup: bool = False,
+                   piecewise: bool = False) -> ProfileEngine:
     """Build the model, a KV pool and decode graphs for `grid` on the current CUDA device.
 
     Default: a pool big enough for the grid's largest step and `min_blocks` (at most 60% of
@@ -180,22 +196,29 @@ def profile_engine(config: EngineConfig, grid: list[StepShape], seed: int = 0,
     `replay_setup`: as a replay runs its steps: the graphs of capture_sizes(max_num_seqs) (a
     batch runs padded to the next size up), tables `config`'s max_model_len wide, a pool over
     60% of free memory and every step's blocks scattered over it at random (seeded).
+    `piecewise`: steps with prefill tokens replay piecewise graphs captured at the sizes a
+    replay of `config`'s chunk captures (a larger grid step runs eagerly, as it would there).
     """
     import torch
 
     from gpu_backend.engine.graphs import capture_sizes
     from gpu_backend.engine.memory import dummy_store, kv_caches_of
+    from gpu_backend.engine.piecewise import PiecewiseGraphs
     from gpu_backend.engine.runner import DecodeGraphs, ModelRunner
     from gpu_backend.engine.setup import measure_memory
 
     device = torch.device("cuda", torch.cuda.current_device())
     max_prefill = max(s.num_tokens for s in grid if s.kind == "prefill")
+    replay_chunk = config.chunk_tokens  # before the grid's own token budget replaces it
     max_len = max(max(n + p for n, p in s.prefills) if s.prefills else max(s.decodes)
                   for s in grid) + config.block_size
     table_len = max(max_len, config.memory_config().effective_max_model_len) \
         if replay_setup else max_len
     config = config.with_(max_num_batched_tokens=max_prefill, max_model_len=max_len)
-    model, m = measure_memory(config, device, seed, use_graphs=True)
+    # the piecewise graphs' memory counted as a replay counts it (the calibration's
+    # activation profile is what the simulator plans the KV pool with)
+    model, m = measure_memory(config, device, seed, use_graphs=True,
+                              piecewise_tokens=replay_chunk if piecewise else None)
     block_bytes = config.block_size * config.model.kv_bytes_per_token()
     free, _ = torch.cuda.mem_get_info(device)
     want = max(max(blocks_needed(s, config.block_size) for s in grid) + 1, min_blocks)
@@ -209,21 +232,28 @@ def profile_engine(config: EngineConfig, grid: list[StepShape], seed: int = 0,
         sizes = sorted(set(capture_sizes(config.num_seqs)) | set(sizes))
     graphs = DecodeGraphs(model, caches, sizes[-1], table_len, config.block_size, device, sizes)
     graphs.capture()
-    runner = ModelRunner(model, caches, device, graphs)
+    pieces = PiecewiseGraphs(model, caches, replay_chunk, device) if piecewise else None
+    if pieces is not None:
+        pieces.capture()
+    runner = ModelRunner(model, caches, device, graphs, pieces)
     setup = {"replay_setup": replay_setup, "graph_sizes": list(sizes), "table_tokens": table_len,
-             "pool_blocks": num_blocks, "blocks": "scattered" if replay_setup else "side by side"}
+             "pool_blocks": num_blocks, "blocks": "scattered" if replay_setup else "side by side",
+             "piecewise_sizes": list(pieces.sizes) if pieces is not None else None,
+             "piecewise_capture_s": pieces.capture_s if pieces is not None else None}
     return ProfileEngine(config, runner, graphs, m, num_blocks, device, setup,
                          seed if replay_setup else None)
 
 
 def calibrate(config: EngineConfig, *, seed: int = 0, quick: bool = False,
-              warmup: int = 2, repeat: int = 5, replay_setup: bool = False) -> dict:
+              warmup: int = 2, repeat: int = 5, replay_setup: bool = False,
+              piecewise: bool = False) -> dict:
     import torch
 
     from gpu_backend.env import copy_bandwidth_bytes_s
 
     grid = default_grid(quick)
-    engine = profile_engine(config, grid, seed, replay_setup=replay_setup)
+    engine = profile_engine(config, grid, seed, replay_setup=replay_setup, piecewise=piecewise)
+    token_sizes = engine.setup["piecewise_sizes"] or ()
     config, runner, graphs, m = engine.config, engine.runner, engine.graphs, engine.memory
     num_blocks, device = engine.num_blocks, engine.device
     measurements, outputs, times, probes = [], [], [], []
@@ -237,8 +267,9 @@ def calibrate(config: EngineConfig, *, seed: int = 0, quick: bool = False,
     cost_args = (config.model, config.gpu, 1)
     bandwidth = copy_bandwidth_bytes_s()
     efficiency, fit_error = fit_efficiency(cost_args, outputs, np.array(times),
-                                           copy_bandwidth_bytes_s=bandwidth)
-    cost = CostModel(*cost_args, efficiency=efficiency)
+                                           copy_bandwidth_bytes_s=bandwidth,
+                                           token_graph_sizes=token_sizes)
+    cost = CostModel(*cost_args, efficiency=efficiency, token_graph_sizes=token_sizes)
     for entry, out in zip(measurements, outputs):
         entry["predicted_s"] = cost.step(out).total_s
     return {
@@ -251,6 +282,8 @@ def calibrate(config: EngineConfig, *, seed: int = 0, quick: bool = False,
         "activation_peaks": {str(k): v for k, v in m.activation_peaks.items()},
         "weights_bytes": m.weights_bytes, "graph_capture_s": graphs.capture_s,
         "setup": engine.setup, "host_probe": summarize_probes(probes),
+        # the piecewise graphs' token sizes the eager steps ran at (None: fully eager)
+        "piecewise_sizes": engine.setup["piecewise_sizes"],
         "copy_bandwidth_bytes_s": bandwidth,
         "measurements": measurements, "fit_error": fit_error,
         "vmm": measure_transitions(runner, config, device, num_blocks),
@@ -337,9 +370,11 @@ def refit_calibration(data: dict, copy_bandwidth_bytes_s: float | None = None) -
     outputs = [scheduler_output(shape) for shape in shapes]
     times = np.array([m["measured_s"] for m in data["measurements"]])
     cost_args = (get_model(data["model"]), get_gpu(data["gpu_preset"]), 1)
+    token_sizes = data.get("piecewise_sizes") or ()
     efficiency, fit_error = fit_efficiency(cost_args, outputs, times,
-                                           copy_bandwidth_bytes_s=bandwidth)
-    cost = CostModel(*cost_args, efficiency=efficiency)
+                                           copy_bandwidth_bytes_s=bandwidth,
+                                           token_graph_sizes=token_sizes)
+    cost = CostModel(*cost_args, efficiency=efficiency, token_graph_sizes=token_sizes)
     measurements = [{**m, "predicted_s": cost.step(out).total_s}
                     for m, out in zip(data["measurements"], outputs)]
     return {**data, "efficiency": asdict(efficiency), "fit_error": fit_error,

@@ -95,6 +95,7 @@ def engine_summary(engine: GpuEngine, measured: dict, slo: Slo | None = None) ->
         "num_real_oom": engine.num_real_oom,
         "num_graph_steps": getattr(engine.runner, "num_graph_steps", 0),
         "num_eager_steps": getattr(engine.runner, "num_eager_steps", 0),
+        "num_piecewise_steps": getattr(engine.runner, "num_piecewise_steps", 0),
         "num_compiling_steps_retimed": getattr(engine.runner, "num_compiling_steps", 0),
         "kernels": kernel_flags(),
     }

@@ -1,8 +1,10 @@
 """Model runner: host batch -> device tensors -> forward (eager or CUDA graph) -> sampled ids.
 
 Steps with a prefill run eagerly: the host arrays are packed into one pinned staging buffer
-and copied to the device in one transfer. Decode-only steps replay the CUDA graph of their
-batch-size bucket (see graphs.py); their inputs are copied into the graph's static tensors.
+and copied to the device in one transfer; with piecewise graphs (piecewise.py) the layers
+between attentions replay graphs captured at the step's padded token count. Decode-only steps
+replay the CUDA graph of their batch-size bucket (see graphs.py); their inputs are copied
+into the graph's static tensors.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from torch import Tensor
 
 from gpu_backend.engine.graphs import bucket_for, capture_sizes, pad_decode
 from gpu_backend.engine.inputs import SCRATCH_BLOCK_ID, HostBatch
+from gpu_backend.engine.piecewise import PiecewiseGraphs
 from gpu_backend.model import ForwardBatch, KVCaches
 
 # (field, dtype) in packing order; int64 fields first keeps every segment 8-byte aligned.
@@ -211,13 +214,15 @@ class ModelRunner:
     """Runs one HostBatch; returns the sampled ids of its `logits_indices` rows, in order."""
 
     def __init__(self, model: torch.nn.Module, kv_caches: KVCaches, device: torch.device,
-                 graphs: DecodeGraphs | None = None) -> None:
+                 graphs: DecodeGraphs | None = None,
+                 piecewise: PiecewiseGraphs | None = None) -> None:
         self.model, self.kv_caches, self.device = model, kv_caches, device
-        self.graphs = graphs
+        self.graphs, self.piecewise = graphs, piecewise
         self.copier = InputCopier(device)
         self.compile_watch = CompileWatch() if device.type == "cuda" else None
         self.num_graph_steps = 0
         self.num_eager_steps = 0
+        self.num_piecewise_steps = 0
         self.num_compiling_steps = 0
         self._compiles_seen = 0
         self._events = SpanEvents(device)
@@ -252,8 +257,15 @@ class ModelRunner:
             out = self.graphs.run(batch, size, self.copier)[:batch.num_seqs]
             self.num_graph_steps += 1
         else:
-            out = self.model(self.copier.to_device(batch), self.kv_caches)  # [R]
-            self.num_eager_steps += 1
+            pieces = (self.piecewise.bucket(batch.num_tokens) if self.piecewise is not None
+                      else None)
+            if pieces is not None:
+                assert self.piecewise is not None
+                out = self.piecewise.run(self.copier.to_device(batch), pieces)  # [R]
+                self.num_piecewise_steps += 1
+            else:
+                out = self.model(self.copier.to_device(batch), self.kv_caches)  # [R]
+                self.num_eager_steps += 1
         self._events.record_end()
         enqueue_s = time.perf_counter() - start
         ids = out.cpu().numpy()  # the sync

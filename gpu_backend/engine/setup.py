@@ -36,6 +36,7 @@ from gpu_backend.engine.memory import (
     measured_plan,
     profile_token_counts,
 )
+from gpu_backend.engine.piecewise import PiecewiseGraphs
 from gpu_backend.engine.runner import DecodeGraphs, ModelRunner
 from gpu_backend.model import build_model
 from gpu_backend.vmm import ElasticKVPool
@@ -54,6 +55,7 @@ class EngineSetup:
     store: object
     graphs: DecodeGraphs | None
     budget: TorchBudget | None
+    piecewise: PiecewiseGraphs | None = None
 
 
 def rope_theta(model_name: str) -> float:
@@ -77,8 +79,11 @@ def load_model(config: EngineConfig, device: torch.device, seed: int,
                        fused=fused_layers_enabled())
 
 
-def measure_memory(config: EngineConfig, device: torch.device, seed: int, use_graphs: bool):
-    """(model, MemoryMeasurement): everything the plan needs, measured on this device."""
+def measure_memory(config: EngineConfig, device: torch.device, seed: int, use_graphs: bool,
+                   piecewise_tokens: int | None = None):
+    """(model, MemoryMeasurement): everything the plan needs, measured on this device
+    (`piecewise_tokens`: the memory of piecewise graphs up to that many tokens counted with
+    the decode graphs')."""
     torch.zeros(1, device=device)
     torch.cuda.synchronize(device)
     used0, reserved0 = device_used_bytes(device), torch.cuda.memory_reserved(device)
@@ -93,25 +98,35 @@ def measure_memory(config: EngineConfig, device: torch.device, seed: int, use_gr
     torch.cuda.empty_cache()
     non_torch = max(0, (device_used_bytes(device) - used0)
                     - (torch.cuda.memory_reserved(device) - reserved0))
-    graph_bytes = trial_graph_bytes(model, config, device) if use_graphs else 0
+    graph_bytes = (trial_graph_bytes(model, config, device, piecewise_tokens) if use_graphs
+                   else 0)
     slope, fixed = fit_envelope(peaks)
     profile = ActivationProfile(slope, fixed, non_torch + graph_bytes)
     _, total = torch.cuda.mem_get_info(device)
     return model, MemoryMeasurement(total, weights, peaks, profile, non_torch, graph_bytes)
 
 
-def trial_graph_bytes(model, config: EngineConfig, device: torch.device) -> int:
-    """Device memory the decode graphs take, captured once over a one-block dummy cache."""
+def trial_graph_bytes(model, config: EngineConfig, device: torch.device,
+                      piecewise_tokens: int | None = None) -> int:
+    """Device memory the decode graphs (and the piecewise graphs up to `piecewise_tokens`)
+    take, captured once over a one-block dummy cache."""
     store = dummy_store(config.model, NUM_SCRATCH_BLOCKS, config.block_size, device)
     torch.cuda.synchronize(device)
     before = device_used_bytes(device)
-    graphs = DecodeGraphs(model, kv_caches_of(store, config.model.num_layers), config.num_seqs,
+    caches = kv_caches_of(store, config.model.num_layers)
+    graphs = DecodeGraphs(model, caches, config.num_seqs,
                           config.memory_config().effective_max_model_len, config.block_size,
                           device)
     graphs.capture()
+    pieces = (PiecewiseGraphs(model, caches, piecewise_tokens, device)
+              if piecewise_tokens is not None else None)
+    if pieces is not None:
+        pieces.capture()
     used = device_used_bytes(device) - before
     graphs.release()
-    del graphs, store
+    if pieces is not None:
+        pieces.release()
+    del graphs, pieces, store, caches
     gc.collect()
     torch.cuda.empty_cache()
     return max(0, used)
@@ -119,10 +134,15 @@ def trial_graph_bytes(model, config: EngineConfig, device: torch.device) -> int:
 
 def build_gpu_engine(config: EngineConfig, *, device: torch.device | None = None, seed: int = 0,
                      use_graphs: bool = True, torch_cap: str = "auto",
-                     max_kv_blocks: int | None = None) -> EngineSetup:
+                     max_kv_blocks: int | None = None, piecewise: bool = False) -> EngineSetup:
+    """`piecewise`: steps with prefill tokens replay piecewise graphs (engine/piecewise.py)
+    captured at `sim.cost_model.piecewise_capture_sizes` of the chunk; needs `use_graphs`."""
+    if piecewise and not use_graphs:
+        raise ValueError("piecewise graphs need CUDA graphs: drop --no-graphs")
     device = device or torch.device("cuda", torch.cuda.current_device())
     config = config.with_(reclaim="release")
-    model, m = measure_memory(config, device, seed, use_graphs)
+    model, m = measure_memory(config, device, seed, use_graphs,
+                              config.chunk_tokens if piecewise else None)
     config = config.with_(gpu=replace(config.gpu, memory_bytes=m.total_bytes))
     core = build_core(config, profile=m.profile, plan=measured_plan(config, m, max_kv_blocks))
     store = make_store(core, device)
@@ -132,16 +152,21 @@ def build_gpu_engine(config: EngineConfig, *, device: torch.device | None = None
                               config.num_seqs, core.scheduler.config.max_model_len,
                               config.block_size, device, capture_sizes(config.num_seqs))
         graphs.capture()
+    pieces = None
+    if piecewise:
+        pieces = PiecewiseGraphs(model, kv_caches_of(store, config.model.num_layers),
+                                 config.chunk_tokens, device)
+        pieces.capture()
     torch.cuda.empty_cache()
     budget = None
     if torch_cap == "on" or (torch_cap == "auto" and config.policy is Policy.OVERCOMMIT):
         budget = TorchBudget(device, torch.cuda.memory_reserved(device),
                              core.plan.activation_reserve_bytes, m.total_bytes,
                              TORCH_CAP_SLACK_BYTES)
-    engine = assemble_engine(core, model, store, device, graphs, budget, seed)
+    engine = assemble_engine(core, model, store, device, graphs, budget, seed, pieces)
     if budget is not None:
         budget.set_mapped(engine.elastic.mapped_bytes)
-    return EngineSetup(engine, m, store, graphs, budget)
+    return EngineSetup(engine, m, store, graphs, budget, pieces)
 
 
 def make_store(core: EngineCore, device: torch.device):
@@ -174,11 +199,11 @@ def plain_store(core: EngineCore, device: torch.device | str = "cpu",
 
 def assemble_engine(core: EngineCore, model, store, device: torch.device,
                     graphs: DecodeGraphs | None, budget: TorchBudget | None = None,
-                    seed: int = 0) -> GpuEngine:
+                    seed: int = 0, piecewise: PiecewiseGraphs | None = None) -> GpuEngine:
     """Wire runner, mirror, elastic executor and recorder around a built core and store."""
     cuda = device.type == "cuda"
     caches = kv_caches_of(store, core.config.model.num_layers)
-    runner = ModelRunner(model, caches, device, graphs)
+    runner = ModelRunner(model, caches, device, graphs, piecewise)
     mirror = RequestMirror(core.config.model.vocab_size, core.config.block_size,
                            block_id_offset=NUM_SCRATCH_BLOCKS, seed=seed)
     sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)

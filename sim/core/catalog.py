@@ -36,10 +36,15 @@ class GpuSpec:
     memory_bandwidth_bytes_s: float
     interconnect_bytes_s: float  # per-GPU unidirectional NVLink (or PCIe) bandwidth
     vmm_granularity_bytes: int = 2 * MIB
+    # streaming multiprocessors: whether an attention launch fills the GPU or splits its keys
+    # (CostModel's split_launch_s); 0: unknown, no split priced
+    num_sms: int = 0
 
     def __post_init__(self) -> None:
         if self.memory_bytes <= 0 or self.vmm_granularity_bytes <= 0:
             raise ValueError(f"GPU {self.name!r}: memory and VMM granularity must be positive")
+        if self.num_sms < 0:
+            raise ValueError(f"GPU {self.name!r}: num_sms must be >= 0 (0: unknown)")
 
 
 @dataclass(frozen=True)
@@ -135,22 +140,22 @@ GPUS: dict[str, GpuSpec] = {
     for spec in (
         # A100 datasheet (SXM): 312 TFLOPS bf16 dense, HBM2 1,555 GB/s, NVLink3 600 GB/s bidir.
         # 39.59 GiB: the total PyTorch prints in OOM messages on A100-SXM4-40GB.
-        GpuSpec("a100-40gb", int(39.59 * GIB), 312e12, 1555e9, 300e9),
+        GpuSpec("a100-40gb", int(39.59 * GIB), 312e12, 1555e9, 300e9, num_sms=108),
         # A100 80GB datasheet (SXM): HBM2e 2,039 GB/s. 79.35 GiB: PyTorch OOM messages.
-        GpuSpec("a100-80gb", int(79.35 * GIB), 312e12, 2039e9, 300e9),
+        GpuSpec("a100-80gb", int(79.35 * GIB), 312e12, 2039e9, 300e9, num_sms=108),
         # H100 SXM datasheet: 989 TFLOPS bf16 dense (1,979 with sparsity), HBM3 3.35 TB/s,
         # NVLink4 900 GB/s bidir. 79.18 GiB: total in vLLM memory-profiling logs on H100.
-        GpuSpec("h100-80gb", int(79.18 * GIB), 989.4e12, 3.35e12, 450e9),
+        GpuSpec("h100-80gb", int(79.18 * GIB), 989.4e12, 3.35e12, 450e9, num_sms=132),
         # H200 datasheet: same compute as H100, HBM3e 4.8 TB/s, NVLink4 900 GB/s bidir.
         # 150,109,880,320 B = 139.80 GiB: measured with torch.cuda.mem_get_info on an H200
         # (nvidia-smi shows 143,771 MiB).
-        GpuSpec("h200-141gb", 150_109_880_320, 989.4e12, 4.8e12, 450e9),
+        GpuSpec("h200-141gb", 150_109_880_320, 989.4e12, 4.8e12, 450e9, num_sms=132),
         # L40S datasheet: 362 TFLOPS bf16 dense (733 sparse), GDDR6 864 GB/s, no NVLink:
         # PCIe Gen4 x16, 64 GB/s bidir. 44.40 GiB: PyTorch OOM messages on L40S (approximate).
-        GpuSpec("l40s", int(44.40 * GIB), 362e12, 864e9, 32e9),
+        GpuSpec("l40s", int(44.40 * GIB), 362e12, 864e9, 32e9, num_sms=142),
         # HGX B200 datasheet (per GPU): 2.25 PFLOPS bf16 dense (4.5 sparse), HBM3e 8 TB/s,
         # NVLink5 1.8 TB/s bidir. 178.35 GiB: PyTorch OOM messages on B200.
-        GpuSpec("b200", int(178.35 * GIB), 2.25e15, 8e12, 900e9),
+        GpuSpec("b200", int(178.35 * GIB), 2.25e15, 8e12, 900e9, num_sms=148),
     )
 }
 GPU_ALIASES: dict[str, str] = {

@@ -60,7 +60,8 @@ def _options(args: argparse.Namespace) -> EngineOptions:
         max_num_seqs=args.max_num_seqs, gpu_memory_utilization=args.gpu_memory_utilization,
         max_model_len=args.max_model_len, block_size=args.block_size, drain=args.drain,
         vmm_handle_mib=args.vmm_handle_mib, reclaim=args.reclaim,
-        enable_prefix_caching=args.enable_prefix_caching, cuda_graph_sizes=args.cuda_graph_sizes)
+        enable_prefix_caching=args.enable_prefix_caching, cuda_graph_sizes=args.cuda_graph_sizes,
+        piecewise_graphs=args.piecewise_graphs)
 
 
 def _trace_spec(args: argparse.Namespace) -> TraceSpec:

@@ -107,12 +107,14 @@ def stress_rate(case: Case, prompt_tokens: int, load: float) -> float:
     engine = case.engine()
     plan = plan_memory(engine.memory_config())
     cost = CostModel(engine.model, engine.gpu, engine.tensor_parallel_size,
-                     graph_sizes=engine.cuda_graph_sizes)
+                     graph_sizes=engine.cuda_graph_sizes,
+                     token_graph_sizes=engine.piecewise_graph_sizes)
     output_mean = sum(OUTPUT_TOKENS) / 2
     held = prompt_tokens + output_mean / 2
     concurrency = max(1, min(engine.num_seqs, int(plan.kv_capacity_tokens // held)))
     decode_step_s = float(cost.decode_run_s(concurrency, int(concurrency * held), 1)[0])
-    prefill_s = cost.linear_s(prompt_tokens) + cost.prefill_attention_s(((prompt_tokens, 0),))
+    prefill_s = (cost.linear_s(cost.prefill_tokens(prompt_tokens))
+                 + cost.prefill_attention_s(((prompt_tokens, 0),)))
     lifetime_s = prefill_s + output_mean * decode_step_s
     return load * concurrency / lifetime_s
 
