@@ -129,6 +129,22 @@ def load_calibration(path: Path | None):
     return efficiency, profile, vmm_costs_of(data, path)
 
 
+def piecewise_mismatch(calibration: Path | None, piecewise: bool) -> str | None:
+    """What to say when a calibration was profiled with piecewise CUDA graphs and the run does
+    not price them, or the other way round (its eager_launch_s is the other engine's); None
+    when they agree or there is no calibration."""
+    if calibration is None:
+        return None
+    profiled = bool(json.loads(calibration.read_text()).get("piecewise_sizes"))
+    if profiled == piecewise:
+        return None
+    if profiled:
+        return (f"{calibration} was profiled with piecewise CUDA graphs (its eager_launch_s is "
+                "theirs): add --piecewise-graphs to price prefill steps as that engine ran them")
+    return (f"{calibration} was profiled without piecewise CUDA graphs (its eager_launch_s is a "
+            "fully eager step's): --piecewise-graphs pads the steps but keeps that launch time")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m sim",
@@ -159,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
         trace = trace_from_args(args)
         configs = engine_configs(args)
         efficiency, profile, vmm_costs = load_calibration(args.calibration)
+        note = piecewise_mismatch(args.calibration, args.piecewise_graphs)
+        if note:
+            print(f"note: {note}", file=sys.stderr)
         if args.host_slowdown != 1.0:
             efficiency = host_slower(efficiency or Efficiency(), args.host_slowdown)
     except (TraceError, ValueError) as exc:

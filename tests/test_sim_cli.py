@@ -186,3 +186,21 @@ def test_piecewise_graphs_flag_pads_prefill_steps_to_each_chunks_capture_sizes(c
         return json.loads(capsys.readouterr().out)[0]["ttft_s"]["p50"]
 
     assert ttft_p50("--piecewise-graphs") > ttft_p50()  # padded prefills take longer
+
+
+def test_a_calibration_profiled_the_other_way_gets_a_note(tmp_path, capsys):
+    """A piecewise profile's launch term is the piecewise engine's: running it without
+    --piecewise-graphs (or an eager profile with it) runs, with a note saying so."""
+    eager = tmp_path / "eager.json"
+    eager.write_text(json.dumps({"efficiency": {"eager_launch_s": 0.013}}))
+    piecewise = tmp_path / "piecewise.json"
+    piecewise.write_text(json.dumps({"efficiency": {"eager_launch_s": 0.003},
+                                     "piecewise_sizes": [16, 32, 2048]}))
+    args = ["--trace", "azure-conv", "--limit", "5", "--policy", "static", "--chunk", "2048",
+            "--no-progress", "--json", "--calibration"]
+    for path, flags, noted in ((piecewise, [], "add --piecewise-graphs"),
+                               (eager, ["--piecewise-graphs"], "keeps that launch time"),
+                               (piecewise, ["--piecewise-graphs"], None), (eager, [], None)):
+        assert main([*args, str(path), *flags]) == 0
+        err = capsys.readouterr().err
+        assert (noted in err and str(path) in err) if noted else "note:" not in err
