@@ -135,7 +135,11 @@ def piecewise_mismatch(calibration: Path | None, piecewise: bool) -> str | None:
     when they agree or there is no calibration."""
     if calibration is None:
         return None
-    profiled = bool(json.loads(calibration.read_text()).get("piecewise_sizes"))
+    sizes = json.loads(calibration.read_text()).get("piecewise_sizes")  # load_calibration read it
+    if sizes is not None and not isinstance(sizes, list):
+        raise ValueError(f"{calibration}: piecewise_sizes is {sizes!r}; expected null or a list "
+                         "of token counts, as `python -m gpu_backend profile` writes it")
+    profiled = bool(sizes)
     if profiled == piecewise:
         return None
     if profiled:

@@ -355,7 +355,7 @@ def load_efficiency(path: str | Path) -> Efficiency:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"{path}: cannot read calibration JSON: {exc}") from None
-    values = data.get("efficiency")
+    values = data.get("efficiency") if isinstance(data, dict) else None
     if not isinstance(values, dict):
         raise ValueError(f"{path}: no \"efficiency\" object; expected one with keys "
                          f"{', '.join(f.name for f in fields(Efficiency))}")

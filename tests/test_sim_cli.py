@@ -204,3 +204,16 @@ def test_a_calibration_profiled_the_other_way_gets_a_note(tmp_path, capsys):
         assert main([*args, str(path), *flags]) == 0
         err = capsys.readouterr().err
         assert (noted in err and str(path) in err) if noted else "note:" not in err
+
+
+@pytest.mark.parametrize("doc, message", [
+    ({"efficiency": {}, "piecewise_sizes": "16,32"}, "piecewise_sizes is '16,32'"),
+    ([1, 2], 'no "efficiency" object'),
+])
+def test_malformed_calibrations_name_the_file_and_field(tmp_path, capsys, doc, message):
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps(doc))
+    assert main(["--trace", "azure-conv", "--limit", "5", "--no-progress",
+                 "--calibration", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and str(path) in err
