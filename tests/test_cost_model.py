@@ -444,3 +444,24 @@ def test_the_split_rule_is_the_kernels():
         arrays = [np.array([c[i] for c in mine]) for i in range(4)]
         np.testing.assert_array_equal(
             attention_splits_array(*arrays, kv_heads, group, sms), [c[-1] for c in mine])
+
+
+def test_launch_serial_fraction_adds_its_share_of_the_shorter_of_device_and_launch():
+    """A 300-token Qwen2.5-0.5B prefill: device d and launch l from the model; the step is
+    max(d, l) + f * min(d, l) + overhead, so f = 0 is the old max and f = 1 the sum."""
+    step = step_of((0, 300))
+    base = Efficiency(eager_launch_s=3e-3, step_overhead_s=1e-3, per_seq_overhead_s=0.0)
+    plain = CostModel(QWEN_05B, H200, efficiency=base).step(step)
+    device, launch = plain.device_s, plain.launch_s
+    assert launch == 3e-3 and 0 < device < launch  # launch-bound: the overlap is the device
+    assert plain.total_s == pytest.approx(launch + 1e-3)
+    for f in (0.25, 1.0):
+        cost = CostModel(QWEN_05B, H200, efficiency=replace(base, launch_serial_fraction=f))
+        assert cost.step(step).total_s == pytest.approx(launch + f * device + 1e-3)
+    # decode-only graph steps launch nothing: unchanged
+    decode = step_of(*[(999, 1)] * 8)
+    assert CostModel(QWEN_05B, H200, efficiency=replace(base, launch_serial_fraction=1.0)).step(
+        decode).total_s == pytest.approx(CostModel(QWEN_05B, H200, efficiency=base).step(
+            decode).total_s)
+    with pytest.raises(ValueError, match="launch_serial_fraction"):
+        Efficiency(launch_serial_fraction=1.5)

@@ -93,7 +93,8 @@ def test_fit_recovers_perturbed_efficiencies_on_held_out_steps(runs):
     assert result.holdout_after["median_abs"] < 1e-3
     assert result.holdout_after["p99_abs"] < 1e-2
     for name, _, _ in FIT_PARAMETERS:
-        assert getattr(result.efficiency, name) == pytest.approx(getattr(TRUE, name), rel=0.02), name
+        assert getattr(result.efficiency, name) == pytest.approx(getattr(TRUE, name), rel=0.02,
+                                                                 abs=1e-6), name
 
 
 def test_cli_compare_writes_report_files_and_calibration(gpu_dir, tmp_path):
@@ -266,7 +267,8 @@ def test_step_prediction_prices_the_split_launch_as_the_simulator(tmp_path):
     split_launch_s): the vectorised prediction equals the simulator's step times, from its
     own step log and from the GPU-style steps.csv written and read back."""
     qwen = get_model("qwen2.5-0.5b")
-    eff = Efficiency(eager_launch_s=3e-3, split_launch_s=1.3e-3, step_overhead_s=1.4e-3)
+    eff = Efficiency(eager_launch_s=3e-3, split_launch_s=1.3e-3, step_overhead_s=1.4e-3,
+                     launch_serial_fraction=0.3)
     engine = EngineConfig(qwen, H200, policy=Policy.STATIC, max_num_batched_tokens=2048)
     spec = RunSpec(engine, efficiency=eff)
     _, recorder = simulate_logged(spec, load_trace("azure-conv").head(40))
@@ -281,7 +283,13 @@ def test_step_prediction_prices_the_split_launch_as_the_simulator(tmp_path):
 
     written = read_steps_csv(folder / "steps.csv")
     np.testing.assert_allclose(predict_step_times(cost, written), written.duration_s, rtol=1e-9)
+    # launch-bound prefill steps (their launch 3.0 or 4.3 ms above the device time): the
+    # split adds 1.3 ms of launch, less the serial share of the device time it now overlaps
     without = predict_step_times(CostModel(qwen, H200, 1, replace(eff, split_launch_s=0.0)),
                                  table)
-    np.testing.assert_allclose(table.duration_s - without, np.where(splits, 1.3e-3, 0.0),
-                               atol=1e-12)
+    device = predict_step_times(CostModel(qwen, H200, 1, Efficiency(
+        step_overhead_s=0.0, per_seq_overhead_s=0.0)), table)
+    bound = table.has_prefill & (device < 3e-3)
+    assert bound.sum() > 3
+    np.testing.assert_allclose((table.duration_s - without)[bound],
+                               np.where(splits, 1.3e-3, 0.0)[bound], atol=1e-12)

@@ -209,7 +209,8 @@ def predict_step_times(cost: CostModel, table: StepTable) -> np.ndarray:
         splits = table.has_prefill & cost.splits_array(tokens, table.num_seqs,
                                                        table.max_query_len, table.max_seq_len)
         launch = launch + np.where(splits, cost.eff.split_launch_s, 0.0)
-    total = (np.maximum(device, launch)
+    total = (np.maximum(device, launch) + cost.eff.launch_serial_fraction
+             * np.minimum(device, launch)  # StepCost.total_s
              + cost.eff.step_overhead_s + cost.eff.per_seq_overhead_s * table.num_seqs)
     # A step that scheduled nothing (an OOM the engine dropped) costs the fixed overhead only.
     return np.where(tokens > 0, total, cost.eff.step_overhead_s)
