@@ -74,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_arguments(pp)
     pp.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     pp.add_argument("--quick", action="store_true", help="a small grid (tests, smoke runs)")
+    pp.add_argument("--passes", type=int, default=2,
+                    help="time the grid this many times, every other pass in reverse order, and "
+                         "keep each point's median (a drift of the host's speed cancels)")
     pp.add_argument("--replay-setup", action="store_true",
                     help="time the grid as a replay runs its steps: graphs of the replay's "
                          "capture sizes, tables --max-model-len wide, a pool over 60%% of free "
@@ -182,6 +185,7 @@ def run_profile(args: argparse.Namespace) -> int:
 
     config = engine_config(args, Policy.STATIC)
     result = calibrate(config, seed=args.seed, quick=args.quick, replay_setup=args.replay_setup,
+                       passes=args.passes,
                        piecewise=args.piecewise_graphs)
     out = args.out or Path(f"calibration_{config.model.name}.json")
     write_calibration(out, result)

@@ -82,9 +82,10 @@ stage_bench() {  # GPU_ALL_BENCH picks the benchmarks (default: vmm kernels engi
 stage_profile() {  # GPU_ALL_PROFILE picks the models (default: llama-3.1-8b qwen2.5-0.5b)
   local dir="$WORK/profile" log="$OUT/profile.log" wanted=" ${GPU_ALL_PROFILE:-llama-3.1-8b qwen2.5-0.5b} "
   mkdir -p "$dir"
-  [[ "$wanted" == *" llama-3.1-8b "* ]] && run_step "$log" 150 "$PY" -m gpu_backend profile \
+  # two passes over the grid (profile --passes, default 2): about twice a single pass's time
+  [[ "$wanted" == *" llama-3.1-8b "* ]] && run_step "$log" 240 "$PY" -m gpu_backend profile \
     --model llama-3.1-8b --out "$dir/calibration_llama-3.1-8b$SUFFIX.json" "${ENGINE_FLAGS[@]}"
-  [[ "$wanted" == *" qwen2.5-0.5b "* ]] && run_step "$log" 120 "$PY" -m gpu_backend profile \
+  [[ "$wanted" == *" qwen2.5-0.5b "* ]] && run_step "$log" 180 "$PY" -m gpu_backend profile \
     --model qwen2.5-0.5b --out "$dir/calibration_qwen2.5-0.5b$SUFFIX.json" "${ENGINE_FLAGS[@]}"
   bundle profile
 }

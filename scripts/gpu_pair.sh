@@ -51,12 +51,12 @@ read -r -a stages1 <<<"${GPU_PAIR_TRACK1:-replay validation}"
 GPU_ALL_BENCH="${GPU_ALL_BENCH:-engine}" \
   GPU_ALL_VALIDATION="${GPU_PAIR_VALIDATION0-h200_qwen2.5-0.5b_azure-conv}" \
   track 0 "${stages0[@]}" &
-# GPU 1 waits (at most GPU_PAIR_WAIT_S) for GPU 0's calibration profiles, when track 0 runs
+# GPU 1 waits (at most GPU_PAIR_WAIT_S, default 300 s: two profiles of two passes each) for GPU 0's calibration profiles, when track 0 runs
 # them: the profile's eager steps are host-bound, and a replay starting beside it (Triton
 # compiling, weights drawn) doubled the small-prefill grid points once (13 -> 28 ms).
 [ "${stages1[*]}" = none ] || (
   if [[ " ${stages0[*]} " == *" profile "* ]]; then
-    for _ in $(seq "${GPU_PAIR_WAIT_S:-150}"); do
+    for _ in $(seq "${GPU_PAIR_WAIT_S:-300}"); do
       [ -f /tmp/pair0/out/profile.tar.gz ] && break
       sleep 1
     done

@@ -291,3 +291,36 @@ def test_split_launch_is_fitted_where_the_grid_splits_and_held_where_it_barely_d
         times = np.array([cost.step(o).total_s for o in keep])
         held, _ = fit_efficiency((model, gpu, 1), keep, times)
         assert held.split_launch_s == 0.0, name
+
+
+def test_a_grid_timed_in_two_passes_cancels_a_linear_drift_of_the_host():
+    """Each point's true time plus a drift that grows with every measurement: one pass leaves
+    the drift on the later points; forward then reverse gives every point the same offset."""
+    from gpu_backend.engine.calibrate import measure_grid
+    from gpu_backend.engine.shapes import prefill_shape
+
+    shapes = [prefill_shape(n) for n in (16, 64, 256, 1024, 2048)]
+    true = {16: 3.0, 64: 3.1, 256: 3.3, 1024: 4.5, 2048: 5.8}
+    order = []
+
+    def measure(shape):  # 0.2 ms slower with every measurement taken
+        order.append(shape.num_tokens)
+        drift = 0.2 * (len(order) - 1)
+        return {"measured_s": true[shape.num_tokens] + drift, "enqueue_s": 1.0 + drift}
+
+    one = measure_grid(shapes, measure, passes=1)
+    assert [p["measured_s"] - true[s.num_tokens] for p, s in zip(one, shapes)] == \
+        pytest.approx([0.0, 0.2, 0.4, 0.6, 0.8])
+    order.clear()
+    two = measure_grid(shapes, measure, passes=2)
+    assert order == [16, 64, 256, 1024, 2048, 2048, 1024, 256, 64, 16]
+    for point, shape in zip(two, shapes):  # every offset (0.2 * 9) / 2
+        assert point["measured_s"] - true[shape.num_tokens] == pytest.approx(0.9)
+        assert point["enqueue_s"] == pytest.approx(1.9)
+        assert len(point["passes_measured_s"]) == 2
+    order.clear()
+    three = measure_grid(shapes, measure, passes=3)  # the median of three passes
+    assert three[0]["passes_measured_s"] == pytest.approx([3.0, 4.8, 5.0])
+    assert three[0]["measured_s"] == pytest.approx(4.8)
+    with pytest.raises(ValueError, match="at least once"):
+        measure_grid(shapes, measure, passes=0)

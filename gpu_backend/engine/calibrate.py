@@ -31,7 +31,7 @@ import json
 import math
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -161,6 +161,24 @@ def time_step(runner, build, warmup: int, repeat: int) -> dict[str, float]:
             for name, values in zip(("measured_s", "build_s", "enqueue_s", "device_s"), columns)}
 
 
+def measure_grid(shapes: list[StepShape], measure: Callable[[StepShape], dict[str, float]],
+                 passes: int = 2) -> list[dict]:
+    """`measure(shape)` of every shape, `passes` times, every other pass in reverse order: a
+    drift of the host's speed through the grid (the same short split steps enqueued 1 ms
+    apart in two profiles of 2026-11-30's fifth session) then weighs every point alike, and a
+    linear drift cancels. Per shape: the median over passes of each timing, and the passes'
+    whole-step times (`passes_measured_s`) in measuring order."""
+    if passes < 1:
+        raise ValueError(f"passes={passes}: time the grid at least once")
+    runs: list[list[dict[str, float]]] = [[] for _ in shapes]
+    forward = list(range(len(shapes)))
+    for index in range(passes):
+        for i in forward if index % 2 == 0 else forward[::-1]:
+            runs[i].append(measure(shapes[i]))
+    return [{**{key: statistics.median(r[key] for r in point) for key in point[0]},
+             "passes_measured_s": [r["measured_s"] for r in point]} for point in runs]
+
+
 @dataclass
 class ProfileEngine:
     """The engine a profile times: model, a dummy KV pool and decode graphs for a grid."""
@@ -246,7 +264,7 @@ def profile_engine(config: EngineConfig, grid: list[StepShape], seed: int = 0,
 
 def calibrate(config: EngineConfig, *, seed: int = 0, quick: bool = False,
               warmup: int = 2, repeat: int = 5, replay_setup: bool = False,
-              piecewise: bool = False) -> dict:
+              piecewise: bool = False, passes: int = 2) -> dict:
     import torch
 
     from gpu_backend.env import copy_bandwidth_bytes_s
@@ -256,14 +274,17 @@ def calibrate(config: EngineConfig, *, seed: int = 0, quick: bool = False,
     token_sizes = engine.setup["piecewise_sizes"] or ()
     config, runner, graphs, m = engine.config, engine.runner, engine.graphs, engine.memory
     num_blocks, device = engine.num_blocks, engine.device
-    measurements, outputs, times, probes = [], [], [], []
-    for shape in grid:
+    def measure(shape: StepShape) -> dict[str, float]:
         mirror, out = engine.step(shape)
-        probes.append(probe())  # the host's speed next to this point (hostprobe)
-        timing = time_step(runner, partial(mirror.build, out), warmup, repeat)
-        measurements.append({**shape.describe(), **timing, "host_probe_s": probes[-1]})
-        outputs.append(scheduler_output(shape))
-        times.append(timing["measured_s"])
+        host = probe()  # the host's speed next to this point (hostprobe)
+        return {**time_step(runner, partial(mirror.build, out), warmup, repeat),
+                "host_probe_s": host}
+
+    timed = measure_grid(grid, measure, passes)
+    measurements = [{**shape.describe(), **timing} for shape, timing in zip(grid, timed)]
+    outputs = [scheduler_output(shape) for shape in grid]
+    times = [timing["measured_s"] for timing in timed]
+    probes = [timing["host_probe_s"] for timing in timed]
     cost_args = (config.model, config.gpu, 1)
     bandwidth = copy_bandwidth_bytes_s()
     efficiency, fit_error = fit_efficiency(cost_args, outputs, np.array(times),
@@ -281,7 +302,7 @@ def calibrate(config: EngineConfig, *, seed: int = 0, quick: bool = False,
                        "non_torch_bytes": m.profile.non_torch_bytes},
         "activation_peaks": {str(k): v for k, v in m.activation_peaks.items()},
         "weights_bytes": m.weights_bytes, "graph_capture_s": graphs.capture_s,
-        "setup": engine.setup, "host_probe": summarize_probes(probes),
+        "setup": engine.setup, "host_probe": summarize_probes(probes), "passes": passes,
         # the piecewise graphs' token sizes the eager steps ran at (None: fully eager)
         "piecewise_sizes": engine.setup["piecewise_sizes"],
         "copy_bandwidth_bytes_s": bandwidth,
