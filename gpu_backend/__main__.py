@@ -88,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     fp = sub.add_parser("refit", help="fit a calibration's stored measurements again (no GPU)")
     fp.add_argument("calibration", type=Path)
     fp.add_argument("--out", type=Path, default=None, help="default: overwrite the input")
+    fp.add_argument("--merge", type=Path, nargs="+", default=[], metavar="CALIBRATION",
+                    help="profiles of the same grid taken at other times: each point's timings "
+                         "become the median over all of them before the fit")
     fp.add_argument("--copy-bandwidth", type=float, default=None, metavar="BYTES_S",
                     help="measured device-to-device copy bandwidth that pins weight streaming "
                          "(default: the calibration's own copy_bandwidth_bytes_s, if any)")
@@ -95,13 +98,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_refit(args: argparse.Namespace) -> int:
-    from gpu_backend.engine.calibrate import refit_calibration, write_calibration
+    from gpu_backend.engine.calibrate import merge_profiles, refit_calibration, write_calibration
 
-    result = refit_calibration(json.loads(args.calibration.read_text()), args.copy_bandwidth)
+    data = read_json(args.calibration)
+    if args.merge:
+        data = merge_profiles(data, [read_json(path) for path in args.merge],
+                              [str(path) for path in args.merge])
+    result = refit_calibration(data, args.copy_bandwidth)
     write_calibration(args.out or args.calibration, result)
     print(json.dumps({"efficiency": result["efficiency"],
                       "median_abs_rel": result["fit_error"]["median_abs_rel"]}, indent=2))
     return 0
+
+
+def read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read calibration JSON: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("measurements"), list):
+        raise ValueError(f"{path}: not a calibration (no \"measurements\" list); give a JSON "
+                         "written by `python -m gpu_backend profile`")
+    return data
 
 
 def replay_fields(args: argparse.Namespace, config: EngineConfig) -> dict:

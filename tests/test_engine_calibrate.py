@@ -324,3 +324,58 @@ def test_a_grid_timed_in_two_passes_cancels_a_linear_drift_of_the_host():
     assert three[0]["measured_s"] == pytest.approx(4.8)
     with pytest.raises(ValueError, match="at least once"):
         measure_grid(shapes, measure, passes=0)
+
+
+def test_profiles_of_one_grid_merge_to_the_median_of_each_point(tmp_path, capsys):
+    """`gpu_backend refit CAL --merge OTHER...`: two profiles of the same grid, one with a host
+    slowed down through its second half, merge (median of three with a third clean one) to
+    the clean timings, and the fit recovers the efficiencies; a profile of another grid or
+    model is refused with its file named."""
+    from dataclasses import asdict
+
+    from gpu_backend.__main__ import main
+    from gpu_backend.engine.calibrate import default_grid
+    from gpu_backend.engine.shapes import scheduler_output
+    from sim.core.catalog import get_gpu, get_model
+    from sim.cost_model import CostModel, Efficiency
+
+    true = Efficiency(linear_compute=0.66, memory=0.61, kv_memory=0.83, attention_compute=0.35,
+                      step_overhead_s=2e-3, per_seq_overhead_s=1e-5, eager_launch_s=0.03)
+    cost = CostModel(get_model("llama-3.1-8b"), get_gpu("h200"), 1, true)
+    grid = default_grid()
+    clean = [cost.step(scheduler_output(shape)).total_s for shape in grid]
+
+    def profile(name: str, times: list[float], model: str = "llama-3.1-8b") -> str:
+        points = [{**shape.describe(), "measured_s": t, "enqueue_s": t / 2}
+                  for shape, t in zip(grid, times)]
+        path = tmp_path / name
+        path.write_text(json.dumps({"model": model, "gpu_preset": "h200-141gb",
+                                    "measurements": points, "efficiency": asdict(Efficiency()),
+                                    "piecewise_sizes": None}))
+        return str(path)
+
+    half = len(grid) // 2
+    drifted = profile("b.json", [t * (1.3 if i >= half else 1.0) for i, t in enumerate(clean)])
+    base = profile("a.json", clean)
+    third = profile("c.json", clean)
+    out = tmp_path / "merged.json"
+    assert main(["refit", base, "--merge", drifted, third, "--out", str(out)]) == 0
+    merged = json.loads(out.read_text())
+    assert merged["merged_from"] == [drifted, third]
+    assert [m["measured_s"] for m in merged["measurements"]] == pytest.approx(clean)
+    assert merged["measurements"][-1]["profiles_measured_s"] == pytest.approx(
+        [clean[-1], clean[-1] * 1.3, clean[-1]])
+    assert merged["fit_error"]["median_abs_rel"] < 1e-3
+    capsys.readouterr()
+    other_model = profile("d.json", clean, model="qwen2.5-0.5b")
+    assert main(["refit", base, "--merge", other_model, "--out", str(out)]) == 2
+    assert f"{other_model}: model 'qwen2.5-0.5b' differs" in capsys.readouterr().err
+    short = tmp_path / "e.json"
+    short.write_text(json.dumps({**json.loads((tmp_path / "a.json").read_text()),
+                                 "measurements": json.loads((tmp_path / "a.json").read_text())[
+                                     "measurements"][:-1]}))
+    assert main(["refit", base, "--merge", str(short), "--out", str(out)]) == 2
+    assert "its grid differs" in capsys.readouterr().err
+    (tmp_path / "f.json").write_text("[]")
+    assert main(["refit", str(tmp_path / "f.json"), "--out", str(out)]) == 2
+    assert "not a calibration" in capsys.readouterr().err

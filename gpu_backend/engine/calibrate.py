@@ -402,6 +402,36 @@ def refit_calibration(data: dict, copy_bandwidth_bytes_s: float | None = None) -
             "copy_bandwidth_bytes_s": bandwidth, "measurements": measurements}
 
 
+TIMING_KEYS = ("measured_s", "build_s", "enqueue_s", "device_s", "host_probe_s")
+
+
+def merge_profiles(base: dict, others: list[dict], sources: list[str]) -> dict:
+    """`base` with each grid point's timings the median over it and `others`, profiles of the
+    same model, GPU, grid and piecewise sizes taken at other times (a drift of the host's speed
+    in one weighs less); everything else (memory, VMM costs, versions) stays `base`'s. Refit
+    the result (`refit_calibration`). `sources` names the others in errors and provenance."""
+    def shape_keys(data: dict) -> list[tuple]:
+        return [(m["kind"], json.dumps(m["prefills"]), json.dumps(m.get("decode_groups")))
+                for m in data["measurements"]]
+
+    for other, source in zip(others, sources, strict=True):
+        for key in ("model", "gpu_preset", "piecewise_sizes"):
+            if other.get(key) != base.get(key):
+                raise ValueError(f"{source}: {key} {other.get(key)!r} differs from the base "
+                                 f"calibration's {base.get(key)!r}; merge profiles of one setup")
+        if shape_keys(other) != shape_keys(base):
+            raise ValueError(f"{source}: its grid differs from the base calibration's (profiles "
+                             "of two code versions?); merge profiles of the same grid")
+    points = []
+    for index, entry in enumerate(base["measurements"]):
+        profiles = [entry] + [other["measurements"][index] for other in others]
+        merged = {**entry, **{key: statistics.median(p[key] for p in profiles)
+                              for key in TIMING_KEYS if all(key in p for p in profiles)}}
+        merged["profiles_measured_s"] = [p["measured_s"] for p in profiles]
+        points.append(merged)
+    return {**base, "measurements": points, "merged_from": list(sources)}
+
+
 def write_calibration(path: Path, result: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2))
