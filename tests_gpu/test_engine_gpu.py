@@ -191,3 +191,26 @@ def test_replay_with_piecewise_graphs():
     assert measured["num_graph_steps"] > 0
     assert summary["num_attach"] >= 1 and summary["num_detach"] >= 1
     teardown(setup)
+
+
+@pytest.mark.parametrize("flags", [[], ["--piecewise-graphs"]])
+def test_quick_profile_in_two_passes(flags, tmp_path):
+    """`python -m gpu_backend profile --quick` (two passes over the grid by default), with and
+    without piecewise graphs: a calibration whose every point was timed twice and that the
+    simulator and validation read (sizes recorded, efficiencies in range)."""
+    import json
+
+    from gpu_backend.__main__ import main
+    from sim.cost_model import load_efficiency
+
+    out = tmp_path / "calibration.json"
+    assert main(["profile", "--model", "qwen2.5-0.5b", "--quick", "--max-num-seqs", "16",
+                 "--max-model-len", "2048", "--out", str(out), *flags]) == 0
+    data = json.loads(out.read_text())
+    assert data["passes"] == 2
+    assert all(len(m["passes_measured_s"]) == 2 and m["measured_s"] > 0
+               for m in data["measurements"])
+    assert bool(data["piecewise_sizes"]) == bool(flags)
+    load_efficiency(out)  # every key known, every value in range
+    gc.collect()
+    torch.cuda.empty_cache()

@@ -274,6 +274,7 @@ def calibrate(config: EngineConfig, *, seed: int = 0, quick: bool = False,
     token_sizes = engine.setup["piecewise_sizes"] or ()
     config, runner, graphs, m = engine.config, engine.runner, engine.graphs, engine.memory
     num_blocks, device = engine.num_blocks, engine.device
+
     def measure(shape: StepShape) -> dict[str, float]:
         mirror, out = engine.step(shape)
         host = probe()  # the host's speed next to this point (hostprobe)
