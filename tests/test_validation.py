@@ -214,19 +214,24 @@ def test_tpot_attribution_retimes_only_the_steps_inside_each_window():
     assert tpot_attribution(steps_, None, np.ones(4)) is None
 
 
-def test_measured_steps_are_priced_as_the_engine_ran_them_padded(tmp_path):
+def padded_steps(tmp_path, rows: str):
+    """(steps.csv of `rows` read back, Llama-3.1-8B and the H200): the padding tests' setup."""
     from sim.core.catalog import get_gpu, get_model
+
+    path = tmp_path / "steps.csv"
+    path.write_text("step_id,num_prefill_tokens,num_decode_tokens,decode_context_tokens,"
+                    "num_seqs,num_sampled_rows,measured_s,prefill_chunks\n" + rows)
+    return read_steps_csv(path), get_model("llama-3.1-8b"), get_gpu("h200")
+
+
+def test_measured_steps_are_priced_as_the_engine_ran_them_padded(tmp_path):
     from sim.cost_model import CostModel, Efficiency
     from validation.steps import predict_step_times
 
-    path = tmp_path / "steps.csv"  # a prefill, decodes of 20 rows (32-row graph) and 40 (eager)
-    path.write_text("step_id,num_prefill_tokens,num_decode_tokens,decode_context_tokens,"
-                    "num_seqs,num_sampled_rows,measured_s,prefill_chunks\n"
-                    "1,300,0,0,1,1,0.02,300:0\n2,0,20,9000,20,20,0.007,\n"
-                    "3,0,40,9000,40,40,0.03,\n")
-    table = read_steps_csv(path)
+    # a prefill, decodes of 20 rows (32-row graph) and 40 (eager)
+    table, model, gpu = padded_steps(tmp_path, "1,300,0,0,1,1,0.02,300:0\n"
+                                     "2,0,20,9000,20,20,0.007,\n3,0,40,9000,40,40,0.03,\n")
     eff = Efficiency(linear_serial_fraction=0.5, eager_launch_s=0.05)
-    model, gpu = get_model("llama-3.1-8b"), get_gpu("h200")
     padded = CostModel(model, gpu, efficiency=eff, graph_sizes=(1, 8, 32))
     got = predict_step_times(padded, table)
     # each step as the model prices its SchedulerOutput-like composition (cost.step)
@@ -279,18 +284,14 @@ def test_step_classes_report_the_median_phases_when_recorded(tmp_path):
 
 # ------------------------------------------------------------------ piecewise prefill graphs
 def test_measured_prefill_steps_are_priced_at_their_piecewise_size(tmp_path):
-    from sim.core.catalog import get_gpu, get_model
     from sim.cost_model import CostModel, Efficiency
     from validation.steps import predict_step_times
 
-    path = tmp_path / "steps.csv"  # a 300-token prefill, a 250 + 50 mixed step, a decode step
-    path.write_text("step_id,num_prefill_tokens,num_decode_tokens,decode_context_tokens,"
-                    "num_seqs,num_sampled_rows,measured_s,prefill_chunks\n"
-                    "1,300,0,0,1,1,0.02,300:0\n2,250,50,100000,51,51,0.03,250:700\n"
-                    "3,0,20,9000,20,20,0.007,\n4,0,0,0,0,0,0.001,\n")
-    table = read_steps_csv(path)
+    # a 300-token prefill, a 250 + 50 mixed step, a decode step, an empty step
+    table, model, gpu = padded_steps(tmp_path, "1,300,0,0,1,1,0.02,300:0\n"
+                                     "2,250,50,100000,51,51,0.03,250:700\n"
+                                     "3,0,20,9000,20,20,0.007,\n4,0,0,0,0,0,0.001,\n")
     eff = Efficiency(linear_serial_fraction=0.5, eager_launch_s=0.004)
-    model, gpu = get_model("llama-3.1-8b"), get_gpu("h200")
     padded = CostModel(model, gpu, efficiency=eff, graph_sizes=(1, 8, 32),
                        token_graph_sizes=(16, 256, 320))
     got = predict_step_times(padded, table)
