@@ -87,7 +87,7 @@ class StepCost:
     logits_s: float
     overhead_s: float  # serial: scheduling, input copies, graph launch, per-sequence work
     launch_s: float = 0.0  # eager kernel launches, overlapped with the device work
-    launch_serial_fraction: float = 0.0  # Efficiency's: the share of the overlap that is not
+    launch_serial_fraction: float = 0.0  # Efficiency.launch_serial_fraction
 
     @property
     def device_s(self) -> float:
