@@ -147,3 +147,60 @@ def test_run_with_repeats_replays_each_round_and_reports_the_spread(tmp_path, mo
     assert tpot["max_deviation"] == pytest.approx(0.10, abs=0.03)  # 10% longer steps
     assert main(["run", "--trace", "azure-conv", "--limit", "5", "--model", "llama-3.1-8b",
                  "--repeats", "0", "--out", str(tmp_path / "w")]) == 2
+
+
+def test_run_with_profile_profiles_first_and_compares_with_it(tmp_path, monkeypatch, capsys):
+    """`validation run --profile`: `gpu_backend profile` runs first, with the engine flags of
+    --replay-args (not its replay-only ones) and the largest chunk, into OUT/calibration.json,
+    and the report is made with that calibration; with --calibration as well it refuses."""
+    import subprocess
+
+    from sim.core.catalog import get_gpu, get_model
+    from sim.core.elastic import Policy
+    from sim.core.engine_config import EngineConfig
+    from sim.cost_model import Efficiency, piecewise_capture_sizes
+    from sim.runner import RunSpec
+    from validation import commands
+    from validation.cli import main
+    from validation.runs import TraceSlice
+    from validation.synthetic import write_gpu_style_run
+
+    true = Efficiency(linear_compute=0.6, eager_launch_s=0.004)
+    commands_run = []
+
+    def fake_gpu(cmd, **_):
+        commands_run.append(cmd[3:])
+        arg = {k: v for k, v in zip(cmd, cmd[1:]) if k.startswith("--")}
+        sizes = piecewise_capture_sizes(int(arg["--chunk"]))
+        if cmd[3] == "profile":
+            Path(arg["--out"]).parent.mkdir(parents=True, exist_ok=True)
+            Path(arg["--out"]).write_text(json.dumps(
+                {"efficiency": vars(true), "piecewise_sizes": list(sizes)}))
+            return subprocess.CompletedProcess(cmd, 0)
+        config = EngineConfig(get_model(arg["--model"]), get_gpu("h200"),
+                              policy=Policy.parse(arg["--policy"]),
+                              max_num_batched_tokens=int(arg["--chunk"]), max_num_seqs=64,
+                              piecewise_graph_sizes=sizes)
+        write_gpu_style_run(Path(arg["--out"]), RunSpec(config, efficiency=true),
+                            TraceSlice("azure-conv", limit=int(arg["--limit"])))
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(commands.subprocess, "run", fake_gpu)
+    out = tmp_path / "v"
+    assert main(["run", "--trace", "azure-conv", "--limit", "30", "--model", "qwen2.5-0.5b",
+                 "--policies", "static", "--chunks", "1024,2048", "--no-fit", "--no-plots",
+                 "--replay-args", "--piecewise-graphs --max-num-seqs 64 --no-graphs",
+                 "--profile", "--out", str(out)]) == 0
+    assert commands_run[0] == ["profile", "--model", "qwen2.5-0.5b", "--chunk", "2048",
+                               "--out", str(out / "calibration.json"), "--max-num-seqs", "64",
+                               "--piecewise-graphs"]
+    assert [c[0] for c in commands_run] == ["profile", "replay", "replay"]
+    report = json.loads((out / "report" / "report.json").read_text())
+    assert str(out / "calibration.json") in (out / "report" / "report.md").read_text()
+    for run in report["runs"]:  # the profile's efficiencies: the replays simulated exactly
+        assert abs(run["metrics"]["ttft_p50_s"]["relative_error"]) < 1e-9
+    capsys.readouterr()
+    assert main(["run", "--trace", "azure-conv", "--limit", "5", "--model", "qwen2.5-0.5b",
+                 "--profile", "--calibration", str(out / "calibration.json"),
+                 "--out", str(tmp_path / "w")]) == 2
+    assert "drop --calibration" in capsys.readouterr().err

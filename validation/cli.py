@@ -69,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--repeats", type=int, default=1,
                      help="replay every run this many times; the report compares the first with "
                           "the simulator and shows how far the others moved (default 1)")
+    run.add_argument("--profile", action="store_true",
+                     help="first profile the model on this GPU (`python -m gpu_backend profile`, "
+                          "with the engine flags of --replay-args) into OUT/calibration.json and "
+                          "compare with that calibration")
     _add_compare_arguments(run)
 
     fit = commands.add_parser("fit", help="fit cost-model efficiencies to measured step times")

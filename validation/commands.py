@@ -101,12 +101,43 @@ def _replay_command(args: argparse.Namespace, policy: str, chunk: int, out: Path
     return cmd + shlex.split(args.replay_args)
 
 
+def _profile_command(args: argparse.Namespace, out: Path) -> list[str]:
+    """`python -m gpu_backend profile` for the model, with the engine flags of --replay-args
+    (the profile's chunk is the largest replayed: its piecewise graphs, if any, cover all)."""
+    from gpu_backend.__main__ import add_engine_arguments
+
+    engine = argparse.ArgumentParser(add_help=False)
+    add_engine_arguments(engine)
+    engine.add_argument("--piecewise-graphs", action="store_true")
+    known, _ = engine.parse_known_args(shlex.split(args.replay_args))
+    cmd = [sys.executable, "-m", "gpu_backend", "profile", "--model", args.model,
+           "--chunk", str(max(parse_int_list(args.chunks, "--chunks"))), "--out", str(out)]
+    for flag in ("gpu", "max_num_seqs", "gpu_memory_utilization", "max_model_len",
+                 "block_size", "vmm_handle_mib"):
+        given = getattr(known, flag)
+        if given is not None and given != engine.get_default(flag):
+            cmd += [f"--{flag.replace('_', '-')}", str(given)]
+    return cmd + (["--piecewise-graphs"] if known.piecewise_graphs else [])
+
+
 def run(args: argparse.Namespace) -> int:
-    """Replay every policy x chunk (`--repeats` times, each round into its own folder: gpu/,
-    then gpu_repeat2/, ...), then compare the first round with the simulator, the others as
-    repeats of it."""
+    """Profile the model first (`--profile`), replay every policy x chunk (`--repeats` times,
+    each round into its own folder: gpu/, then gpu_repeat2/, ...), then compare the first round
+    with the simulator, the others as repeats of it."""
     if args.repeats < 1:
         raise ValueError(f"--repeats {args.repeats}: replay each run at least once")
+    if args.profile:
+        if args.calibration is not None:
+            raise ValueError("--profile writes the calibration the report uses: drop "
+                             "--calibration, or --profile to use the one you have")
+        args.calibration = args.out / "calibration.json"
+        cmd = _profile_command(args, args.calibration)
+        print("$ " + shlex.join(cmd), flush=True)
+        code = subprocess.run(cmd).returncode
+        if code != 0:
+            print(f"error: the GPU profile failed (exit {code}); nothing replayed",
+                  file=sys.stderr)
+            return code
     rounds = [args.out / "gpu"] + [args.out / f"gpu_repeat{i}" for i in range(2, args.repeats + 1)]
     for gpu_dir in rounds:
         for chunk in parse_int_list(args.chunks, "--chunks"):
