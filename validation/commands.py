@@ -120,6 +120,15 @@ def _profile_command(args: argparse.Namespace, out: Path) -> list[str]:
     return cmd + (["--piecewise-graphs"] if known.piecewise_graphs else [])
 
 
+def _run_gpu(cmd: list[str], what: str, skipped: str) -> int:
+    """Echo and run one GPU command; its exit code, with an error line when it failed."""
+    print("$ " + shlex.join(cmd), flush=True)
+    code = subprocess.run(cmd).returncode
+    if code != 0:
+        print(f"error: the GPU {what} failed (exit {code}); nothing {skipped}", file=sys.stderr)
+    return code
+
+
 def run(args: argparse.Namespace) -> int:
     """Profile the model first (`--profile`), replay every policy x chunk (`--repeats` times,
     each round into its own folder: gpu/, then gpu_repeat2/, ...), then compare the first round
@@ -131,24 +140,17 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--profile writes the calibration the report uses: drop "
                              "--calibration, or --profile to use the one you have")
         args.calibration = args.out / "calibration.json"
-        cmd = _profile_command(args, args.calibration)
-        print("$ " + shlex.join(cmd), flush=True)
-        code = subprocess.run(cmd).returncode
+        code = _run_gpu(_profile_command(args, args.calibration), "profile", "replayed")
         if code != 0:
-            print(f"error: the GPU profile failed (exit {code}); nothing replayed",
-                  file=sys.stderr)
             return code
     rounds = [args.out / "gpu"] + [args.out / f"gpu_repeat{i}" for i in range(2, args.repeats + 1)]
     for gpu_dir in rounds:
         for chunk in parse_int_list(args.chunks, "--chunks"):
             for policy in parse_policies(args.policies):
                 folder = gpu_dir / f"{policy.value}_chunk_{chunk}"
-                cmd = _replay_command(args, policy.value, chunk, folder)
-                print("$ " + shlex.join(cmd), flush=True)
-                code = subprocess.run(cmd).returncode
+                code = _run_gpu(_replay_command(args, policy.value, chunk, folder), "replay",
+                                "compared")
                 if code != 0:
-                    print(f"error: the GPU replay failed (exit {code}); nothing compared",
-                          file=sys.stderr)
                     return code
     gpu_dir = rounds[0]
     repeat_flags = "".join(f" --repeat-dir {d}" for d in rounds[1:])
