@@ -12,9 +12,10 @@ from validation.table import table
 METRICS = ("ttft_p50_s", "tpot_p50_s", "throughput_tok_s", "ttft_p99_s", "kv_capacity_tokens")
 
 
-def write_report(folder, errors: list[float]) -> None:
+def write_report(folder, errors: list[float], model: str | None = None) -> None:
     """A report whose runs all carry the relative error errors[i] on every metric."""
-    runs = [{"label": f"run{i}", "metrics": {
+    config = {"config": {"model": model}} if model else {}
+    runs = [{"label": f"run{i}", **config, "metrics": {
         **{m: {"predicted": 1 + e, "measured": 1.0, "difference": e, "relative_error": e}
            for m in METRICS},
         "reserve_share": {"predicted": 0.01, "measured": 0.01, "difference": 0.001,
@@ -33,6 +34,19 @@ def test_pooled_row_takes_the_median_over_every_run(tmp_path):
     # pooled |errors| 1, 3, 8, 9, 20 %: median 8% (not the median of the two rows' medians)
     assert pooled.startswith("| all of the above | 5 | **8.0%** | **8.0%** | **8.0%** | 8.0% |")
     assert pooled.endswith("| **20.0%** | 0.10 pp |")
+
+
+def test_each_model_gets_its_own_pooled_row(tmp_path):
+    write_report(tmp_path / "big_conv", [0.01, 0.02], model="big")
+    write_report(tmp_path / "big_code", [0.03, -0.02], model="big")
+    write_report(tmp_path / "small_conv", [0.07, -0.09], model="small")
+    rows = table([tmp_path / name for name in ("big_conv", "big_code", "small_conv")]).splitlines()
+    # big: 1, 2, 2, 3 % -> median 2%; small: 7, 9 % -> 8%; all six: 1, 2, 2, 3, 7, 9 -> 2.5%
+    assert rows[5].startswith("| all big runs | 4 | 2.0% |")
+    assert rows[6].startswith("| all small runs | 2 | **8.0%** |")
+    assert rows[7].startswith("| all of the above | 6 | 2.5% |")
+    one_model = table([tmp_path / "big_conv", tmp_path / "big_code"]).splitlines()
+    assert not any(r.startswith("| all big runs") for r in one_model)
 
 
 def test_a_folder_without_a_report_is_a_clear_error(tmp_path, capsys):
