@@ -193,6 +193,23 @@ def test_replay_with_piecewise_graphs():
     teardown(setup)
 
 
+@pytest.mark.parametrize("piecewise", [False, True])
+def test_a_step_that_samples_no_row_is_timed_to_its_end(piecewise):
+    """A prompt longer than the chunk: its first step samples no row, so no ids come back to
+    the host (an empty copy is no sync). The step is still timed to the end of its device
+    work (2026-11-30, sixth session: a Mooncake replay of Qwen2.5-0.5B with piecewise graphs
+    stopped on "Both events must be completed")."""
+    setup = build(Policy.STATIC, piecewise=piecewise)
+    engine = setup.engine
+    replay(engine, [Request(0, 0.0, 900, 4)], wait=False)  # chunk 512: 512 + 388 tokens
+    assert {r.status for r in engine.recorder.requests} == {RequestStatus.FINISHED}
+    first = engine.steps[0]  # (step_id, start, prefill tokens, decode tokens, ...)
+    assert first[2] == 512 and first[11] == 0  # no sampled row
+    build_s, _, device_s = first[-3:]
+    assert device_s > 0 and first[6] >= build_s + device_s  # wall time holds the device span
+    teardown(setup)
+
+
 @pytest.mark.parametrize("flags", [[], ["--piecewise-graphs"]])
 def test_quick_profile_in_two_passes(flags, tmp_path):
     """`python -m gpu_backend profile --quick` (two passes over the grid by default), with and

@@ -205,8 +205,14 @@ class SpanEvents:
         if self.cuda:
             self.end.record()
 
+    def wait(self) -> None:
+        """Block until the step's work is done (a step that samples no row, a mid-prompt
+        chunk, copies no ids back: that copy is no sync then)."""
+        if self.cuda:
+            self.end.synchronize()
+
     def span_s(self) -> float:
-        """Seconds between the two events; call after a sync that covers the end event."""
+        """Seconds between the two events; call after `wait`."""
         return self.start.elapsed_time(self.end) * 1e-3 if self.cuda else math.nan
 
 
@@ -268,6 +274,7 @@ class ModelRunner:
                 self.num_eager_steps += 1
         self._events.record_end()
         enqueue_s = time.perf_counter() - start
-        ids = out.cpu().numpy()  # the sync
+        ids = out.cpu().numpy()
+        self._events.wait()  # the sync, also for a step whose ids copy is empty
         self.phases = StepPhases(enqueue_s, self._events.span_s())
         return ids[batch.logits_indices] if size is not None else ids
