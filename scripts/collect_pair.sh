@@ -38,6 +38,7 @@ copy_run() {  # copy_run FROM NAME: a replay folder (static/, elastic/) into val
   [ -d "$1" ] || return 0
   rm -rf "validation/gpu_runs/$2"
   cp -r "$1" "validation/gpu_runs/$2"
+  find "validation/gpu_runs/$2" -name '*.csv' -exec gzip -9nf {} +  # kept compressed (~1/3)
   echo "replays -> validation/gpu_runs/$2"
 }
 for gpu in 0 1 2; do

@@ -49,6 +49,32 @@ def runs(gpu_dir):
     return [load_run(folder) for folder in find_runs(gpu_dir)]
 
 
+def test_a_run_with_gzipped_csvs_loads_as_the_plain_one(gpu_dir, tmp_path):
+    """The committed replays keep their CSVs gzip-compressed: every column of every table
+    comes back the same."""
+    import gzip
+    import shutil
+
+    plain = find_runs(gpu_dir)[0]
+    packed = tmp_path / "run"
+    shutil.copytree(plain, packed)
+    names = sorted(p.name for p in packed.glob("*.csv"))
+    assert "steps.csv" in names and any(n.startswith("timeline") for n in names)
+    for path in packed.glob("*.csv"):
+        path.with_suffix(".csv.gz").write_bytes(gzip.compress(path.read_bytes()))
+        path.unlink()
+    a, b = load_run(plain), load_run(packed)
+    for name in ("num_prefill_tokens", "num_decode_tokens", "prefill_pairs", "duration_s"):
+        np.testing.assert_array_equal(getattr(a.steps, name), getattr(b.steps, name))
+    assert a.steps.extra.keys() == b.steps.extra.keys() and len(a.steps.extra) > 0
+    for key in a.steps.extra:
+        np.testing.assert_array_equal(a.steps.extra[key], b.steps.extra[key])
+    for table_a, table_b in ((a.timeline, b.timeline), (a.requests, b.requests)):
+        assert table_a is not None and table_a.keys() == table_b.keys()
+        for key in table_a:
+            np.testing.assert_array_equal(table_a[key], table_b[key])
+
+
 def test_step_prediction_equals_the_simulators_step_times():
     trace = load_trace("azure-code").head(60)
     result, recorder = simulate_logged(RunSpec(config(Policy.ELASTIC, 1024), efficiency=TRUE),

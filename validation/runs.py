@@ -9,6 +9,8 @@ A folder written by `python -m gpu_backend replay --out DIR` holds:
     steps.csv          one row per executed step (see validation.steps)
     timeline*.csv      the simulator's timeline columns (optional)
     requests*.csv      the simulator's request columns (optional)
+
+Each CSV may be gzip-compressed (`steps.csv.gz`, ...), as the committed replays are.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from sim.core.elastic import DrainStrategy, Policy
 from sim.core.engine_config import EngineConfig
 from traces import Trace, load_trace
 from traces.bundled import BUNDLED
-from validation.steps import StepTable, read_steps_csv
+from validation.steps import StepTable, open_csv, read_steps_csv
 
 # Where the measured KV capacity may sit in a GPU summary, most specific first.
 MEASURED_KV_KEYS = ("measured_kv_capacity_tokens", "kv_capacity_tokens_measured",
@@ -120,8 +122,8 @@ def load_run(folder: Path) -> GpuRun:
         raise ValueError(f"{folder}/summary.json has no 'chunk': the run's config is missing")
     for key in MEASURED_SIZES:
         measured_sizes(summary, key, folder / "summary.json")  # malformed: named with its path
-    steps_path = folder / "steps.csv"
-    if not steps_path.is_file():
+    steps_path = _first(folder, "steps.csv")
+    if steps_path is None:
         raise ValueError(f"{folder}: no steps.csv (per-step measured times)")
     steps = read_steps_csv(steps_path)
     timeline = _read_numeric_csv(_first(folder, "timeline*.csv"))
@@ -275,21 +277,23 @@ def _resolve_trace(name: str) -> str:
 
 
 def _first(folder: Path, pattern: str) -> Path | None:
-    matches = sorted(folder.glob(pattern))
+    """The first file matching `pattern`, or its gzip-compressed twin (`pattern`.gz)."""
+    matches = sorted(folder.glob(pattern)) or sorted(folder.glob(pattern + ".gz"))
     return matches[0] if matches else None
 
 
 def _read_numeric_csv(path: Path | None) -> dict[str, np.ndarray] | None:
     if path is None:
         return None
-    data = np.genfromtxt(path, delimiter=",", names=True, ndmin=1)
+    with open_csv(path) as f:
+        data = np.genfromtxt(f, delimiter=",", names=True, ndmin=1)
     return {name: np.atleast_1d(data[name]).astype(np.float64) for name in data.dtype.names}
 
 
 def _read_csv_columns(path: Path | None) -> dict[str, np.ndarray] | None:
     if path is None:
         return None
-    with path.open(newline="") as f:
+    with open_csv(path) as f:
         rows = list(csv.DictReader(f))
     if not rows:
         return None

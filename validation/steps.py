@@ -22,9 +22,11 @@ steps.csv columns read (GPU engine; extra columns are ignored):
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 
@@ -111,8 +113,16 @@ def format_chunks(chunks: list[tuple[int, int]]) -> str:
     return ";".join(f"{c}:{p}" for c, p in chunks)
 
 
+def open_csv(path: Path) -> TextIO:
+    """A CSV for reading, gzip-compressed when its name ends in .gz (the committed replays
+    under validation/gpu_runs are kept compressed: `gzip -n` of the engine's CSVs)."""
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt", newline="")
+    return path.open(newline="")
+
+
 def read_steps_csv(path: Path) -> StepTable:
-    with path.open(newline="") as f:
+    with open_csv(path) as f:
         rows = list(csv.DictReader(f))
     header = set(rows[0]) if rows else set()
     missing = [c for c in REQUIRED_COLUMNS if c not in header]
