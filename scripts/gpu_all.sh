@@ -13,6 +13,7 @@
 # and status.txt (environment, per-stage exit codes and durations). A global deadline
 # (GPU_ALL_BUDGET_S, default 560 s) shortens the later stages so the call ends in time;
 # `all` runs the quick variants of the benchmarks.
+# GPU_ALL_POLICIES: the policies each slice replays, in order (default "static elastic").
 # GPU_ALL_ENGINE=piecewise: the profiles and replays run with --piecewise-graphs, their
 # results named with a _piecewise suffix (calibration_MODEL_piecewise.json, replay_piecewise,
 # validation/NAME_piecewise), so they sit beside the eager engine's.
@@ -36,6 +37,7 @@ for stage in "${STAGES[@]}"; do
        exit 2 ;;
   esac
 done
+POLICIES="${GPU_ALL_POLICIES:-static elastic}"  # the replays' order (an order A/B: "elastic static")
 QUICK=""
 [ "$STAGE" = all ] && QUICK="--quick"
 ENGINE_FLAGS=()
@@ -94,7 +96,7 @@ stage_replay() {
   local dir="$WORK/replay$SUFFIX" log="$OUT/replay.log" model trace limit rate seconds
   mkdir -p "$dir"
   read -r _ model trace limit rate seconds <<<"$CONV_RUN"
-  for policy in static elastic; do
+  for policy in $POLICIES; do
     run_step "$log" "$seconds" "$PY" -m gpu_backend replay --trace "$trace" --limit "$limit" \
       --rate-scale "$rate" --model "$model" --policy "$policy" --max-num-seqs 256 --no-wait \
       --out "$dir/$policy" "${ENGINE_FLAGS[@]}"
@@ -109,7 +111,7 @@ stage_validation() {
   for line in "${VALIDATION_RUNS[@]}"; do
     read -r name model trace limit rate seconds <<<"$line"
     [ -n "${GPU_ALL_VALIDATION:-}" ] && [[ " $GPU_ALL_VALIDATION " != *" $name "* ]] && continue
-    for policy in static elastic; do
+    for policy in $POLICIES; do
       run_step "$log" "$seconds" "$PY" -m gpu_backend replay --trace "$trace" --limit "$limit" \
         --rate-scale "$rate" --model "$model" --policy "$policy" --max-num-seqs 256 \
         --max-model-len 32768 --no-wait --out "$WORK/validation/$name$SUFFIX/$policy" \
