@@ -7,7 +7,8 @@
 # `all` runs them in the order tests, profile, replay, bench):
 #   tests    python -m pytest tests_gpu -q (vmm, kernels, engine)
 #   bench    benchmarks/vmm_latency.py, kernel_bench.py, engine_bench.py (eager_gap.py: "gap")
-#   profile  calibration JSON for llama-3.1-8b and qwen2.5-0.5b (GPU_ALL_PROFILE: a subset)
+#   profile  calibration JSON for llama-3.1-8b and qwen2.5-0.5b (GPU_ALL_PROFILE: a subset, or
+#            llama-3.2-3b)
 #   replay   azure-conv, first 300 requests at 2x rate, --no-wait, static and elastic (8B)
 # Results come back as at most 8 files: four logs, three tarballs (bench, profile, replay)
 # and status.txt (environment, per-stage exit codes and durations). A global deadline
@@ -89,6 +90,8 @@ stage_profile() {  # GPU_ALL_PROFILE picks the models (default: llama-3.1-8b qwe
     --model llama-3.1-8b --out "$dir/calibration_llama-3.1-8b$SUFFIX.json" "${ENGINE_FLAGS[@]}"
   [[ "$wanted" == *" qwen2.5-0.5b "* ]] && run_step "$log" 180 "$PY" -m gpu_backend profile \
     --model qwen2.5-0.5b --out "$dir/calibration_qwen2.5-0.5b$SUFFIX.json" "${ENGINE_FLAGS[@]}"
+  [[ "$wanted" == *" llama-3.2-3b "* ]] && run_step "$log" 200 "$PY" -m gpu_backend profile \
+    --model llama-3.2-3b --out "$dir/calibration_llama-3.2-3b$SUFFIX.json" "${ENGINE_FLAGS[@]}"
   bundle profile
 }
 

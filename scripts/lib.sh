@@ -37,4 +37,7 @@ VALIDATION_RUNS=(
   "h200_qwen2.5-0.5b_azure-conv qwen2.5-0.5b azure-conv 300 2 240"
   "h200_qwen2.5-0.5b_azure-code qwen2.5-0.5b azure-code 150 2 180"
   "h200_qwen2.5-0.5b_mooncake-conv qwen2.5-0.5b mooncake-conv 40 1 180"
+  "h200_llama-3.2-3b_azure-conv llama-3.2-3b azure-conv 300 2 170"
+  "h200_llama-3.2-3b_azure-code llama-3.2-3b azure-code 150 2 150"
+  "h200_llama-3.2-3b_mooncake-conv llama-3.2-3b mooncake-conv 40 1 150"
 )
