@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from validation.commands import load_runs
-from validation.repeats import median_deviation, repeat_rows
+from validation.repeats import errors_against_median, median_deviation, repeat_rows
 from validation.table import table
 
 CONFIG = {"model": "llama-3.1-8b", "gpu": "h200-141gb", "drain": "preempt",
@@ -51,6 +51,58 @@ def test_largest_deviation_of_any_repeat_per_run_and_metric(tmp_path):
     spread = median_deviation(rows)  # over the two runs
     assert spread["ttft_p50_s"] == pytest.approx((0.10 + 0.0) / 2)
     assert spread["tpot_p50_s"] == pytest.approx((0.15 + 0.20) / 2)
+
+
+def test_the_model_against_the_median_of_every_replay(tmp_path):
+    write_replay(tmp_path / "now" / "static", "static", 0.200, 0.020)
+    write_replay(tmp_path / "now" / "elastic", "elastic", 0.250, 0.021)
+    write_replay(tmp_path / "a" / "static", "static", 0.220, 0.019)
+    write_replay(tmp_path / "b" / "static", "static", 0.190, 0.023)
+    write_replay(tmp_path / "a" / "elastic", "elastic", 0.270, 0.020)
+    repeats = [("a", load_runs(tmp_path / "a")), ("b", load_runs(tmp_path / "b"))]
+    rows = repeat_rows(load_runs(tmp_path / "now"), repeats)
+    assert rows_by(rows, "static/chunk=8192", "ttft_p50_s")["median"] == pytest.approx(0.200)
+    assert rows_by(rows, "static/chunk=8192", "tpot_p50_s")["median"] == pytest.approx(0.020)
+    assert rows_by(rows, "elastic/chunk=8192", "ttft_p50_s")["median"] == pytest.approx(0.260)
+    assert rows_by(rows, "elastic/chunk=8192", "ttft_p50_s")["num_replays"] == 2
+    predicted = {"static/chunk=8192": {"ttft_p50_s": 0.210, "tpot_p50_s": 0.018},
+                 "elastic/chunk=8192": {"ttft_p50_s": 0.286, "tpot_p50_s": None}}
+    result = errors_against_median(rows, predicted)
+    by = {(r["run"], r["metric"]): r["relative_error"] for r in result["rows"]}
+    assert by[("static/chunk=8192", "ttft_p50_s")] == pytest.approx(0.05)  # 0.210 / 0.200
+    assert by[("elastic/chunk=8192", "ttft_p50_s")] == pytest.approx(0.10)  # 0.286 / 0.260
+    assert by[("static/chunk=8192", "tpot_p50_s")] == pytest.approx(-0.10)
+    assert by[("elastic/chunk=8192", "tpot_p50_s")] is None  # nothing predicted
+    assert result["median_abs"]["ttft_p50_s"] == pytest.approx(0.075)
+    assert result["median_abs"]["tpot_p50_s"] == pytest.approx(0.10)  # the one run with both
+    assert result["median_abs"]["throughput_tok_s"] is None
+
+
+def test_table_sets_each_model_against_its_replays_median(tmp_path):
+    def report(name, model, errors):
+        rows = [{"run": f"run{i}", "metric": m, "predicted": 1.0 + e, "median": 1.0,
+                 "num_replays": 3, "relative_error": e}
+                for i, e in enumerate(errors)
+                for m in ("ttft_p50_s", "tpot_p50_s", "throughput_tok_s", "ttft_p99_s")]
+        metrics = {m: {"predicted": 1.0, "measured": 1.0, "difference": 0.0, "relative_error": 0.0}
+                   for m in ("ttft_p50_s", "tpot_p50_s", "throughput_tok_s", "ttft_p99_s",
+                             "kv_capacity_tokens", "reserve_share")}
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "report.json").write_text(json.dumps(
+            {"runs": [{"label": "run0", "config": {"model": model}, "metrics": metrics}],
+             "vs_replay_median": {"rows": rows}}))
+
+    report("a", "big", [0.02, -0.04])
+    report("b", "small", [0.08])
+    report("c", "small", [-0.06, 0.01])
+    lines = table([tmp_path / "a", tmp_path / "b", tmp_path / "c"]).splitlines()
+    start = next(i for i, line in enumerate(lines) if "median of every replay" in line)
+    rows = lines[start:]
+    assert "| a | 2 | 3.0% | 3.0% | 3.0% | 3.0% |" in rows
+    assert "| b | 1 | **8.0%** | **8.0%** | **8.0%** | 8.0% |" in rows  # TTFT p99 limit 10%
+    assert "| all big runs | 2 | 3.0% | 3.0% | 3.0% | 3.0% |" in rows
+    assert "| all small runs | 3 | **6.0%** | **6.0%** | **6.0%** | 6.0% |" in rows  # 8, 6, 1
+    assert "| all of the above | 5 | 4.0% | 4.0% | 4.0% | 4.0% |" in rows  # 2, 4, 8, 6, 1
 
 
 def test_a_repeat_of_another_configuration_is_a_clear_error(tmp_path):
@@ -204,3 +256,19 @@ def test_run_with_profile_profiles_first_and_compares_with_it(tmp_path, monkeypa
                  "--profile", "--calibration", str(out / "calibration.json"),
                  "--out", str(tmp_path / "w")]) == 2
     assert "drop --calibration" in capsys.readouterr().err
+
+
+def test_transition_line_lists_each_replays_attaches_and_detaches():
+    from validation.report import transition_line
+
+    runs = [("elastic/chunk=8192", {"measured": {
+                "attach_latency_s": {"count": 275, "mean": 0.0012, "p50": 0.00074, "max": 0.11929},
+                "detach_latency_s": {"count": 274, "mean": 0.0009, "p50": 0.00055, "max": 0.07514}}}),
+            ("static/chunk=8192", {"measured": {
+                "attach_latency_s": {"count": 0, "mean": None, "p50": None, "max": None}}}),
+            ("old/chunk=8192", {})]
+    line = transition_line(runs)
+    assert ("elastic/chunk=8192: attach 275 x, p50 0.74 ms, max 119.3 ms; detach 274 x, "
+            "p50 0.55 ms, max 75.1 ms") in line
+    assert "static" not in line and "old" not in line
+    assert transition_line(runs[1:]) == ""

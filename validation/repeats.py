@@ -11,7 +11,9 @@ runs: every run of DIR whose policy and chunk match a compared run must have rep
 configuration and trace slice (else a clear error names both folders and the field). For each
 run and metric the report lists every measured value and the largest deviation of a repeat
 from the compared replay, and the median of that over runs; `python -m validation table` lists
-the medians per report. The targets themselves are judged on the model's error alone.
+the medians per report. The report also sets the model against the median of every replay
+of a run (`errors_against_median`), a measured value with less of the host's noise in it;
+the targets themselves are judged against the compared replay.
 """
 
 from __future__ import annotations
@@ -64,10 +66,40 @@ def repeat_rows(runs: Sequence[GpuRun], repeats: Sequence[tuple[str, Sequence[Gp
             others = [(name, metric_values(o.summary)[metric]) for name, o in matches]
             deviations = [abs(v / value - 1.0) for _, v in others
                           if v is not None and value not in (None, 0.0)]
+            every = [value, *(v for _, v in others)]
+            median = float(np.median(every)) if None not in every else None
             rows.append({"run": run.label, "metric": metric, "value": value,
                          "repeats": [{"name": name, "value": v} for name, v in others],
-                         "max_deviation": max(deviations) if deviations else None})
+                         "max_deviation": max(deviations) if deviations else None,
+                         "median": median, "num_replays": len(every)})
     return rows
+
+
+def errors_against_median(rows: Sequence[dict], predicted: dict[str, dict[str, float | None]]
+                          ) -> dict:
+    """The model against the median of every replay of each run (the compared one and its
+    repeats): a measured value with less of the host's noise in it than one replay.
+    `predicted`: run label -> metric -> predicted value. Per run and metric the relative
+    error (`rows`), and per metric the median over runs of |error| (`median_abs`)."""
+    out = []
+    for r in rows:
+        pred = predicted.get(r["run"], {}).get(r["metric"])
+        median = r.get("median")
+        error = pred / median - 1.0 if pred is not None and median else None
+        out.append({"run": r["run"], "metric": r["metric"], "predicted": pred,
+                    "median": median, "num_replays": r.get("num_replays"),
+                    "relative_error": error})
+    return {"rows": out, "median_abs": median_abs_errors(out)}
+
+
+def median_abs_errors(rows: Sequence[dict]) -> dict[str, float | None]:
+    """Per metric, the median over rows of |relative_error| (None: no row has one)."""
+    result: dict[str, float | None] = {}
+    for metric in REPEAT_METRICS:
+        found = [abs(r["relative_error"]) for r in rows
+                 if r["metric"] == metric and r["relative_error"] is not None]
+        result[metric] = float(np.median(found)) if found else None
+    return result
 
 
 def median_deviation(rows: Sequence[dict]) -> dict[str, float | None]:

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from validation.compare import TARGETS, check_targets, format_target_value
-from validation.repeats import REPEAT_METRICS, median_deviation
+from validation.repeats import REPEAT_METRICS, median_abs_errors, median_deviation
 
 COLUMNS = {"ttft_p50_s": "TTFT p50", "tpot_p50_s": "TPOT p50",
            "throughput_tok_s": "throughput", "ttft_p99_s": "TTFT p99",
@@ -56,6 +56,7 @@ def table(folders: list[Path]) -> str:
     pooled: list[dict] = []
     by_model: dict[str, list[dict]] = {}
     repeats: list[tuple[str, list[dict]]] = []
+    vs_median: list[tuple[str, str | None, list[dict]]] = []  # (report, model, error rows)
 
     def row(name: str, metrics: list[dict]) -> str:
         return (f"| {name} | {len(metrics)} | " + " | ".join(_cells(check_targets(metrics)))
@@ -73,13 +74,20 @@ def table(folders: list[Path]) -> str:
         lines.append(row(name, metrics))
         if report.get("repeats"):
             repeats.append((name, report["repeats"]))
+        if (report.get("vs_replay_median") or {}).get("rows"):
+            model = (report["runs"][0].get("config") or {}).get("model")
+            vs_median.append((name, model, report["vs_replay_median"]["rows"]))
     if len(by_model) > 1:  # each model's runs pooled, so that one model cannot hide another
         lines += [row(f"all {model} runs", metrics) for model, metrics in by_model.items()]
     lines.append(row("all of the above", pooled))
     limits = ", ".join(f"{COLUMNS[t.metric]} {t.aggregate} <= "
                        f"{format_target_value(t.limit, t.measure)}" for t in TARGETS)
     out = "\n".join(lines) + f"\n\nTargets: {limits} (over the runs of each row). Bold: missed.\n"
-    return out + _repeat_table(repeats) if repeats else out
+    if repeats:
+        out += _repeat_table(repeats)
+    if vs_median:
+        out += _median_table(vs_median)
+    return out
 
 
 def _repeat_table(repeats: list[tuple[str, list[dict]]]) -> str:
@@ -97,4 +105,32 @@ def _repeat_table(repeats: list[tuple[str, list[dict]]]) -> str:
     counts = [len({r["run"] for r in rows}) for _, rows in repeats]
     lines += [row(name, rows, n) for (name, rows), n in zip(repeats, counts)]
     lines.append(row("all of the above", [r for _, rows in repeats for r in rows], sum(counts)))
+    return "\n".join(lines) + "\n"
+
+
+def _median_table(reports: list[tuple[str, str | None, list[dict]]]) -> str:
+    """Per report (then per model and all pooled, over runs), the median |error| of the model
+    against the median of every replay of each run (`repeats.errors_against_median`)."""
+    header = ["report", "runs", *(COLUMNS[m] for m in REPEAT_METRICS)]
+    lines = ["", "The model against the median of every replay of each run (the compared one and "
+             "its repeats): median over runs of |error|. Bold: over the target.", "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    limits = {t.metric: t.limit for t in TARGETS}
+
+    def row(name: str, group: list[tuple[str, list[dict]]]) -> str:
+        errors = median_abs_errors([r for _, rows in group for r in rows])
+        cells = ["n/a" if errors[m] is None else
+                 (f"**{errors[m]:.1%}**" if errors[m] > limits[m] else f"{errors[m]:.1%}")
+                 for m in REPEAT_METRICS]
+        runs = sum(len({r["run"] for r in rows}) for _, rows in group)
+        return f"| {name} | {runs} | " + " | ".join(cells) + " |"
+
+    lines += [row(name, [(name, rows)]) for name, _, rows in reports]
+    models: dict[str, list[tuple[str, list[dict]]]] = {}
+    for name, model, rows in reports:
+        if model is not None:
+            models.setdefault(model, []).append((name, rows))
+    if len(models) > 1:
+        lines += [row(f"all {model} runs", group) for model, group in models.items()]
+    lines.append(row("all of the above", [(name, rows) for name, _, rows in reports]))
     return "\n".join(lines) + "\n"
