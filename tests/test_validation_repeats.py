@@ -28,6 +28,18 @@ def write_replay(folder, policy: str, ttft_p50: float, tpot_p50: float, **config
                                       "decode_context_tokens,num_seqs,measured_s\n")
 
 
+TABLE_METRICS = ("ttft_p50_s", "tpot_p50_s", "throughput_tok_s", "ttft_p99_s")
+
+
+def write_table_report(folder, run: dict, **extra) -> None:
+    """A report.json with one run of exact predictions, plus `extra` top-level keys."""
+    metrics = {m: {"predicted": 1.0, "measured": 1.0, "difference": 0.0, "relative_error": 0.0}
+               for m in (*TABLE_METRICS, "kv_capacity_tokens", "reserve_share")}
+    folder.mkdir()
+    (folder / "report.json").write_text(json.dumps(
+        {"runs": [{"label": "run0", **run, "metrics": metrics}], **extra}))
+
+
 def rows_by(rows, run, metric):
     return next(r for r in rows if r["run"] == run and r["metric"] == metric)
 
@@ -82,15 +94,9 @@ def test_table_sets_each_model_against_its_replays_median(tmp_path):
     def report(name, model, errors):
         rows = [{"run": f"run{i}", "metric": m, "predicted": 1.0 + e, "median": 1.0,
                  "num_replays": 3, "relative_error": e}
-                for i, e in enumerate(errors)
-                for m in ("ttft_p50_s", "tpot_p50_s", "throughput_tok_s", "ttft_p99_s")]
-        metrics = {m: {"predicted": 1.0, "measured": 1.0, "difference": 0.0, "relative_error": 0.0}
-                   for m in ("ttft_p50_s", "tpot_p50_s", "throughput_tok_s", "ttft_p99_s",
-                             "kv_capacity_tokens", "reserve_share")}
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "report.json").write_text(json.dumps(
-            {"runs": [{"label": "run0", "config": {"model": model}, "metrics": metrics}],
-             "vs_replay_median": {"rows": rows}}))
+                for i, e in enumerate(errors) for m in TABLE_METRICS]
+        write_table_report(tmp_path / name, {"config": {"model": model}},
+                           vs_replay_median={"rows": rows})
 
     report("a", "big", [0.02, -0.04])
     report("b", "small", [0.08])
@@ -123,14 +129,8 @@ def test_table_lists_each_reports_repeat_deviation_and_pools_the_runs(tmp_path):
     def report(name, deviations):
         rows = [{"run": f"run{i}", "metric": m, "value": 1.0, "repeats": [],
                  "max_deviation": d}
-                for i, d in enumerate(deviations)
-                for m in ("ttft_p50_s", "tpot_p50_s", "throughput_tok_s", "ttft_p99_s")]
-        metrics = {m: {"predicted": 1.0, "measured": 1.0, "difference": 0.0, "relative_error": 0.0}
-                   for m in ("ttft_p50_s", "tpot_p50_s", "throughput_tok_s", "ttft_p99_s",
-                             "kv_capacity_tokens", "reserve_share")}
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "report.json").write_text(json.dumps(
-            {"runs": [{"label": "run0", "metrics": metrics}], "repeats": rows}))
+                for i, d in enumerate(deviations) for m in TABLE_METRICS]
+        write_table_report(tmp_path / name, {}, repeats=rows)
 
     report("a", [0.02, 0.10])
     report("b", [0.30])
