@@ -15,6 +15,9 @@
 # (GPU_ALL_BUDGET_S, default 560 s) shortens the later stages so the call ends in time;
 # `all` runs the quick variants of the benchmarks.
 # GPU_ALL_POLICIES: the policies each slice replays, in order (default "static elastic").
+# GPU_ALL_CHUNKS: the chunk sizes each validation slice replays (default 8192; e.g. "2048 8192"
+# for the reports' gain of elastic over a smaller chunk; a chunk other than 8192 goes in a
+# <policy>_chunk_<n> folder).
 # GPU_ALL_ENGINE=piecewise: the profiles and replays run with --piecewise-graphs, their
 # results named with a _piecewise suffix (calibration_MODEL_piecewise.json, replay_piecewise,
 # validation/NAME_piecewise), so they sit beside the eager engine's.
@@ -39,6 +42,7 @@ for stage in "${STAGES[@]}"; do
   esac
 done
 POLICIES="${GPU_ALL_POLICIES:-static elastic}"  # the replays' order (an order A/B: "elastic static")
+CHUNKS="${GPU_ALL_CHUNKS:-8192}"  # the validation slices' chunk sizes (e.g. "2048 8192")
 QUICK=""
 [ "$STAGE" = all ] && QUICK="--quick"
 ENGINE_FLAGS=()
@@ -114,11 +118,15 @@ stage_validation() {
   for line in "${VALIDATION_RUNS[@]}"; do
     read -r name model trace limit rate seconds <<<"$line"
     [ -n "${GPU_ALL_VALIDATION:-}" ] && [[ " $GPU_ALL_VALIDATION " != *" $name "* ]] && continue
-    for policy in $POLICIES; do
-      run_step "$log" "$seconds" "$PY" -m gpu_backend replay --trace "$trace" --limit "$limit" \
-        --rate-scale "$rate" --model "$model" --policy "$policy" --max-num-seqs 256 \
-        --max-model-len 32768 --no-wait --out "$WORK/validation/$name$SUFFIX/$policy" \
-        "${ENGINE_FLAGS[@]}"
+    for chunk in $CHUNKS; do
+      for policy in $POLICIES; do
+        local run="$policy"  # the default chunk's folder keeps the policy's name
+        [ "$chunk" = 8192 ] || run="${policy}_chunk_$chunk"
+        run_step "$log" "$seconds" "$PY" -m gpu_backend replay --trace "$trace" --limit "$limit" \
+          --rate-scale "$rate" --model "$model" --policy "$policy" --chunk "$chunk" \
+          --max-num-seqs 256 --max-model-len 32768 --no-wait \
+          --out "$WORK/validation/$name$SUFFIX/$run" "${ENGINE_FLAGS[@]}"
+      done
     done
     bundle validation
   done
