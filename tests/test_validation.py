@@ -37,6 +37,18 @@ def test_relative_error_signs_zeros_and_missing():
     assert relative_error(None, 1.0) is None and relative_error(1.0, None) is None
 
 
+def test_median_steepness_is_wide_between_two_groups_of_requests():
+    from validation.compare import median_steepness
+
+    even = np.linspace(1.0, 3.0, 201)  # p45 1.9, p50 2.0, p55 2.1
+    assert median_steepness(even) == pytest.approx(0.2 / 2.0)
+    # half the requests wait behind a long step (10 -> 20): the median sits on the jump
+    two_groups = np.r_[np.full(100, 10.0), np.full(100, 20.0)]
+    assert median_steepness(two_groups) == pytest.approx(10.0 / 15.0)
+    assert median_steepness(np.array([np.nan, 5.0])) is None  # one finite value
+    assert median_steepness(np.zeros(4)) is None
+
+
 def test_compare_metrics_on_hand_made_summaries():
     predicted = metric_values(summary(0.2, 1100.0, 1000))
     measured = metric_values(summary(0.25, 1000.0, 1010), measured_kv_tokens=980.0)

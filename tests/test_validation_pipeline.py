@@ -135,7 +135,11 @@ def test_cli_compare_writes_report_files_and_calibration(gpu_dir, tmp_path):
     assert {r["label"] for r in report["runs"]} == {
         "static/chunk=1024", "elastic/chunk=1024", "static/chunk=4096", "elastic/chunk=4096"}
     assert all(t["passed"] for t in report["targets"])
-    assert "PASS" in (out / "report.md").read_text()
+    text = (out / "report.md").read_text()
+    assert "PASS" in text
+    # the measured TTFT's steepness at the median, one entry per run (the requests' CSVs)
+    line = next(x for x in text.splitlines() if x.startswith("The measured TTFT at its median"))
+    assert all(label in line for label in ("static/chunk=1024", "elastic/chunk=4096"))
     saved = json.loads(fitted.read_text())
     assert saved["efficiency"].keys() == asdict(TRUE).keys()  # sim.cli.load_calibration reads it
 

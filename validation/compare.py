@@ -95,6 +95,20 @@ def compare_metrics(predicted: dict[str, float | None],
     return rows
 
 
+def median_steepness(values: np.ndarray, width: float = 5.0) -> float | None:
+    """(p[50 + width] - p[50 - width]) / p50 of `values`: how far the median moves when the
+    requests shift by `width` percent of the distribution. A TTFT p50 that sits between two
+    groups of requests (those that wait behind a long prefill step and those that do not) has
+    a steep neighbourhood, and a small step-time error moves it by many times as much. None
+    for fewer than two values or a zero median."""
+    values = np.asarray(values, dtype=np.float64)
+    values = values[np.isfinite(values)]
+    if values.size < 2:
+        return None
+    low, mid, high = np.percentile(values, [50.0 - width, 50.0, 50.0 + width])
+    return float((high - low) / mid) if mid else None
+
+
 def gain(value: float | None, base: float | None) -> float | None:
     """Relative change of `value` over `base` ((value - base) / |base|)."""
     return relative_error(value, base)

@@ -7,7 +7,7 @@ import math
 from dataclasses import asdict
 from pathlib import Path
 
-from validation.compare import METRICS, format_target_value
+from validation.compare import METRICS, format_target_value, median_steepness
 from validation.pipeline import (
     HOST_SENSITIVITY_FACTOR,
     SENSITIVITY_FACTOR,
@@ -234,6 +234,23 @@ def _sensitivity_table(runs: list[RunComparison]) -> list[str]:
     return lines
 
 
+def steepness_line(runs: list[RunComparison]) -> str:
+    """How steep each run's measured TTFT distribution is at its median ("" without request
+    times): the p45-p55 stretch over p50 (`median_steepness`)."""
+    parts = []
+    for r in runs:
+        requests = r.gpu.requests
+        if not requests or "first_token_s" not in requests or "arrival_s" not in requests:
+            continue
+        steep = median_steepness(requests["first_token_s"] - requests["arrival_s"])
+        if steep is not None:
+            parts.append(f"{r.label} {steep:.0%}")
+    if not parts:
+        return ""
+    return ("The measured TTFT at its median, p45 to p55 over p50 (how far TTFT p50 moves when "
+            "5% of the requests change sides): " + ", ".join(parts) + ".")
+
+
 def _divergence_lines(runs: list[RunComparison]) -> list[str]:
     lines = []
     for r in runs:
@@ -370,7 +387,7 @@ def markdown(v: Validation, images: list[str]) -> str:
            "host's speed, which moved up to 2x between sessions on the lent H200 (an upper "
            "bound for decode graph steps, whose fitted step overhead also holds device "
            "time).", "",
-           *_sensitivity_table(v.runs), "",
+           *_sensitivity_table(v.runs), "", *_nonempty(steepness_line(v.runs)),
            "## Calibration (held-out steps only)", "", *_fit_lines(v), ""]
     if v.refit_runs:
         out += ["## After the fit: simulation re-run with the fitted efficiencies", "",
