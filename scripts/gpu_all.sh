@@ -99,15 +99,22 @@ stage_profile() {  # GPU_ALL_PROFILE picks the models (default: llama-3.1-8b qwe
   bundle profile
 }
 
+run_folder() {  # run_folder POLICY CHUNK: the default chunk's folder keeps the policy's name
+  if [ "$2" = 8192 ]; then echo "$1"; else echo "$1_chunk_$2"; fi
+}
+
 stage_replay() {
   local dir="$WORK/replay$SUFFIX" log="$OUT/replay.log" model trace limit rate seconds
   mkdir -p "$dir"
   read -r _ model trace limit rate seconds <<<"$CONV_RUN"
-  for policy in $POLICIES; do
-    run_step "$log" "$seconds" "$PY" -m gpu_backend replay --trace "$trace" --limit "$limit" \
-      --rate-scale "$rate" --model "$model" --policy "$policy" --max-num-seqs 256 --no-wait \
-      --out "$dir/$policy" "${ENGINE_FLAGS[@]}"
-    bundle "replay$SUFFIX"
+  for chunk in $CHUNKS; do
+    for policy in $POLICIES; do
+      run_step "$log" "$seconds" "$PY" -m gpu_backend replay --trace "$trace" --limit "$limit" \
+        --rate-scale "$rate" --model "$model" --policy "$policy" --chunk "$chunk" \
+        --max-num-seqs 256 --no-wait --out "$dir/$(run_folder "$policy" "$chunk")" \
+        "${ENGINE_FLAGS[@]}"
+      bundle "replay$SUFFIX"
+    done
   done
 }
 
@@ -120,12 +127,11 @@ stage_validation() {
     [ -n "${GPU_ALL_VALIDATION:-}" ] && [[ " $GPU_ALL_VALIDATION " != *" $name "* ]] && continue
     for chunk in $CHUNKS; do
       for policy in $POLICIES; do
-        local run="$policy"  # the default chunk's folder keeps the policy's name
-        [ "$chunk" = 8192 ] || run="${policy}_chunk_$chunk"
         run_step "$log" "$seconds" "$PY" -m gpu_backend replay --trace "$trace" --limit "$limit" \
           --rate-scale "$rate" --model "$model" --policy "$policy" --chunk "$chunk" \
           --max-num-seqs 256 --max-model-len 32768 --no-wait \
-          --out "$WORK/validation/$name$SUFFIX/$run" "${ENGINE_FLAGS[@]}"
+          --out "$WORK/validation/$name$SUFFIX/$(run_folder "$policy" "$chunk")" \
+          "${ENGINE_FLAGS[@]}"
       done
     done
     bundle validation
