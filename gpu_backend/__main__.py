@@ -35,6 +35,24 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--vmm-handle-mib", type=int, default=512)
 
 
+def add_piecewise_arguments(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--piecewise-graphs", action="store_true", help=what)
+    parser.add_argument("--piecewise-max-tokens", type=int, default=None, metavar="N",
+                        help="with --piecewise-graphs: capture up to N tokens only (default: the "
+                             "chunk); a longer step runs fully eager, as vLLM's default cap of "
+                             "512 does")
+
+
+def piecewise_cap(args: argparse.Namespace) -> int | None:
+    """--piecewise-max-tokens, checked: only with --piecewise-graphs, at least 1."""
+    cap = args.piecewise_max_tokens
+    if cap is not None and not args.piecewise_graphs:
+        raise ValueError("--piecewise-max-tokens caps the piecewise graphs: add --piecewise-graphs")
+    if cap is not None and cap < 1:
+        raise ValueError(f"--piecewise-max-tokens {cap}: give 1 or more tokens")
+    return cap
+
+
 def engine_config(args: argparse.Namespace, policy: Policy) -> EngineConfig:
     return EngineConfig(
         model=get_model(args.model), gpu=get_gpu(args.gpu), max_num_batched_tokens=args.chunk,
@@ -59,9 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--no-wait", action="store_true",
                     help="virtual clock: advance by measured step times, skip idle gaps")
     rp.add_argument("--no-graphs", action="store_true", help="run decode steps eagerly")
-    rp.add_argument("--piecewise-graphs", action="store_true",
-                    help="steps with prefill tokens replay piecewise CUDA graphs (the layers "
-                         "between attentions) captured at padded token counts")
+    add_piecewise_arguments(rp, "steps with prefill tokens replay piecewise CUDA graphs (the "
+                                "layers between attentions) captured at padded token counts")
     rp.add_argument("--torch-cap", default="auto", choices=["auto", "on", "off"],
                     help="cap torch's allocator at the unlent reserve (auto: overcommit only)")
     rp.add_argument("--max-kv-blocks", type=int, default=None,
@@ -81,9 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="time the grid as a replay runs its steps: graphs of the replay's "
                          "capture sizes, tables --max-model-len wide, a pool over 60%% of free "
                          "memory with blocks scattered")
-    pp.add_argument("--piecewise-graphs", action="store_true",
-                    help="time steps with prefill tokens through piecewise CUDA graphs, as a "
-                         "replay with --piecewise-graphs runs them")
+    add_piecewise_arguments(pp, "time steps with prefill tokens through piecewise CUDA graphs, "
+                                "as a replay with --piecewise-graphs runs them")
     pp.add_argument("--out", type=Path, default=None)
     fp = sub.add_parser("refit", help="fit a calibration's stored measurements again (no GPU)")
     fp.add_argument("calibration", type=Path)
@@ -157,7 +173,8 @@ def run_replay(args: argparse.Namespace) -> int:
     setup_start = time.perf_counter()
     setup = build_gpu_engine(config, seed=args.seed, use_graphs=not args.no_graphs,
                              torch_cap=args.torch_cap, max_kv_blocks=args.max_kv_blocks,
-                             piecewise=args.piecewise_graphs)
+                             piecewise=args.piecewise_graphs,
+                             piecewise_max_tokens=piecewise_cap(args))
     setup_s = time.perf_counter() - setup_start
     engine, m = setup.engine, setup.measurement
     print(f"setup {setup_s:.1f} s: KV {engine.core.plan.num_kv_blocks} blocks "
@@ -203,8 +220,8 @@ def run_profile(args: argparse.Namespace) -> int:
 
     config = engine_config(args, Policy.STATIC)
     result = calibrate(config, seed=args.seed, quick=args.quick, replay_setup=args.replay_setup,
-                       passes=args.passes,
-                       piecewise=args.piecewise_graphs)
+                       passes=args.passes, piecewise=args.piecewise_graphs,
+                       piecewise_max_tokens=piecewise_cap(args))
     out = args.out or Path(f"calibration_{config.model.name}.json")
     write_calibration(out, result)
     print(json.dumps({"efficiency": result["efficiency"], "fit_error": result["fit_error"]},

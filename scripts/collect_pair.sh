@@ -6,7 +6,8 @@
 #
 # FILES_AT "-": copy nothing, only regenerate the reports and the table.
 # FILES_AT: the folder holding gpu0.tar.gz, gpu1.tar.gz, status.txt and kernel_smoke.log, or
-# the stage tarballs (replay.tar.gz, ...) of a plain `scripts/gpu_all.sh` call.
+# the stage tarballs (replay.tar.gz, ...) of a plain `scripts/gpu_all.sh` call. Engines: eager
+# (no suffix), piecewise (_piecewise) and capped piecewise (_piecewiseN, GPU_ALL_ENGINE=piecewiseN).
 # Copies, when present: the replays (validation/gpu_runs/h200_*), the calibration profiles
 # (calibration/), the kernel and engine benchmarks (benchmarks/results/); then runs
 # `python -m validation compare` for each single-GPU slice (with --repeat-dir for every earlier
@@ -20,17 +21,21 @@ trap 'rm -rf "$WORK"' EXIT
 [ "$SRC" = - ] && SRC="$WORK/none"  # nothing to copy: every test below finds no file
 # g0, g1: the two tracks of a gpu_pair.sh call; g2: stage tarballs of a plain gpu_all.sh call
 mkdir -p "$WORK/g2"
-STAGES="bench profile replay replay_piecewise validation"
-for stage in $STAGES; do
-  [ -f "$SRC/$stage.tar.gz" ] && cp "$SRC/$stage.tar.gz" "$WORK/g2/"
+is_stage() {  # is_stage NAME: a stage tarball's name (replay_piecewise512: a capped engine's)
+  case "$1" in bench|profile|replay|replay_piecewise*|validation) return 0 ;; esac
+  return 1
+}
+for tarball in "$SRC"/*.tar.gz; do
+  [ -f "$tarball" ] && is_stage "$(basename "$tarball" .tar.gz)" && cp "$tarball" "$WORK/g2/"
 done
 for gpu in 0 1 2; do
   mkdir -p "$WORK/g$gpu"
   [ -f "$SRC/gpu$gpu.tar.gz" ] && tar -xzf "$SRC/gpu$gpu.tar.gz" -C "$WORK/g$gpu"
-  for stage in $STAGES; do
-    if [ -f "$WORK/g$gpu/$stage.tar.gz" ]; then
+  for tarball in "$WORK/g$gpu"/*.tar.gz; do
+    stage="$(basename "$tarball" .tar.gz)"
+    if [ -f "$tarball" ] && is_stage "$stage"; then
       mkdir -p "$WORK/g$gpu/$stage"
-      tar -xzf "$WORK/g$gpu/$stage.tar.gz" -C "$WORK/g$gpu/$stage"
+      tar -xzf "$tarball" -C "$WORK/g$gpu/$stage"
     fi
   done
 done
@@ -43,8 +48,9 @@ copy_run() {  # copy_run FROM NAME: a replay folder (static/, elastic/) into val
 }
 for gpu in 0 1 2; do
   g="$WORK/g$gpu"
-  copy_run "$g/replay" h200_llama-3.1-8b_azure-conv
-  copy_run "$g/replay_piecewise" h200_llama-3.1-8b_azure-conv_piecewise
+  for run in "$g"/replay "$g"/replay_piecewise*; do  # the replay stage: CONV_RUN's slice
+    [ -d "$run" ] && copy_run "$run" "h200_llama-3.1-8b_azure-conv${run#"$g"/replay}"
+  done
   for run in "$g"/validation/h200_*; do [ -d "$run" ] && copy_run "$run" "$(basename "$run")"; done
   for cal in "$g"/profile/calibration_*.json; do
     [ -f "$cal" ] && cp "$cal" calibration/ && echo "profile -> calibration/$(basename "$cal")"
@@ -61,9 +67,10 @@ source "$(dirname "$0")/lib.sh"  # the slices: CONV_RUN, VALIDATION_RUNS
 eager=() piecewise=()  # the reports of each engine, for one table each
 for line in "$CONV_RUN" "${VALIDATION_RUNS[@]}"; do
   read -r slice model trace limit rate _ <<<"$line"
-  for suffix in "" _piecewise; do  # the eager engine's replays, then the piecewise graphs'
-    name="$slice$suffix"
-    [ -d "validation/gpu_runs/$name" ] || continue
+  for dir in "validation/gpu_runs/$slice" "validation/gpu_runs/$slice"_piecewise*; do
+    [ -d "$dir" ] || continue  # the eager engine's replays, then the piecewise graphs' (capped: _piecewiseN)
+    name="$(basename "$dir")"
+    suffix="${name#"$slice"}"
     rm -rf "validation/reports/$name"
     repeats=()  # earlier replays of the slice, kept under validation/gpu_runs/repeats/NAME/TAG
     for dir in validation/gpu_runs/repeats/"$name"/*/; do

@@ -20,7 +20,8 @@
 # <policy>_chunk_<n> folder).
 # GPU_ALL_ENGINE=piecewise: the profiles and replays run with --piecewise-graphs, their
 # results named with a _piecewise suffix (calibration_MODEL_piecewise.json, replay_piecewise,
-# validation/NAME_piecewise), so they sit beside the eager engine's.
+# validation/NAME_piecewise), so they sit beside the eager engine's. piecewiseN (e.g.
+# piecewise512): graphs up to N tokens (--piecewise-max-tokens N), suffix _piecewiseN.
 set -o pipefail
 export PYTHONUNBUFFERED=1
 
@@ -50,7 +51,10 @@ SUFFIX=""
 case "${GPU_ALL_ENGINE:-eager}" in
   eager) ;;
   piecewise) ENGINE_FLAGS=(--piecewise-graphs); SUFFIX=_piecewise ;;
-  *) echo "GPU_ALL_ENGINE: eager or piecewise, not ${GPU_ALL_ENGINE}" >&2; exit 2 ;;
+  piecewise[0-9]*)  # piecewise graphs up to N tokens, longer steps fully eager
+    ENGINE_FLAGS=(--piecewise-graphs --piecewise-max-tokens "${GPU_ALL_ENGINE#piecewise}")
+    SUFFIX="_$GPU_ALL_ENGINE" ;;
+  *) echo "GPU_ALL_ENGINE: eager, piecewise or piecewiseN, not ${GPU_ALL_ENGINE}" >&2; exit 2 ;;
 esac
 
 # shellcheck source=scripts/lib.sh

@@ -13,7 +13,7 @@ from dataclasses import replace
 import numpy as np
 from scipy.optimize import OptimizeResult, least_squares
 
-from sim.cost_model import FIT_PARAMETERS, Efficiency
+from sim.cost_model import FIT_PARAMETERS, MIN_LAUNCH_STEPS, Efficiency
 
 
 def fit_efficiency(start: Efficiency, relative_errors: Callable[[Efficiency], np.ndarray],
@@ -57,13 +57,28 @@ def split_term_fixed(num_split_steps: int) -> tuple[str, ...]:
     return ("split_launch_s",) if num_split_steps < MIN_SPLIT_STEPS else ()
 
 
-def eager_launch_start(start: Efficiency, prefill_step_s: np.ndarray) -> Efficiency:
-    """`start` with a usable eager_launch_s when it has none.
+def launch_terms(start: Efficiency, eager_s: np.ndarray,
+                 piecewise_s: np.ndarray) -> tuple[Efficiency, tuple[str, ...]]:
+    """`start` with usable launch terms, and the launch terms a fit must hold, for steps of
+    which the fully eager ones took `eager_s` and the piecewise-graph ones `piecewise_s`
+    (seconds; CostModel.eager_step tells them apart).
 
-    A step costs max(device, launch): from launch 0 every step is device-bound and the
-    launch time has no gradient, so a fit would never move it. The shortest step with
-    prefill tokens bounds the launch time from above, a start the fit can walk down from.
+    A term that fewer than MIN_LAUNCH_STEPS steps launch with is held at its start: a profile
+    whose piecewise graphs reach the chunk times one fully eager step (the grid's largest,
+    device-bound), an eager engine's none with piecewise graphs. A free term without a usable start starts at the shortest of its steps: a step
+    costs max(device, launch), so from launch 0 every step is device-bound and the launch
+    time has no gradient, while the shortest step bounds it from above, a start the fit can
+    walk down from.
     """
-    if start.eager_launch_s > 0 or prefill_step_s.size == 0:
-        return start
-    return replace(start, eager_launch_s=float(np.min(prefill_step_s)))
+    held = []
+    if eager_s.size < MIN_LAUNCH_STEPS:
+        held.append("eager_launch_s")
+    elif start.eager_launch_s <= 0:
+        start = replace(start, eager_launch_s=float(np.min(eager_s)))
+    if piecewise_s.size < MIN_LAUNCH_STEPS:
+        held.append("piecewise_launch_s")
+    elif start.piecewise_launch_s is None or start.piecewise_launch_s <= 0:
+        begin = start.piecewise_launch if start.piecewise_launch > 0 else float(np.min(piecewise_s))
+        start = replace(start, piecewise_launch_s=begin)
+    return start, tuple(held)
+

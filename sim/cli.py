@@ -20,7 +20,8 @@ from sim.cost_model import (
     Efficiency,
     host_slower,
     load_efficiency,
-    piecewise_capture_sizes,
+    piecewise_sizes_for,
+    timed_launch_kinds,
 )
 from sim.metrics import Slo
 from sim.outputs import parse_int_list, parse_policies
@@ -61,6 +62,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                    help="steps with prefill tokens run piecewise CUDA graphs: their linear "
                         "layers are priced padded to the next of piecewise_capture_sizes(chunk) "
                         "(as `python -m gpu_backend replay --piecewise-graphs`)")
+    g.add_argument("--piecewise-max-tokens", type=int, default=None, metavar="N",
+                   help="with --piecewise-graphs: the graphs stop at N tokens (as the engine's "
+                        "--piecewise-max-tokens); a longer step is priced fully eager, with "
+                        "the calibration's eager_launch_s")
 
 
 def parse_graph_sizes(text: str) -> tuple[int, ...]:
@@ -93,9 +98,12 @@ def engine_configs(args: argparse.Namespace) -> list[EngineConfig]:
     chunks = parse_int_list(args.chunk, "--max-num-batched-tokens") if args.chunk else [None]
     configs = [replace(base, policy=p, max_num_batched_tokens=c)
                for c in chunks for p in policies]
+    cap = getattr(args, "piecewise_max_tokens", None)
+    if cap is not None and not args.piecewise_graphs:
+        raise ValueError("--piecewise-max-tokens caps the piecewise graphs: add --piecewise-graphs")
     if not args.piecewise_graphs:
         return configs
-    return [replace(c, piecewise_graph_sizes=piecewise_capture_sizes(c.chunk_tokens))
+    return [replace(c, piecewise_graph_sizes=piecewise_sizes_for(c.chunk_tokens, cap))
             for c in configs]
 
 
@@ -129,21 +137,31 @@ def load_calibration(path: Path | None):
     return efficiency, profile, vmm_costs_of(data, path)
 
 
-def piecewise_mismatch(calibration: Path | None, piecewise: bool) -> str | None:
+def piecewise_mismatch(calibration: Path | None, piecewise: bool,
+                       capped: bool = False) -> str | None:
     """What to say when a calibration was profiled with piecewise CUDA graphs and the run does
-    not price them, or the other way round (its eager_launch_s is the other engine's); None
+    not price them, or the other way round (its launch terms are the other engine's), or when
+    the run's graphs stop short of its chunk (`capped`: --piecewise-max-tokens) but the profile
+    timed no fully eager step, so the eager_launch_s those steps take was not measured; None
     when they agree or there is no calibration."""
     if calibration is None:
         return None
-    sizes = json.loads(calibration.read_text()).get("piecewise_sizes")  # load_calibration read it
+    data = json.loads(calibration.read_text())  # load_calibration read it
+    sizes = data.get("piecewise_sizes")
     if sizes is not None and not isinstance(sizes, list):
         raise ValueError(f"{calibration}: piecewise_sizes is {sizes!r}; expected null or a list "
                          "of token counts, as `python -m gpu_backend profile` writes it")
     profiled = bool(sizes)
     if profiled == piecewise:
+        kinds = timed_launch_kinds(data)
+        if piecewise and capped and kinds is not None and not kinds[0]:
+            return (f"{calibration} timed every step through piecewise graphs (up to "
+                    f"{max(sizes)} tokens), so its eager_launch_s was not measured; the steps "
+                    "past --piecewise-max-tokens are priced with it: profile with the same "
+                    "--piecewise-max-tokens")
         return None
     if profiled:
-        return (f"{calibration} was profiled with piecewise CUDA graphs (its eager_launch_s is "
+        return (f"{calibration} was profiled with piecewise CUDA graphs (its launch terms are "
                 "theirs): add --piecewise-graphs to price prefill steps as that engine ran them")
     return (f"{calibration} was profiled without piecewise CUDA graphs (its eager_launch_s is a "
             "fully eager step's): --piecewise-graphs pads the steps but keeps that launch time")
@@ -179,7 +197,9 @@ def main(argv: list[str] | None = None) -> int:
         trace = trace_from_args(args)
         configs = engine_configs(args)
         efficiency, profile, vmm_costs = load_calibration(args.calibration)
-        note = piecewise_mismatch(args.calibration, args.piecewise_graphs)
+        capped = any(c.piecewise_graph_sizes and max(c.piecewise_graph_sizes) < c.chunk_tokens
+                     for c in configs)
+        note = piecewise_mismatch(args.calibration, args.piecewise_graphs, capped)
         if note:
             print(f"note: {note}", file=sys.stderr)
         if args.host_slowdown != 1.0:

@@ -47,10 +47,14 @@ class Efficiency:
     # engine). The host enqueues kernels while the device runs the earlier ones, so such a
     # step takes max(device time, this), not the sum: short chunks are launch-bound, long
     # ones compute-bound (H200, Llama-3.1-8B, torch layers: prefills of 16 to 1,024 tokens
-    # all took ~42 ms). 0 where every step is graphed. With piecewise graphs (CostModel's
-    # token_graph_sizes) such a step still launches attention eagerly between the pieces, so
-    # the term stays, fitted on profiles taken with the graphs.
+    # all took ~42 ms). 0 where every step is graphed.
     eager_launch_s: float = 0.0
+    # Host time to launch a step that runs piecewise CUDA graphs (CostModel's
+    # token_graph_sizes): attention launched eagerly between the graph pieces, every piece a
+    # graph replay (Qwen2.5-0.5B on the H200: 3-5 ms against 11-22 ms fully eager). None: as
+    # eager_launch_s (a calibration from before this term, whose eager_launch_s was fitted on
+    # the piecewise steps it timed, or one that timed no piecewise step).
+    piecewise_launch_s: float | None = None
     # How much of the shorter of a linear layer's compute and weight-read times is NOT hidden
     # under the longer: 0 is the roofline (max of the two), 1 adds them. Skinny GEMMs (decode
     # batches of 8..64 rows) sit between: measured H200 decode steps grow with the batch long
@@ -71,12 +75,20 @@ class Efficiency:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
+            if value is None and f.name == "piecewise_launch_s":
+                continue
             if value < 0 or (f.name in ("linear_compute", "memory", "kv_memory",
                                         "attention_compute", "interconnect")
                              and not 0 < value <= 1) or (f.name in ("linear_serial_fraction",
                                                                     "launch_serial_fraction")
                                                          and value > 1):
                 raise ValueError(f"efficiency {f.name}={value} is out of range")
+
+    @property
+    def piecewise_launch(self) -> float:
+        """The launch time of a step that runs piecewise graphs (piecewise_launch_s, or
+        eager_launch_s where that is None)."""
+        return self.eager_launch_s if self.piecewise_launch_s is None else self.piecewise_launch_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +181,15 @@ def piecewise_capture_sizes(max_tokens: int) -> tuple[int, ...]:
     return (*(size for size in grid if size < max_tokens), max_tokens)
 
 
+def piecewise_sizes_for(chunk: int, max_tokens: int | None = None) -> tuple[int, ...]:
+    """`piecewise_capture_sizes` of an engine whose chunk is `chunk` and whose piecewise
+    graphs stop at `max_tokens` (None: at the chunk). A step of more tokens runs fully eager;
+    vLLM captures up to 512 by default, where a step's launches still outweigh its compute."""
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"a piecewise graph cap of {max_tokens} tokens: give 1 or more")
+    return piecewise_capture_sizes(chunk if max_tokens is None else min(chunk, max_tokens))
+
+
 class CostModel:
     """Step times from the model's shape, the GPU's peak rates and the fitted efficiencies.
 
@@ -180,12 +201,12 @@ class CostModel:
     rows padded to 32 took 1.9% longer, 40 padded to 48 4.3%; benchmarks/decode_gap.py).
 
     `token_graph_sizes`: the token counts the engine captured piecewise CUDA graphs at for
-    steps with prefill tokens (ascending; `piecewise_capture_sizes`). A step of T tokens then
-    runs the graphs of the next size up: its linear layers and all-reduces compute the padded
-    count, while attention runs eagerly on the T real tokens between the pieces and lm_head on
-    the rows that sample. Its launch term stays `eager_launch_s` (fitted on profiles taken
-    with the graphs); beyond the largest size the step runs unpadded. Empty: every step with
-    prefill tokens computes exactly its tokens (a fully eager engine).
+    steps that run no decode graph (ascending; `piecewise_capture_sizes` of the chunk, or of a
+    smaller cap). A step of T tokens then runs the graphs of the next size up: its linear
+    layers and all-reduces compute the padded count, while attention runs eagerly on the T
+    real tokens between the pieces and lm_head on the rows that sample; its launch term is
+    `piecewise_launch_s`. Beyond the largest size the step runs fully eager: unpadded, with
+    `eager_launch_s`. Empty: every such step runs fully eager.
     """
 
     def __init__(self, model: ModelSpec, gpu: GpuSpec, tp: int = 1,
@@ -253,31 +274,41 @@ class CostModel:
             return num_rows, np.zeros(num_rows.shape, dtype=bool)
         return padded_batch_array(num_rows, self.graph_sizes)
 
-    def prefill_tokens(self, num_tokens: int) -> int:
-        """Tokens the linear layers and all-reduces compute in a step of `num_tokens` tokens
-        with prefill among them: the next piecewise graph size up, else the tokens."""
+    def eager_step(self, num_tokens: int) -> tuple[int, float]:
+        """(tokens the linear layers and all-reduces compute, launch time) of a step of
+        `num_tokens` tokens that runs no decode graph (one with prefill tokens, or a decode
+        batch beyond every decode graph): the piecewise graphs of the next size up when one
+        holds it, else every kernel launched eagerly on exactly its tokens."""
         padded = padded_batch(num_tokens, self.token_graph_sizes)
-        return num_tokens if padded is None else padded
+        if padded is None:
+            return num_tokens, self.eff.eager_launch_s
+        return padded, self.eff.piecewise_launch
 
-    def prefill_tokens_array(self, num_tokens: np.ndarray) -> np.ndarray:
-        """`prefill_tokens` of many steps with prefill tokens at once."""
+    def eager_step_array(self, num_tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`eager_step` of many steps at once: (tokens computed, runs piecewise graphs?)."""
         num_tokens = np.asarray(num_tokens, dtype=np.int64)
         if not self.token_graph_sizes:
-            return num_tokens
-        return padded_batch_array(num_tokens, self.token_graph_sizes)[0]
+            return num_tokens, np.zeros(num_tokens.shape, dtype=bool)
+        padded, beyond = padded_batch_array(num_tokens, self.token_graph_sizes)
+        return padded, ~beyond
+
+    def prefill_tokens(self, num_tokens: int) -> int:
+        """Tokens the linear layers and all-reduces compute in a step of `num_tokens` tokens
+        with prefill among them (`eager_step`)."""
+        return self.eager_step(num_tokens)[0]
 
     def step(self, out: SchedulerOutput) -> StepCost:
         """Cost of one step of `out` (the first step, for a decode run)."""
         num_tokens = out.num_prefill_tokens + out.num_decode_tokens
         rows, sampled, eager = num_tokens, out.num_sampled_rows, out.num_prefill_tokens > 0
-        if eager:  # eager launches, but padded to a piecewise graph size when there is one
-            rows = self.prefill_tokens(num_tokens)
-        elif num_tokens:
+        if num_tokens and not eager:
             rows, eager = self.decode_rows(num_tokens)
             sampled = rows if not eager else sampled
+        launch = 0.0
+        if eager:  # no decode graph: piecewise graphs where a size holds the step, else eager
+            rows, launch = self.eager_step(num_tokens)
         attention = self.prefill_attention_s(out.prefill_chunks)
         attention += self.decode_attention_s(out.decode_context_tokens)
-        launch = self.eff.eager_launch_s if eager else 0.0
         if out.num_prefill_tokens and self.eff.split_launch_s:
             max_query, max_seq = step_extents(out)
             if self.splits(num_tokens, len(out.scheduled), max_query, max_seq):
@@ -305,11 +336,14 @@ class CostModel:
         """Durations of `num_steps` consecutive decode-only steps of `batch_size` sequences
         whose contexts sum to `context_tokens` at the first step and grow by one each step."""
         rows, eager = self.decode_rows(batch_size)
-        device = self.linear_s(rows) + self.allreduce_s(rows) + self.logits_s(rows)
+        launch, sampled = 0.0, rows
+        if eager:  # beyond every decode graph: as CostModel.step prices it
+            rows, launch = self.eager_step(batch_size)
+            sampled = batch_size
+        device = self.linear_s(rows) + self.allreduce_s(rows) + self.logits_s(sampled)
         contexts = context_tokens + batch_size * np.arange(num_steps, dtype=np.float64)
         attention = contexts * (self._kv_bytes_per_token / self._kv_bytes_s)
         overhead = self.eff.step_overhead_s + self.eff.per_seq_overhead_s * batch_size
-        launch = self.eff.eager_launch_s if eager else 0.0  # as in StepCost.total_s
         device = device + attention
         return (np.maximum(device, launch) + self.eff.launch_serial_fraction
                 * np.minimum(device, launch) + overhead)
@@ -329,6 +363,7 @@ FIT_PARAMETERS = (
     ("step_overhead_s", (0.0, 0.05), 1e-3),
     ("per_seq_overhead_s", (0.0, 1e-3), 1e-6),
     ("eager_launch_s", (0.0, 0.2), 1e-3),
+    ("piecewise_launch_s", (0.0, 0.2), 1e-3),
     ("linear_serial_fraction", (0.0, 1.0), 1.0),
     ("split_launch_s", (0.0, 0.05), 1e-3),
     ("launch_serial_fraction", (0.0, 1.0), 1.0),
@@ -342,12 +377,18 @@ def slower(eff: Efficiency, factor: float) -> Efficiency:
         raise ValueError(f"slower() needs a factor >= 1 (efficiencies stay <= 1), got {factor}")
     return replace(eff, **{name: getattr(eff, name) / factor for name in (
         "linear_compute", "memory", "kv_memory", "attention_compute", "interconnect")},
-        **{name: getattr(eff, name) * factor for name in (
-            "allreduce_latency_s", "step_overhead_s", "per_seq_overhead_s", "eager_launch_s",
-            "split_launch_s")})
+        **_times(eff, ("allreduce_latency_s", "step_overhead_s", "per_seq_overhead_s",
+                       "eager_launch_s", "piecewise_launch_s", "split_launch_s"), factor))
 
 
-HOST_TERMS = ("step_overhead_s", "per_seq_overhead_s", "eager_launch_s", "split_launch_s")
+def _times(eff: Efficiency, names: Sequence[str], factor: float) -> dict[str, float]:
+    """The fixed times `names` of `eff` multiplied by `factor` (an unset one left unset)."""
+    return {name: getattr(eff, name) * factor for name in names
+            if getattr(eff, name) is not None}
+
+
+HOST_TERMS = ("step_overhead_s", "per_seq_overhead_s", "eager_launch_s", "piecewise_launch_s",
+              "split_launch_s")
 
 
 def host_slower(eff: Efficiency, factor: float) -> Efficiency:
@@ -359,7 +400,7 @@ def host_slower(eff: Efficiency, factor: float) -> Efficiency:
     enqueue are 0.3-0.5 ms), so for graph steps this is an upper bound."""
     if factor <= 0:
         raise ValueError(f"host_slower() needs a positive factor, got {factor}")
-    return replace(eff, **{name: getattr(eff, name) * factor for name in HOST_TERMS})
+    return replace(eff, **_times(eff, HOST_TERMS, factor))
 
 
 def load_efficiency(path: str | Path) -> Efficiency:
@@ -378,6 +419,36 @@ def load_efficiency(path: str | Path) -> Efficiency:
     if unknown:
         raise ValueError(f"{path}: unknown efficiency keys {sorted(unknown)}; known: {sorted(known)}")
     return Efficiency(**values)
+
+
+# Fewer steps than this that launch one way (fully eager, or through piecewise graphs): a
+# fit holds that launch term at its start. A profile without a cap still runs its largest
+# grid step (16,384 tokens, past the 8,192-token chunk's graphs) fully eager; that one
+# device-bound step says nothing about the launch time.
+MIN_LAUNCH_STEPS = 3
+
+
+def timed_launch_kinds(data: dict) -> tuple[bool, bool] | None:
+    """(timed fully eager steps?, timed piecewise-graph steps?) of a calibration JSON from
+    `python -m gpu_backend profile`: which of eager_launch_s and piecewise_launch_s its grid
+    measured (at least MIN_LAUNCH_STEPS steps each). A step with prefill tokens ran the
+    piecewise graphs when one of the profile's "piecewise_sizes" holds its tokens. None: no
+    measurement records (a fit of replays)."""
+    records = data.get("measurements")
+    if not isinstance(records, list) or not records:
+        return None
+    largest = max(data.get("piecewise_sizes") or [0])
+    eager = piecewise = 0
+    for record in records:
+        prefills = record.get("prefills") or []
+        if not prefills:
+            continue
+        tokens = sum(int(n) for n, _ in prefills) + int(record.get("num_decodes", 0))
+        if tokens <= largest:
+            piecewise += 1
+        else:
+            eager += 1
+    return eager >= MIN_LAUNCH_STEPS, piecewise >= MIN_LAUNCH_STEPS
 
 
 def efficiency_dict(eff: Efficiency) -> dict[str, float]:

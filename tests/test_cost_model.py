@@ -339,12 +339,12 @@ def test_a_padded_prefill_step_all_reduces_the_padded_tokens_under_tp():
     assert step.allreduce_s == pytest.approx(2 * 32 * per_call_s, rel=1e-12)
 
 
-def test_decode_only_steps_ignore_the_token_sizes():
-    for graphs in ((), GRAPHS):
+def test_decode_steps_in_a_decode_graph_ignore_the_token_sizes():
+    for graphs, rows_list in (((), (3, 20, 40)), (GRAPHS, (3, 20))):
         padded = CostModel(LLAMA_8B, H200, efficiency=NO_PER_SEQ, graph_sizes=graphs,
                            token_graph_sizes=(16, 32, 48, 64))
         plain = CostModel(LLAMA_8B, H200, efficiency=NO_PER_SEQ, graph_sizes=graphs)
-        for rows in (3, 20, 40):
+        for rows in rows_list:
             step = output(num_decode=rows, decode_context=rows * 500, num_rows=rows,
                           num_seqs=rows)
             assert padded.step(step) == plain.step(step)
@@ -352,17 +352,61 @@ def test_decode_only_steps_ignore_the_token_sizes():
                                           plain.decode_run_s(rows, rows * 500, 4))
 
 
-def test_prefill_tokens_of_many_steps_match_one_at_a_time():
+def test_a_decode_step_beyond_every_decode_graph_runs_the_piecewise_graphs():
+    """The engine's runner tries the decode graphs, then the piecewise ones (ModelRunner.
+    execute): 40 decode rows beyond graphs of up to 32 run the 48-token pieces, with the
+    piecewise launch time; without piecewise graphs they run fully eager, unpadded."""
+    eff = replace(NO_PER_SEQ, eager_launch_s=0.05, piecewise_launch_s=0.004)
+    pieces = CostModel(LLAMA_8B, H200, efficiency=eff, graph_sizes=GRAPHS,
+                       token_graph_sizes=(16, 32, 48, 64))
+    eager = CostModel(LLAMA_8B, H200, efficiency=eff, graph_sizes=GRAPHS)
+    step = output(num_decode=40, decode_context=40 * 500, num_rows=40, num_seqs=40)
+    got, plain = pieces.step(step), eager.step(step)
+    assert got.linear_s == pieces.linear_s(48) and plain.linear_s == eager.linear_s(40)
+    assert got.logits_s == plain.logits_s == pieces.logits_s(40)  # the real rows sample
+    assert (got.launch_s, plain.launch_s) == (0.004, 0.05)
+    for cost in (pieces, eager):  # a decode run prices its first step as `step` does
+        assert cost.decode_run_s(40, 40 * 500, 1)[0] == pytest.approx(cost.step(step).total_s,
+                                                                      rel=1e-12)
+
+
+def test_eager_steps_of_many_steps_match_one_at_a_time():
     from sim.cost_model import piecewise_capture_sizes
 
-    padded = CostModel(LLAMA_8B, H200, token_graph_sizes=piecewise_capture_sizes(8192))
+    eff = Efficiency(eager_launch_s=0.02, piecewise_launch_s=0.003)
+    padded = CostModel(LLAMA_8B, H200, efficiency=eff,
+                       token_graph_sizes=piecewise_capture_sizes(8192))
     tokens = np.array([1, 15, 16, 17, 300, 320, 321, 1025, 8191, 8192, 9000])
-    many = padded.prefill_tokens_array(tokens)
-    assert list(many) == [padded.prefill_tokens(int(n)) for n in tokens]
+    many, piecewise = padded.eager_step_array(tokens)
+    one = [padded.eager_step(int(n)) for n in tokens]
+    assert list(many) == [n for n, _ in one] == [padded.prefill_tokens(int(n)) for n in tokens]
     assert list(many) == [16, 16, 16, 32, 320, 320, 384, 1280, 8192, 8192, 9000]
-    plain = CostModel(LLAMA_8B, H200)
-    assert list(plain.prefill_tokens_array(tokens)) == list(tokens)
-    assert [plain.prefill_tokens(int(n)) for n in tokens] == list(tokens)
+    assert list(piecewise) == [launch == 0.003 for _, launch in one] == [True] * 10 + [False]
+    plain = CostModel(LLAMA_8B, H200, efficiency=eff)
+    plain_many, plain_piecewise = plain.eager_step_array(tokens)
+    assert list(plain_many) == list(tokens) and not plain_piecewise.any()
+    assert [plain.eager_step(int(n)) for n in tokens] == [(int(n), 0.02) for n in tokens]
+
+
+def test_a_capped_engine_prices_steps_past_its_largest_piecewise_graph_as_eager():
+    """Piecewise graphs captured up to 512 tokens only (vLLM's default cap): a 300-token
+    prefill runs the 320-token pieces with the piecewise launch time, a 2,000-token one runs
+    fully eager with the eager launch time; where piecewise_launch_s is unset (a calibration
+    from before it), both take eager_launch_s."""
+    from sim.cost_model import piecewise_capture_sizes
+
+    eff = replace(NO_PER_SEQ, eager_launch_s=0.02, piecewise_launch_s=0.003)
+    capped = CostModel(LLAMA_8B, H200, efficiency=eff,
+                       token_graph_sizes=piecewise_capture_sizes(512))
+    short = output(num_prefill=300, prefill_chunks=((300, 0),), num_rows=1)
+    long = output(num_prefill=2000, prefill_chunks=((2000, 0),), num_rows=1)
+    assert capped.step(short).launch_s == 0.003
+    assert capped.step(short).linear_s == capped.linear_s(320)
+    assert capped.step(long).launch_s == 0.02
+    assert capped.step(long).linear_s == capped.linear_s(2000)
+    old = CostModel(LLAMA_8B, H200, efficiency=replace(eff, piecewise_launch_s=None),
+                    token_graph_sizes=piecewise_capture_sizes(512))
+    assert old.step(short).launch_s == old.step(long).launch_s == 0.02
 
 
 # ------------------------------------------------------------------ attention key splits

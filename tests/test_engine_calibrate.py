@@ -293,6 +293,44 @@ def test_split_launch_is_fitted_where_the_grid_splits_and_held_where_it_barely_d
         assert held.split_launch_s == 0.0, name
 
 
+def test_a_capped_grid_fits_both_launch_terms_and_an_uncapped_one_holds_the_eager_one():
+    """Piecewise graphs up to 512 tokens: the grid's shorter prefill steps run them (3 ms of
+    launches), its longer ones fully eager (15 ms); a fit recovers both. Graphs up to the
+    largest step (no cap): no step ran fully eager, so eager_launch_s keeps its start (0,
+    not measured) and the piecewise term is fitted; an eager grid leaves the piecewise
+    term unset."""
+    from sim.cost_model import piecewise_capture_sizes, piecewise_sizes_for
+
+    gpu, model = get_gpu("h200"), get_model("qwen2.5-0.5b")
+    truth = Efficiency(linear_compute=0.5, memory=0.85, attention_compute=0.35,
+                       step_overhead_s=1.4e-3, per_seq_overhead_s=2e-6, eager_launch_s=15e-3,
+                       piecewise_launch_s=3e-3)
+    outputs = [scheduler_output(s) for s in default_grid()]
+    pinned = {"copy_bandwidth_bytes_s": 0.85 * gpu.memory_bandwidth_bytes_s}
+    capped = piecewise_sizes_for(8192, 512)
+    cost = CostModel(model, gpu, 1, truth, token_graph_sizes=capped)
+    measured = np.array([cost.step(o).total_s for o in outputs])
+    fitted, error = fit_efficiency((model, gpu, 1), outputs, measured, token_graph_sizes=capped,
+                                   **pinned)
+    assert fitted.eager_launch_s == pytest.approx(15e-3, rel=0.05)
+    assert fitted.piecewise_launch_s == pytest.approx(3e-3, rel=0.05)
+    assert error["median_abs_rel"] < 0.01
+
+    full = piecewise_capture_sizes(8192)
+    cost = CostModel(model, gpu, 1, truth, token_graph_sizes=full)
+    measured = np.array([cost.step(o).total_s for o in outputs])
+    fitted, _ = fit_efficiency((model, gpu, 1), outputs, measured, token_graph_sizes=full,
+                               **pinned)
+    assert fitted.eager_launch_s == 0.0
+    assert fitted.piecewise_launch_s == pytest.approx(3e-3, rel=0.05)
+
+    cost = CostModel(model, gpu, 1, truth)
+    measured = np.array([cost.step(o).total_s for o in outputs])
+    fitted, _ = fit_efficiency((model, gpu, 1), outputs, measured, **pinned)
+    assert fitted.piecewise_launch_s is None
+    assert fitted.eager_launch_s == pytest.approx(15e-3, rel=0.05)
+
+
 def test_a_grid_timed_in_two_passes_cancels_a_linear_drift_of_the_host():
     """Each point's true time plus a drift that grows with every measurement: one pass leaves
     the drift on the later points; forward then reverse gives every point the same offset."""
@@ -379,3 +417,14 @@ def test_profiles_of_one_grid_merge_to_the_median_of_each_point(tmp_path, capsys
     (tmp_path / "f.json").write_text("[]")
     assert main(["refit", str(tmp_path / "f.json"), "--out", str(out)]) == 2
     assert "not a calibration" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["replay", "profile"])
+def test_piecewise_max_tokens_needs_the_piecewise_graphs(command, capsys):
+    from gpu_backend.__main__ import main
+
+    trace = ["--trace", "azure-conv", "--limit", "2"] if command == "replay" else []
+    assert main([command, *trace, "--piecewise-max-tokens", "512"]) == 2
+    assert "caps the piecewise graphs: add --piecewise-graphs" in capsys.readouterr().err
+    assert main([command, *trace, "--piecewise-graphs", "--piecewise-max-tokens", "0"]) == 2
+    assert "--piecewise-max-tokens 0: give 1 or more tokens" in capsys.readouterr().err

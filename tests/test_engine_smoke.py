@@ -158,6 +158,29 @@ def test_piecewise_graph_wiring_gives_the_eager_tokens(model):
     assert engine.mirror.outputs == reference
 
 
+def test_capped_piecewise_graphs_run_longer_steps_fully_eager(model):
+    """Graphs up to 16 tokens only (--piecewise-max-tokens 16): a step of more tokens finds
+    no size and the runner runs it through the eager model; the tokens stay the eager
+    engine's."""
+    reference = run(model, Policy.STATIC, num_kv_blocks=12).mirror.outputs
+    core = toy_core(toy_config(Policy.STATIC), 12)
+    store = plain_store(core, "cpu", torch.float32)
+    pieces = PiecewiseGraphs(model, kv_caches_of(store, TINY.num_layers), 16,
+                             torch.device("cpu"))
+    pieces.capture()
+    assert pieces.sizes == (16,)
+    engine = assemble_engine(core, model, store, torch.device("cpu"), None, seed=3,
+                             piecewise=pieces)
+    engine.mirror.keep_outputs = True
+    engine.timer = TickTimer(1.0)
+    replay(engine, REQUESTS, wait=False)
+    with_tokens = [step for step in engine.steps if step[2] + step[3] > 0]
+    longer = sum(1 for step in with_tokens if step[2] + step[3] > 16)
+    assert longer > 0 and engine.runner.num_eager_steps == longer
+    assert engine.runner.num_piecewise_steps == len(with_tokens) - longer
+    assert engine.mirror.outputs == reference
+
+
 def test_piecewise_sizes_and_refusals(model):
     core = toy_core(toy_config(Policy.STATIC), 12)
     caches = kv_caches_of(plain_store(core, "cpu", torch.float32), TINY.num_layers)

@@ -188,6 +188,38 @@ def test_piecewise_graphs_flag_pads_prefill_steps_to_each_chunks_capture_sizes(c
     assert ttft_p50("--piecewise-graphs") > ttft_p50()  # padded prefills take longer
 
 
+def test_piecewise_max_tokens_caps_the_priced_graphs(tmp_path, capsys):
+    from sim.cli import build_parser, engine_configs
+
+    def configs(*flags: str):
+        return engine_configs(build_parser().parse_args(["--trace", "azure-conv", *flags]))
+
+    capped = configs("--chunk", "300,8192", "--policy", "static", "--piecewise-graphs",
+                     "--piecewise-max-tokens", "512")
+    assert capped[0].piecewise_graph_sizes[-1] == 300  # the chunk is below the cap
+    assert capped[1].piecewise_graph_sizes[-1] == 512 and len(capped[1].piecewise_graph_sizes) == 20
+    assert main(["--trace", "azure-conv", "--limit", "5", "--no-progress",
+                 "--piecewise-max-tokens", "512"]) == 2
+    assert "add --piecewise-graphs" in capsys.readouterr().err
+    # a profile whose graphs held every grid step never timed a fully eager one: a capped run
+    # prices its longer steps with an eager_launch_s nobody measured, and is told so
+    uncapped = tmp_path / "uncapped.json"
+    uncapped.write_text(json.dumps({
+        "efficiency": {"eager_launch_s": 0.0, "piecewise_launch_s": 0.003},
+        "piecewise_sizes": [16, 32, 2048],
+        "measurements": [*({"kind": "prefill", "prefills": [[n, 0]], "num_decodes": 0}
+                           for n in (100, 1000, 2000)),
+                         {"kind": "prefill", "prefills": [[4096, 0]], "num_decodes": 0},
+                         {"kind": "decode", "prefills": [], "num_decodes": 8}]}))
+    run = ["--trace", "azure-conv", "--limit", "5", "--policy", "static", "--chunk", "2048",
+           "--no-progress", "--json", "--piecewise-graphs", "--calibration", str(uncapped)]
+    assert main(run) == 0
+    assert "note:" not in capsys.readouterr().err
+    assert main([*run, "--piecewise-max-tokens", "512"]) == 0
+    err = capsys.readouterr().err
+    assert "eager_launch_s was not measured" in err and str(uncapped) in err
+
+
 def test_a_calibration_profiled_the_other_way_gets_a_note(tmp_path, capsys):
     """A piecewise profile's launch term is the piecewise engine's: running it without
     --piecewise-graphs (or an eager profile with it) runs, with a note saying so."""

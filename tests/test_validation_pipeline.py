@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -119,6 +120,9 @@ def test_fit_recovers_perturbed_efficiencies_on_held_out_steps(runs):
     assert result.holdout_after["median_abs"] < 1e-3
     assert result.holdout_after["p99_abs"] < 1e-2
     for name, _, _ in FIT_PARAMETERS:
+        if name == "piecewise_launch_s":  # no step ran piecewise graphs: held, unset
+            assert result.efficiency.piecewise_launch_s is None
+            continue
         assert getattr(result.efficiency, name) == pytest.approx(getattr(TRUE, name), rel=0.02,
                                                                  abs=1e-6), name
 
@@ -289,6 +293,43 @@ def test_cli_fit_of_piecewise_replays_takes_a_piecewise_calibration_only(tmp_pat
     assert saved["fit"]["holdout_after"]["p99_abs"] < 1e-6
     assert saved["piecewise_sizes"] == list(piecewise_capture_sizes(4096))
     check_calibration_graphs(out, [load_run(f) for f in find_runs(gpu_dir)])  # pairs with them
+
+
+def test_capped_piecewise_replays_need_a_profile_that_timed_fully_eager_steps(tmp_path):
+    """Replays whose piecewise graphs stop at 512 tokens ran their longer steps fully eager:
+    a calibration whose grid ran every step through its graphs did not measure the launch
+    time of those, and is refused; one profiled with the same cap pairs with them. The
+    simulator prices such replays step by step as the engine ran them."""
+    from sim.cost_model import piecewise_sizes_for
+    from validation.runs import check_calibration_graphs
+
+    capped = replace(config(Policy.STATIC, 4096),
+                     piecewise_graph_sizes=piecewise_sizes_for(4096, 512))
+    truth = replace(TRUE, eager_launch_s=0.02, piecewise_launch_s=0.004)
+    trace = load_trace("azure-code").head(60)
+    _, recorder = simulate_logged(RunSpec(capped, efficiency=truth), trace)
+    table = recorder.table()
+    cost = CostModel(LLAMA_8B, H200, 1, truth, token_graph_sizes=capped.piecewise_graph_sizes)
+    np.testing.assert_allclose(predict_step_times(cost, table), table.duration_s, rtol=1e-9)
+    assert (table.num_tokens[table.has_prefill] > 512).any()  # some steps ran fully eager
+
+    gpu_dir = tmp_path / "gpu"
+    write_gpu_style_run(gpu_dir, RunSpec(capped, efficiency=truth), SLICE)
+    runs = [load_run(f) for f in find_runs(gpu_dir)]
+
+    def profile(name: str, sizes: tuple[int, ...]) -> Path:
+        records = [{"kind": "prefill", "prefills": [[n, 0]], "num_decodes": 0}
+                   for n in (64, 300, 1024, 2048, 4096, 8192)]
+        path = tmp_path / name
+        path.write_text(json.dumps({"efficiency": asdict(truth), "piecewise_sizes": list(sizes),
+                                    "measurements": records}))
+        return path
+
+    uncapped = profile("uncapped.json", piecewise_sizes_for(8192))
+    with pytest.raises(ValueError, match=r"up to 512 tokens and ran its longer steps fully eager"
+                                         r".*re-profile with --piecewise-max-tokens 512"):
+        check_calibration_graphs(uncapped, runs)
+    check_calibration_graphs(profile("capped.json", piecewise_sizes_for(8192, 512)), runs)
 
 
 # ------------------------------------------------------------------ attention key splits

@@ -272,3 +272,18 @@ def test_transition_line_lists_each_replays_attaches_and_detaches():
             "p50 0.55 ms, max 75.1 ms") in line
     assert "static" not in line and "old" not in line
     assert transition_line(runs[1:]) == ""
+
+
+def test_the_profile_command_takes_the_replays_piecewise_cap(tmp_path):
+    """`validation run --profile` profiles as the replays run: with their cap, the grid's
+    longer steps run fully eager, so the calibration measures both launch terms."""
+    import argparse
+
+    from validation.commands import _profile_command
+
+    args = argparse.Namespace(model="llama-3.2-3b", chunks="2048,8192",
+                              replay_args="--piecewise-graphs --piecewise-max-tokens 512")
+    out = tmp_path / "calibration.json"
+    assert _profile_command(args, out)[3:] == [
+        "profile", "--model", "llama-3.2-3b", "--chunk", "8192", "--out", str(out),
+        "--piecewise-max-tokens", "512", "--piecewise-graphs"]

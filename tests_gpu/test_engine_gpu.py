@@ -193,6 +193,19 @@ def test_replay_with_piecewise_graphs():
     teardown(setup)
 
 
+def test_replay_with_capped_piecewise_graphs():
+    """Graphs up to 128 tokens (--piecewise-max-tokens 128): the short steps with a prompt run
+    them, the longer ones (prompts of 300 tokens) run fully eager, and every request ends."""
+    setup = build(Policy.ELASTIC, piecewise=True, piecewise_max_tokens=128)
+    engine = setup.engine
+    assert max(setup.piecewise.sizes) == 128
+    replay(engine, REQUESTS, wait=False)
+    measured = engine_summary(engine, {})["measured"]
+    assert {r.status for r in engine.recorder.requests} == {RequestStatus.FINISHED}
+    assert measured["num_piecewise_steps"] > 0 and measured["num_eager_steps"] > 0
+    teardown(setup)
+
+
 @pytest.mark.parametrize("piecewise", [False, True])
 def test_a_step_that_samples_no_row_is_timed_to_its_end(piecewise):
     """A prompt longer than the chunk: its first step samples no row, so no ids come back to

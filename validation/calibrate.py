@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.calibration import eager_launch_start, split_term_fixed
 from sim.calibration import fit_efficiency as fit_parameters
+from sim.calibration import launch_terms, split_term_fixed
 from sim.core.catalog import GpuSpec, ModelSpec
 from sim.core.elastic import VmmCosts
 from sim.core.memory_plan import ActivationProfile
@@ -115,9 +115,17 @@ def fit_efficiency(model: ModelSpec, gpu: GpuSpec, tp: int, fit: StepTable,
     fit = usable_steps(fit)
     if len(fit) < len(free):
         raise ValueError(f"{len(fit)} usable steps cannot fit {len(free)} parameters")
-    if "eager_launch_s" in free:
-        initial = eager_launch_start(initial, fit.duration_s[fit.num_prefill_tokens > 0])
     held = [n for n in names if n not in free]
+    # steps that run no decode graph: piecewise graphs where a size holds them, else eager
+    cost = CostModel(model, gpu, tp, initial, graph_sizes, token_graph_sizes)
+    ran = fit.num_tokens > 0
+    eager = ran & (fit.has_prefill | cost.decode_rows_array(fit.num_tokens)[1])
+    piecewise = eager & cost.eager_step_array(fit.num_tokens)[1]
+    started, idle = launch_terms(initial, fit.duration_s[eager & ~piecewise],
+                                 fit.duration_s[piecewise])
+    initial = replace(initial, **{n: getattr(started, n) for n in (
+        "eager_launch_s", "piecewise_launch_s") if n in free})  # a held term keeps its value
+    held += [n for n in idle if n in free]
     if "split_launch_s" in free and fit.max_query_len is not None \
             and fit.max_seq_len is not None:  # held where too few steps split to fit it
         splits = fit.has_prefill & CostModel(model, gpu, tp, initial).splits_array(

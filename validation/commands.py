@@ -104,11 +104,11 @@ def _replay_command(args: argparse.Namespace, policy: str, chunk: int, out: Path
 def _profile_command(args: argparse.Namespace, out: Path) -> list[str]:
     """`python -m gpu_backend profile` for the model, with the engine flags of --replay-args
     (the profile's chunk is the largest replayed: its piecewise graphs, if any, cover all)."""
-    from gpu_backend.__main__ import add_engine_arguments
+    from gpu_backend.__main__ import add_engine_arguments, add_piecewise_arguments
 
     engine = argparse.ArgumentParser(add_help=False)
     add_engine_arguments(engine)
-    engine.add_argument("--piecewise-graphs", action="store_true")
+    add_piecewise_arguments(engine, "as the replays'")
     known, _ = engine.parse_known_args(shlex.split(args.replay_args))
     cmd = [sys.executable, "-m", "gpu_backend", "profile", "--model", args.model,
            "--chunk", str(max(parse_int_list(args.chunks, "--chunks"))), "--out", str(out)]
@@ -117,6 +117,8 @@ def _profile_command(args: argparse.Namespace, out: Path) -> list[str]:
         given = getattr(known, flag)
         if given is not None and given != engine.get_default(flag):
             cmd += [f"--{flag.replace('_', '-')}", str(given)]
+    if known.piecewise_max_tokens is not None:  # the replays' cap, so both launch terms fit
+        cmd += ["--piecewise-max-tokens", str(known.piecewise_max_tokens)]
     return cmd + (["--piecewise-graphs"] if known.piecewise_graphs else [])
 
 

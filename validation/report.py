@@ -268,8 +268,11 @@ def _fit_lines(v: Validation) -> list[str]:
     f = v.fit
     lines = [v.fit_note + ".", "",
              "| efficiency | start | fitted |", "|---|---|---|"]
+    def shown(value: float | None) -> str:  # None: piecewise_launch_s unset (eager_launch_s)
+        return "as eager_launch_s" if value is None else f"{value:.4g}"
+
     for name, value in asdict(f.efficiency).items():
-        lines.append(f"| {name} | {getattr(f.initial, name):.4g} | {value:.4g} |")
+        lines.append(f"| {name} | {shown(getattr(f.initial, name))} | {shown(value)} |")
     b, a = f.holdout_before, f.holdout_after
     lines += ["", "| held-out steps | median \\|err\\| | p90 \\|err\\| | bias |", "|---|---|---|---|",
               f"| before the fit | {_abs(b['median_abs'])} | {_abs(b['p90_abs'])} | "

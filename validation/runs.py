@@ -26,6 +26,7 @@ import numpy as np
 from sim.core.catalog import GPUS, get_gpu, get_model
 from sim.core.elastic import DrainStrategy, Policy
 from sim.core.engine_config import EngineConfig
+from sim.cost_model import timed_launch_kinds
 from traces import Trace, load_trace
 from traces.bundled import BUNDLED
 from validation.steps import StepTable, open_csv, read_steps_csv
@@ -195,14 +196,20 @@ def _sizes(sizes: object, source: object, field: str, what: str) -> tuple[int, .
     return tuple(sorted(sizes))
 
 
-def calibration_piecewise_sizes(path: Path) -> tuple[int, ...]:
-    """The piecewise graphs' token sizes a calibration was profiled with ("piecewise_sizes":
-    a list, or null or absent, as in calibrations older than the option: none)."""
+def _calibration_json(path: Path) -> dict:
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"{path}: cannot read calibration JSON: {exc}") from None
-    return _sizes(data.get("piecewise_sizes"), path, "piecewise_sizes",
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a calibration is a JSON object, not {type(data).__name__}")
+    return data
+
+
+def calibration_piecewise_sizes(path: Path) -> tuple[int, ...]:
+    """The piecewise graphs' token sizes a calibration was profiled with ("piecewise_sizes":
+    a list, or null or absent, as in calibrations older than the option: none)."""
+    return _sizes(_calibration_json(path).get("piecewise_sizes"), path, "piecewise_sizes",
                   MEASURED_SIZES["piecewise_sizes"])
 
 
@@ -221,6 +228,17 @@ def check_calibration_graphs(calibration: Path | None, runs: Sequence[GpuRun]) -
                 f"the calibration {calibration} was profiled {cal} piecewise CUDA graphs but the "
                 f"replay in {run.path} ran {rep} them; re-profile {rep} --piecewise-graphs "
                 "(`python -m gpu_backend profile`) to compare these replays")
+    kinds = timed_launch_kinds(_calibration_json(calibration)) if profiled else None
+    if kinds is None or kinds[0]:
+        return
+    for run in runs:  # graphs that stop short of the chunk: its longer steps ran fully eager
+        sizes = measured_sizes(run.summary, "piecewise_sizes")
+        if sizes and max(sizes) < int(run.summary["chunk"]):
+            raise ValueError(
+                f"the replay in {run.path} captured piecewise graphs up to {max(sizes)} tokens "
+                f"and ran its longer steps fully eager, but the calibration {calibration} timed "
+                "every step through piecewise graphs, so its eager_launch_s was not measured; "
+                f"re-profile with --piecewise-max-tokens {max(sizes)}")
 
 
 def _default_reclaim(summary: dict) -> str:

@@ -201,19 +201,20 @@ def predict_step_times(cost: CostModel, table: StepTable) -> np.ndarray:
     # its rows are what the linear layers and logits compute; beyond every size, eagerly.
     decode_only = (table.num_prefill_tokens == 0) & (tokens > 0)
     graph_rows, graph_eager = cost.decode_rows_array(tokens)
-    # Steps with prefill tokens run the piecewise graphs of the next token size up, if any
-    # (CostModel.prefill_tokens): its tokens are what the linear layers compute.
-    piecewise_tokens = np.where(table.has_prefill, cost.prefill_tokens_array(tokens), tokens)
-    padded = np.where(decode_only, graph_rows, piecewise_tokens)
     eager = ~decode_only | graph_eager
-    sampled = np.where(decode_only & ~eager, padded, table.num_sampled_rows)
+    # A step that runs no decode graph runs the piecewise graphs of the next token size up,
+    # if any (CostModel.eager_step): its padded tokens are what the linear layers compute.
+    piecewise_tokens, piecewise = cost.eager_step_array(tokens)
+    padded = np.where(eager, piecewise_tokens, graph_rows)
+    sampled = np.where(eager, table.num_sampled_rows, padded)
     # Prefill attention and decode KV reads are linear in pairs and context tokens.
     per_pair_s = cost.prefill_attention_s(((2, 0),)) / 2.0  # a 2-token chunk is 2 pairs
     per_context_token_s = cost.decode_attention_s(1)
     device = (_per_unique(padded, cost.linear_s) + _per_unique(padded, cost.allreduce_s)
               + _per_unique(sampled, cost.logits_s)
               + table.prefill_pairs * per_pair_s + table.decode_context_tokens * per_context_token_s)
-    launch = np.where(eager & (tokens > 0), cost.eff.eager_launch_s, 0.0)
+    launch = np.where(eager & (tokens > 0),
+                      np.where(piecewise, cost.eff.piecewise_launch, cost.eff.eager_launch_s), 0.0)
     if cost.eff.split_launch_s and table.max_query_len is not None \
             and table.max_seq_len is not None:  # CostModel.step's split term
         splits = table.has_prefill & cost.splits_array(tokens, table.num_seqs,

@@ -54,12 +54,12 @@ from gpu_backend.engine.shapes import (
     spread_decode_shape,
 )
 from gpu_backend.env import versions
-from sim.calibration import eager_launch_start, split_term_fixed
 from sim.calibration import fit_efficiency as fit_parameters
+from sim.calibration import launch_terms, split_term_fixed
 from sim.core.catalog import get_gpu, get_model
 from sim.core.elastic import Policy
 from sim.core.engine_config import EngineConfig
-from sim.cost_model import CostModel, Efficiency, step_extents
+from sim.cost_model import CostModel, Efficiency, piecewise_sizes_for, step_extents
 
 
 def default_grid(quick: bool = False) -> list[StepShape]:
@@ -118,12 +118,17 @@ def fit_efficiency(cost_args: tuple, outputs: list, measured_s: np.ndarray,
         start = replace(start, memory=min(1.0, copy_bandwidth_bytes_s
                                           / gpu.memory_bandwidth_bytes_s))
         fixed = ("memory",)
+    # the profile's decode steps run exact-size graphs; a step with prefill tokens runs the
+    # piecewise graphs where one holds it, else fully eager (CostModel.eager_step)
     eager = np.array([o.num_prefill_tokens > 0 for o in outputs], dtype=bool)
-    start = eager_launch_start(start, measured_s[eager])
-    cost = CostModel(*cost_args, efficiency=start)
+    cost = CostModel(*cost_args, efficiency=start, token_graph_sizes=token_graph_sizes)
+    _, piecewise = cost.eager_step_array(
+        np.array([o.num_prefill_tokens + o.num_decode_tokens for o in outputs], dtype=np.int64))
+    start, held = launch_terms(start, measured_s[eager & ~piecewise],
+                               measured_s[eager & piecewise])
     num_split = sum(cost.splits(o.num_prefill_tokens + o.num_decode_tokens, len(o.scheduled),
                                 *step_extents(o)) for o in outputs if o.num_prefill_tokens)
-    fixed = (*fixed, *split_term_fixed(num_split))
+    fixed = (*fixed, *held, *split_term_fixed(num_split))
 
     def relative_errors(eff: Efficiency) -> np.ndarray:
         cost = CostModel(*cost_args, efficiency=eff, token_graph_sizes=token_graph_sizes)
@@ -205,7 +210,8 @@ REPLAY_POOL_SHARE = 0.6  # of free memory, for the replay setup's pool
 
 def profile_engine(config: EngineConfig, grid: list[StepShape], seed: int = 0,
                    min_blocks: int = 0, replay_setup: bool = False,
-                   piecewise: bool = False) -> ProfileEngine:
+                   piecewise: bool = False,
+                   piecewise_max_tokens: int | None = None) -> ProfileEngine:
     """Build the model, a KV pool and decode graphs for `grid` on the current CUDA device.
 
     Default: a pool big enough for the grid's largest step and `min_blocks` (at most 60% of
@@ -215,7 +221,8 @@ def profile_engine(config: EngineConfig, grid: list[StepShape], seed: int = 0,
     batch runs padded to the next size up), tables `config`'s max_model_len wide, a pool over
     60% of free memory and every step's blocks scattered over it at random (seeded).
     `piecewise`: steps with prefill tokens replay piecewise graphs captured at the sizes a
-    replay of `config`'s chunk captures (a larger grid step runs eagerly, as it would there).
+    replay of `config`'s chunk captures, up to `piecewise_max_tokens` when given (a larger
+    grid step runs fully eager, as it would there: the fit then sees both launch terms).
     """
     import torch
 
@@ -227,7 +234,10 @@ def profile_engine(config: EngineConfig, grid: list[StepShape], seed: int = 0,
 
     device = torch.device("cuda", torch.cuda.current_device())
     max_prefill = max(s.num_tokens for s in grid if s.kind == "prefill")
-    replay_chunk = config.chunk_tokens  # before the grid's own token budget replaces it
+    # the replay's piecewise graphs: up to its chunk (before the grid's own token budget
+    # replaces it), or to the cap
+    piecewise_tokens = (max(piecewise_sizes_for(config.chunk_tokens, piecewise_max_tokens))
+                        if piecewise else None)
     max_len = max(max(n + p for n, p in s.prefills) if s.prefills else max(s.decodes)
                   for s in grid) + config.block_size
     table_len = max(max_len, config.memory_config().effective_max_model_len) \
@@ -236,7 +246,7 @@ def profile_engine(config: EngineConfig, grid: list[StepShape], seed: int = 0,
     # the piecewise graphs' memory counted as a replay counts it (the calibration's
     # activation profile is what the simulator plans the KV pool with)
     model, m = measure_memory(config, device, seed, use_graphs=True,
-                              piecewise_tokens=replay_chunk if piecewise else None)
+                              piecewise_tokens=piecewise_tokens)
     block_bytes = config.block_size * config.model.kv_bytes_per_token()
     free, _ = torch.cuda.mem_get_info(device)
     want = max(max(blocks_needed(s, config.block_size) for s in grid) + 1, min_blocks)
@@ -250,7 +260,8 @@ def profile_engine(config: EngineConfig, grid: list[StepShape], seed: int = 0,
         sizes = sorted(set(capture_sizes(config.num_seqs)) | set(sizes))
     graphs = DecodeGraphs(model, caches, sizes[-1], table_len, config.block_size, device, sizes)
     graphs.capture()
-    pieces = PiecewiseGraphs(model, caches, replay_chunk, device) if piecewise else None
+    pieces = (PiecewiseGraphs(model, caches, piecewise_tokens, device)
+              if piecewise_tokens is not None else None)
     if pieces is not None:
         pieces.capture()
     runner = ModelRunner(model, caches, device, graphs, pieces)
@@ -264,13 +275,15 @@ def profile_engine(config: EngineConfig, grid: list[StepShape], seed: int = 0,
 
 def calibrate(config: EngineConfig, *, seed: int = 0, quick: bool = False,
               warmup: int = 2, repeat: int = 5, replay_setup: bool = False,
-              piecewise: bool = False, passes: int = 2) -> dict:
+              piecewise: bool = False, passes: int = 2,
+              piecewise_max_tokens: int | None = None) -> dict:
     import torch
 
     from gpu_backend.env import copy_bandwidth_bytes_s
 
     grid = default_grid(quick)
-    engine = profile_engine(config, grid, seed, replay_setup=replay_setup, piecewise=piecewise)
+    engine = profile_engine(config, grid, seed, replay_setup=replay_setup, piecewise=piecewise,
+                            piecewise_max_tokens=piecewise_max_tokens)
     token_sizes = engine.setup["piecewise_sizes"] or ()
     config, runner, graphs, m = engine.config, engine.runner, engine.graphs, engine.memory
     num_blocks, device = engine.num_blocks, engine.device

@@ -43,6 +43,7 @@ from gpu_backend.vmm import ElasticKVPool
 from sim.core.elastic import Policy
 from sim.core.engine_config import EngineConfig, EngineCore, build_core
 from sim.core.memory_plan import ActivationProfile
+from sim.cost_model import piecewise_sizes_for
 from sim.metrics import ReplicaRecorder
 
 TORCH_CAP_SLACK_BYTES = 256 * 2**20  # allocator rounding and fragmentation above the peak
@@ -134,15 +135,19 @@ def trial_graph_bytes(model, config: EngineConfig, device: torch.device,
 
 def build_gpu_engine(config: EngineConfig, *, device: torch.device | None = None, seed: int = 0,
                      use_graphs: bool = True, torch_cap: str = "auto",
-                     max_kv_blocks: int | None = None, piecewise: bool = False) -> EngineSetup:
+                     max_kv_blocks: int | None = None, piecewise: bool = False,
+                     piecewise_max_tokens: int | None = None) -> EngineSetup:
     """`piecewise`: steps with prefill tokens replay piecewise graphs (engine/piecewise.py)
-    captured at `sim.cost_model.piecewise_capture_sizes` of the chunk; needs `use_graphs`."""
+    captured at `sim.cost_model.piecewise_capture_sizes` of the chunk, or of
+    `piecewise_max_tokens` when that is smaller (a longer step runs fully eager); needs
+    `use_graphs`."""
     if piecewise and not use_graphs:
         raise ValueError("piecewise graphs need CUDA graphs: drop --no-graphs")
     device = device or torch.device("cuda", torch.cuda.current_device())
     config = config.with_(reclaim="release")
-    model, m = measure_memory(config, device, seed, use_graphs,
-                              config.chunk_tokens if piecewise else None)
+    piecewise_tokens = (max(piecewise_sizes_for(config.chunk_tokens, piecewise_max_tokens))
+                        if piecewise else None)
+    model, m = measure_memory(config, device, seed, use_graphs, piecewise_tokens)
     config = config.with_(gpu=replace(config.gpu, memory_bytes=m.total_bytes))
     core = build_core(config, profile=m.profile, plan=measured_plan(config, m, max_kv_blocks))
     store = make_store(core, device)
@@ -153,9 +158,9 @@ def build_gpu_engine(config: EngineConfig, *, device: torch.device | None = None
                               config.block_size, device, capture_sizes(config.num_seqs))
         graphs.capture()
     pieces = None
-    if piecewise:
+    if piecewise_tokens is not None:
         pieces = PiecewiseGraphs(model, kv_caches_of(store, config.model.num_layers),
-                                 config.chunk_tokens, device)
+                                 piecewise_tokens, device)
         pieces.capture()
     torch.cuda.empty_cache()
     budget = None

@@ -14,7 +14,7 @@ from sim.core.catalog import MIB, get_gpu, get_model
 from sim.core.elastic import DrainStrategy, Policy, VmmCosts
 from sim.core.engine_config import EngineConfig
 from sim.core.memory_plan import ActivationProfile
-from sim.cost_model import Efficiency, piecewise_capture_sizes
+from sim.cost_model import Efficiency, piecewise_sizes_for
 from sim.metrics import Slo
 from sim.runner import RunSpec
 from traces import LengthDist, Trace, load_trace, synthetic
@@ -117,6 +117,7 @@ class EngineOptions:
     enable_prefix_caching: bool = False
     cuda_graph_sizes: tuple[int, ...] = ()  # EngineConfig.cuda_graph_sizes
     piecewise_graphs: bool = False  # EngineConfig.piecewise_graph_sizes, at the case's chunk
+    piecewise_max_tokens: int | None = None  # ... or up to this cap (sim.cost_model.piecewise_sizes_for)
 
 
 @dataclass(frozen=True)
@@ -148,8 +149,8 @@ class Case:
             drain=DrainStrategy.parse(o.drain), vmm_handle_bytes=o.vmm_handle_mib * MIB,
             reclaim=o.reclaim, enable_prefix_caching=o.enable_prefix_caching,
             cuda_graph_sizes=o.cuda_graph_sizes,
-            piecewise_graph_sizes=(piecewise_capture_sizes(self.chunk) if o.piecewise_graphs
-                                   else ()),
+            piecewise_graph_sizes=(piecewise_sizes_for(self.chunk, o.piecewise_max_tokens)
+                                   if o.piecewise_graphs else ()),
         )
 
     def run_spec(self) -> RunSpec:
@@ -172,6 +173,8 @@ class Case:
             "enable_prefix_caching": o.enable_prefix_caching,
             "cuda_graph_sizes": ",".join(map(str, o.cuda_graph_sizes)) or "none",
             "piecewise_graphs": o.piecewise_graphs,
+            "piecewise_max_tokens": ("none" if o.piecewise_max_tokens is None
+                                     else o.piecewise_max_tokens),
             "num_replicas": self.num_replicas,
             "slo_ttft_s": self.slo.ttft_s, "slo_tpot_s": self.slo.tpot_s,
         }

@@ -61,7 +61,8 @@ def _options(args: argparse.Namespace) -> EngineOptions:
         max_model_len=args.max_model_len, block_size=args.block_size, drain=args.drain,
         vmm_handle_mib=args.vmm_handle_mib, reclaim=args.reclaim,
         enable_prefix_caching=args.enable_prefix_caching, cuda_graph_sizes=args.cuda_graph_sizes,
-        piecewise_graphs=args.piecewise_graphs)
+        piecewise_graphs=args.piecewise_graphs,
+        piecewise_max_tokens=getattr(args, "piecewise_max_tokens", None))
 
 
 def _trace_spec(args: argparse.Namespace) -> TraceSpec:
