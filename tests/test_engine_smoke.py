@@ -73,6 +73,22 @@ def test_outputs_have_the_simulator_columns(model, tmp_path):
         assert longest <= total <= rows * longest
     assert any(int(r["max_decode_context"]) * int(r["num_decode_tokens"])
                > int(r["decode_context_tokens"]) for r in steps)  # mixed lengths were seen
+    # every attach and detach with its phases, in step order, at the steps that lent blocks
+    with (tmp_path / "transitions.csv").open() as f:
+        moves = list(csv.DictReader(f))
+    kinds = [m["kind"] for m in moves]
+    assert kinds.count("attach") == summary["num_attach"] > 0
+    assert kinds.count("detach") == summary["num_detach"] > 0
+    assert kinds == ["attach", "detach"] * (len(kinds) // 2) + ["attach"] * (len(kinds) % 2)
+    ids = [int(m["step_id"]) for m in moves]
+    assert ids == sorted(ids)
+    lent = {int(r["step_id"]): int(r["lent_blocks"]) for r in steps}
+    for move in moves:
+        total = float(move["total_s"])
+        phases = sum(float(move[k]) for k in ("empty_cache_s", "copy_s", "map_s", "unmap_s"))
+        assert 0 < phases <= total * (1 + 1e-9) and int(move["handles"]) > 0
+        assert (lent[int(move["step_id"])] > 0) == (move["kind"] == "attach")
+        assert int(move["freed_bytes"]) == 0  # no torch cache on the CPU
 
 
 def test_preemption_and_migration_keep_tokens(model):

@@ -287,3 +287,21 @@ def test_the_profile_command_takes_the_replays_piecewise_cap(tmp_path):
     assert _profile_command(args, out)[3:] == [
         "profile", "--model", "llama-3.2-3b", "--chunk", "8192", "--out", str(out),
         "--piecewise-max-tokens", "512", "--piecewise-graphs"]
+
+
+def test_slowest_transition_line_names_its_phases():
+    import numpy as np
+
+    from validation.report import slowest_transition_line
+
+    moves = {"step_id": np.array([10.0, 20.0, 30.0]),
+             "kind": np.array(["attach", "detach", "attach"]),
+             "total_s": np.array([0.0008, 0.0005, 0.1193]),
+             "empty_cache_s": np.array([0.0005, 0.0, 0.1189]), "copy_s": np.zeros(3),
+             "map_s": np.array([0.0003, 0.0, 0.0004]), "unmap_s": np.array([0.0, 0.0005, 0.0]),
+             "freed_bytes": np.array([0.0, 0.0, 0.5 * 2**30])}
+    line = slowest_transition_line([("elastic/chunk=8192", moves), ("static/chunk=8192", None)])
+    assert ("elastic/chunk=8192: attach before step 30, 119.3 ms (empty cache 118.9 ms, "
+            "map 0.4 ms; 0.50 GiB of torch's cache freed)") in line
+    assert "static" not in line
+    assert slowest_transition_line([("static/chunk=8192", None)]) == ""

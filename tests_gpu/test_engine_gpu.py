@@ -78,6 +78,12 @@ def test_short_replay_per_policy(policy, drain, tmp_path):
     if policy is Policy.ELASTIC:
         assert summary["num_attach"] >= 1 and summary["num_detach"] >= 1
         assert summary["reserve_lent_tokens_max"] > 0
+        moves = engine.elastic.transitions  # written to transitions.csv with their phases
+        attaches = [m for m in moves if m.kind == "attach"]
+        assert len(attaches) == summary["num_attach"] and (tmp_path / "transitions.csv").exists()
+        # eager prefill steps leave activations in torch's cache; an attach hands them back
+        assert any(m.freed_bytes > 0 for m in attaches)
+        assert all(m.empty_cache_s + m.map_s <= m.total_s * (1 + 1e-9) for m in attaches)
     teardown(setup)
 
 

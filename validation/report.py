@@ -7,6 +7,8 @@ import math
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
+
 from validation.compare import METRICS, format_target_value, median_steepness
 from validation.pipeline import (
     HOST_SENSITIVITY_FACTOR,
@@ -330,6 +332,25 @@ def transition_line(runs: list[tuple[str, dict]]) -> str:
             "calibrated cost): " + " | ".join(parts) + ".")
 
 
+def slowest_transition_line(runs: list[tuple[str, dict[str, np.ndarray] | None]]) -> str:
+    """Per run, its slowest elastic transition and where the time went (the replay's
+    transitions.csv; "" where no run has one)."""
+    parts = []
+    for label, moves in runs:
+        if not moves or len(moves.get("total_s", ())) == 0:
+            continue
+        i = int(np.argmax(moves["total_s"]))
+        phases = [f"{name[:-2].replace('_', ' ')} {moves[name][i] * 1e3:.1f} ms"
+                  for name in ("empty_cache_s", "copy_s", "map_s", "unmap_s")
+                  if name in moves and moves[name][i] > 0]
+        freed = moves["freed_bytes"][i] / 2**30 if "freed_bytes" in moves else 0.0
+        parts.append(f"{label}: {moves['kind'][i]} before step {int(moves['step_id'][i])}, "
+                     f"{moves['total_s'][i] * 1e3:.1f} ms (" + ", ".join(phases)
+                     + (f"; {freed:.2f} GiB of torch's cache freed" if freed else "") + ")")
+    return ("The slowest transition of each replay, by phase: " + " | ".join(parts) + "."
+            if parts else "")
+
+
 def host_speed_line(profile_probe: dict | None, runs: list[tuple[str, dict]]) -> str:
     """The host's speed (gpu_backend.engine.hostprobe's fixed loop) during the profile and
     during each replay (label, summary), when recorded: launch-bound steps take what the host
@@ -365,6 +386,7 @@ def markdown(v: Validation, images: list[str]) -> str:
            f"Reference: {REFERENCES}", "", *_repeat_lines(v),
            "## Predicted / measured (relative error), per run", "", *_metrics_table(v.runs), "",
            *_nonempty(transition_line([(r.label, r.gpu.summary) for r in v.runs])),
+           *_nonempty(slowest_transition_line([(r.label, r.gpu.transitions) for r in v.runs])),
            "## Gains: what a user decides on", "",
            "Gain = (run - baseline) / baseline; decisions compare directions, a gain under 1% "
            "counting as no change.", "", *_gains_table(v.gains), "",

@@ -9,6 +9,7 @@ A folder written by `python -m gpu_backend replay --out DIR` holds:
     steps.csv          one row per executed step (see validation.steps)
     timeline*.csv      the simulator's timeline columns (optional)
     requests*.csv      the simulator's request columns (optional)
+    transitions.csv    each elastic transition with its phases (optional)
 
 Each CSV may be gzip-compressed (`steps.csv.gz`, ...), as the committed replays are.
 """
@@ -75,6 +76,9 @@ class GpuRun:
     steps: StepTable
     timeline: dict[str, np.ndarray] | None
     requests: dict[str, np.ndarray] | None
+    # transitions.csv: every elastic transition with its phases (ElasticExecutor.Transition);
+    # None for replays from before it
+    transitions: dict[str, np.ndarray] | None = None
 
     @property
     def policy(self) -> str:
@@ -129,7 +133,8 @@ def load_run(folder: Path) -> GpuRun:
     steps = read_steps_csv(steps_path)
     timeline = _read_numeric_csv(_first(folder, "timeline*.csv"))
     return GpuRun(folder, summary, _with_timeline(steps, timeline), timeline,
-                  _read_csv_columns(_first(folder, "requests*.csv")))
+                  _read_csv_columns(_first(folder, "requests*.csv")),
+                  _read_csv_columns(_first(folder, "transitions.csv")))
 
 
 def _with_timeline(steps: StepTable, timeline: dict[str, np.ndarray] | None) -> StepTable:

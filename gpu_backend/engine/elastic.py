@@ -8,7 +8,11 @@
 
 Overcommit maps the reserve handle by handle as elastic blocks are first used (the core's
 `activation_need` counts used elastic blocks, so mapping on first use is the faithful match);
-the mapped prefix only grows. Each transition is timed with perf_counter after a device sync.
+the mapped prefix only grows. Each transition is timed with perf_counter after a device sync,
+and recorded with its phases (`Transition`: torch's cache emptied, blocks copied, handles
+mapped or unmapped, and the cached bytes torch gave back), which a replay writes to
+transitions.csv: on the lent H200 a few transitions in a few hundred took 50-175 ms where the
+rest took under 3 ms, and the phases say which step of a transition stalls.
 """
 
 from __future__ import annotations
@@ -16,26 +20,52 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, fields
 
-from gpu_backend.engine.kv_store import copy_blocks, mapped_device_blocks, mapped_elastic_bytes
+from gpu_backend.engine.kv_store import (
+    copy_blocks,
+    mapped_device_blocks,
+    mapped_elastic_bytes,
+    mapped_handles,
+)
 from sim.core.elastic import Policy
 from sim.core.step import ElasticActionKind, SchedulerOutput
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One timed transition (seconds; a phase a transition does not have is 0)."""
+    step_id: int  # the step it ran before
+    kind: str  # "attach", "detach" or "map" (overcommit's mapping on first use)
+    handles: int  # handles mapped (attach, map) or mapped before the unmap (detach)
+    total_s: float
+    empty_cache_s: float = 0.0  # torch's cached blocks handed back (release mode)
+    copy_s: float = 0.0  # migrated blocks copied, device synchronized
+    map_s: float = 0.0  # handles created and mapped, device synchronized
+    unmap_s: float = 0.0  # handles unmapped and released (synchronizes first)
+    freed_bytes: int = 0  # torch's reserved bytes the empty_cache gave back
+
+
+TRANSITION_COLUMNS = tuple(f.name for f in fields(Transition))
 
 
 class ElasticExecutor:
     def __init__(self, store, policy: Policy, *, block_id_offset: int, num_core_base_blocks: int,
                  sync: Callable[[], None], empty_cache: Callable[[], None] | None = None,
-                 on_mapped: Callable[[int], None] | None = None) -> None:
+                 on_mapped: Callable[[int], None] | None = None,
+                 reserved_bytes: Callable[[], int] | None = None) -> None:
         self.store, self.policy = store, policy
         self.block_id_offset = block_id_offset
         self.num_core_base_blocks = num_core_base_blocks
         self.sync = sync
         self.empty_cache = empty_cache  # release mode: give torch's cached blocks back first
         self.on_mapped = on_mapped  # told the mapped elastic bytes after every change
+        self.reserved_bytes = reserved_bytes  # torch's reserved bytes (what empty_cache frees)
         self.partial_attach = "num_handles" in inspect.signature(store.attach).parameters
         self.attach_latencies_s: list[float] = []
         self.detach_latencies_s: list[float] = []
         self.migration_latencies_s: list[float] = []
+        self.transitions: list[Transition] = []
 
     # ----------------------------------------------------------------- queries
     @property
@@ -64,35 +94,50 @@ class ElasticExecutor:
         if action is None or action.kind is ElasticActionKind.DRAIN_WAIT:
             return 0.0
         if action.kind is ElasticActionKind.ATTACH:
-            return self.attach(out.num_lent_blocks)
-        return self.detach(action.migrations)
+            return self.attach(out.num_lent_blocks, out.step_id)
+        return self.detach(action.migrations, out.step_id)
 
-    def attach(self, num_lent_blocks: int) -> float:
+    def attach(self, num_lent_blocks: int, step_id: int = -1) -> float:
         """Map the handles covering `num_lent_blocks` elastic blocks; returns the seconds."""
         self.sync()
         start = time.perf_counter()
-        if self.empty_cache is not None:
-            self.empty_cache()
-        self._map(self.handles_for(num_lent_blocks))
+        handles = self.handles_for(num_lent_blocks)
+        cleared, freed = self._clear_cache()
+        self._map(handles)
         self.sync()
-        elapsed = time.perf_counter() - start
-        self.attach_latencies_s.append(elapsed)
-        return elapsed
+        end = time.perf_counter()
+        self.attach_latencies_s.append(end - start)
+        self.transitions.append(Transition(step_id, "attach", handles, end - start,
+                                           empty_cache_s=cleared - start, map_s=end - cleared,
+                                           freed_bytes=freed))
+        return end - start
 
-    def detach(self, migrations: tuple[tuple[int, int], ...] = ()) -> float:
+    def detach(self, migrations: tuple[tuple[int, int], ...] = (), step_id: int = -1) -> float:
         """Copy `migrations` (core block ids), then unmap the reserve; returns the seconds."""
         self.sync()
         start = time.perf_counter()
+        handles = mapped_handles(self.store)
         offset = self.block_id_offset
         copy_blocks(self.store, [(s + offset, d + offset) for s, d in migrations])
         self.sync()
         copied = time.perf_counter()
         self.store.detach()  # synchronizes before unmapping
-        elapsed = time.perf_counter() - start
+        end = time.perf_counter()
         self.migration_latencies_s.append(copied - start)
-        self.detach_latencies_s.append(elapsed)
+        self.detach_latencies_s.append(end - start)
+        self.transitions.append(Transition(step_id, "detach", handles, end - start,
+                                           copy_s=copied - start, unmap_s=end - copied))
         self._notify()
-        return elapsed
+        return end - start
+
+    def _clear_cache(self) -> tuple[float, int]:
+        """Release mode: torch's cached blocks handed back. (the time after, bytes freed)."""
+        if self.empty_cache is None:
+            return time.perf_counter(), 0
+        before = self.reserved_bytes() if self.reserved_bytes is not None else 0
+        self.empty_cache()
+        after = self.reserved_bytes() if self.reserved_bytes is not None else 0
+        return time.perf_counter(), max(0, before - after)
 
     def _map(self, num_handles: int) -> None:
         if self.partial_attach:
@@ -115,12 +160,15 @@ class ElasticExecutor:
         if num_elastic <= 0 or top + self.block_id_offset < self.num_mapped_device_blocks:
             return 0.0
         start = time.perf_counter()
-        if self.empty_cache is not None:
-            self.empty_cache()
-        self._map(self.handles_for(num_elastic))
-        elapsed = time.perf_counter() - start
-        self.attach_latencies_s.append(elapsed)
-        return elapsed
+        handles = self.handles_for(num_elastic)
+        cleared, freed = self._clear_cache()
+        self._map(handles)
+        end = time.perf_counter()
+        self.attach_latencies_s.append(end - start)
+        self.transitions.append(Transition(out.step_id, "map", handles, end - start,
+                                           empty_cache_s=cleared - start, map_s=end - cleared,
+                                           freed_bytes=freed))
+        return end - start
 
 
 def _handle_sizes(store) -> tuple[int, ...]:

@@ -103,6 +103,11 @@ def _num_blocks(store) -> int:
     return store.num_blocks if isinstance(store, PlainKVStore) else store.plan.num_blocks
 
 
+def mapped_handles(store) -> int:
+    """The reserve's handles mapped now (a pool without partial attach: all or none)."""
+    return _num_mapped(store)
+
+
 def _num_mapped(store) -> int:
     if isinstance(store, PlainKVStore):
         return store.num_mapped_handles

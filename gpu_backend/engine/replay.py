@@ -15,10 +15,12 @@ import csv
 import gc
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import astuple
 from pathlib import Path
 
 import numpy as np
 
+from gpu_backend.engine.elastic import TRANSITION_COLUMNS
 from gpu_backend.engine.engine import STEP_COLUMNS, GpuEngine, VirtualClock, WallClock
 from gpu_backend.engine.hostprobe import HostProbe
 from sim.core.request import RequestState
@@ -139,5 +141,10 @@ def write_outputs(out_dir: Path, engine: GpuEngine, summary: dict, trace_source:
         writer = csv.writer(f)
         writer.writerow(STEP_COLUMNS)
         writer.writerows(engine.steps)
+    if engine.elastic.transitions:  # each transition with its phases (ElasticExecutor)
+        with (out_dir / "transitions.csv").open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(TRANSITION_COLUMNS)
+            writer.writerows(astuple(t) for t in engine.elastic.transitions)
 
 

@@ -216,7 +216,8 @@ def assemble_engine(core: EngineCore, model, store, device: torch.device,
         store, core.config.policy, block_id_offset=NUM_SCRATCH_BLOCKS,
         num_core_base_blocks=core.plan.num_kv_blocks, sync=sync,
         empty_cache=torch.cuda.empty_cache if cuda else None,
-        on_mapped=budget.set_mapped if budget is not None else None)
+        on_mapped=budget.set_mapped if budget is not None else None,
+        reserved_bytes=(lambda: torch.cuda.memory_reserved(device)) if cuda else None)
     if core.config.policy is Policy.OVERCOMMIT and not elastic.partial_attach:
         store.attach()  # no partial attach: map the whole reserve up front
     recorder = ReplicaRecorder(0, core.config.block_size)
