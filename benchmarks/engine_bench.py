@@ -13,6 +13,9 @@ Run from the repository root on the GPU machine (under ~3 minutes for Llama-3.1-
    within ~1%; an attention kernel with a chunking penalty would show a slope here).
 4. fusion A/B: the decode step and one 512-token chunk step (8k prefix) with the fused
    Triton layer kernels and with the torch norm / rotary / activation they replace.
+5. with `--piecewise-max-tokens N`: the chunk-size curve again with piecewise CUDA graphs up
+   to N tokens (vLLM's default cap is 512) and steps beyond fully eager, as an engine run
+   with `--piecewise-graphs --piecewise-max-tokens N` takes them.
 Steps are timed as the engine times them: host arrays -> device -> forward -> ids on host.
 """
 
@@ -31,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from gpu_backend.engine.memory import dummy_store, kv_caches_of  # noqa: E402
+from gpu_backend.engine.piecewise import PiecewiseGraphs  # noqa: E402
 from gpu_backend.engine.runner import DecodeGraphs, ModelRunner  # noqa: E402
 from gpu_backend.engine.setup import load_model  # noqa: E402
 from gpu_backend.engine.shapes import (  # noqa: E402
@@ -157,9 +161,14 @@ def print_report(res: dict) -> None:
           f"{p['achieved_flops_s'] / 1e12:.0f} TFLOP/s = {p['fraction_of_matmul']:.0%} of matmul "
           f"(target >= 50%)")
     print(f"{'prompt':>7} {'decodes':>7} {'chunk':>6} {'TTFT ms':>9} {'vs first':>8}")
-    for r in res["chunk_curve"]:
-        print(f"{r['prompt']:>7} {r['num_decodes']:>7} {r['chunk']:>6} {r['ttft_s'] * 1e3:>9.1f} "
-              f"{r['ratio_to_first_chunk']:>8.3f}")
+    for curve in ("chunk_curve", "chunk_curve_piecewise"):
+        if curve not in res:
+            continue
+        if curve == "chunk_curve_piecewise":
+            print(f"with piecewise graphs up to {res['piecewise_max_tokens']} tokens:")
+        for r in res[curve]:
+            print(f"{r['prompt']:>7} {r['num_decodes']:>7} {r['chunk']:>6} "
+                  f"{r['ttft_s'] * 1e3:>9.1f} {r['ratio_to_first_chunk']:>8.3f}")
     f = res.get("fusion", {})
     for key, label in (("decode_s", "decode step"), ("chunk512_prefix8192_s", "512-token chunk")):
         if not f:
@@ -175,6 +184,8 @@ def main() -> None:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--quick", action="store_true", help="16k prompt, three chunk sizes")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--piecewise-max-tokens", type=int, default=None, metavar="N",
+                        help="also time the chunk-size curve with piecewise graphs up to N tokens")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("engine_bench needs a CUDA GPU")
@@ -200,6 +211,13 @@ def main() -> None:
            "decode": bench_decode(runner, spec, num_blocks, bs, weights_bytes, bandwidth),
            "prefill": bench_prefill(runner, spec, num_blocks, bs, matmul_peak, 16384),
            "chunk_curve": bench_chunks(runner, bs, num_blocks, prompts, chunks)}
+    if args.piecewise_max_tokens is not None:
+        pieces = PiecewiseGraphs(model, caches, args.piecewise_max_tokens, torch.device("cuda"))
+        pieces.capture()
+        piecewise = ModelRunner(model, caches, torch.device("cuda"), graphs, pieces)
+        res["piecewise_max_tokens"] = args.piecewise_max_tokens
+        res["chunk_curve_piecewise"] = bench_chunks(piecewise, bs, num_blocks, prompts, chunks)
+        pieces.release()
     graphs.release()
     print(f"wrote {write_result(res, args.out, 'engine', res['env']['gpu'], spec.name)}")
     res["fusion"] = bench_fusion(model, caches, spec, bs, num_blocks, max_len)  # last: A/B only
