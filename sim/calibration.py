@@ -65,10 +65,10 @@ def launch_terms(start: Efficiency, eager_s: np.ndarray,
 
     A term that fewer than MIN_LAUNCH_STEPS steps launch with is held at its start: a profile
     whose piecewise graphs reach the chunk times one fully eager step (the grid's largest,
-    device-bound), an eager engine's none with piecewise graphs. A free term without a usable start starts at the shortest of its steps: a step
-    costs max(device, launch), so from launch 0 every step is device-bound and the launch
-    time has no gradient, while the shortest step bounds it from above, a start the fit can
-    walk down from.
+    device-bound), an eager engine's none with piecewise graphs. A free term without a usable
+    start starts at the shortest of its steps: a step costs max(device, launch), so from
+    launch 0 every step is device-bound and the launch time has no gradient, while the
+    shortest step bounds it from above, a start the fit can walk down from.
     """
     held = []
     if eager_s.size < MIN_LAUNCH_STEPS:

@@ -128,7 +128,7 @@ def fit_efficiency(model: ModelSpec, gpu: GpuSpec, tp: int, fit: StepTable,
     held += [n for n in idle if n in free]
     if "split_launch_s" in free and fit.max_query_len is not None \
             and fit.max_seq_len is not None:  # held where too few steps split to fit it
-        splits = fit.has_prefill & CostModel(model, gpu, tp, initial).splits_array(
+        splits = fit.has_prefill & cost.splits_array(  # splits need no efficiency
             fit.num_tokens, fit.num_seqs, fit.max_query_len, fit.max_seq_len)
         held += split_term_fixed(int(splits.sum()))
     fitted, solution = fit_parameters(

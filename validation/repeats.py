@@ -18,11 +18,11 @@ the targets themselves are judged against the compared replay.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from validation.compare import metric_values
+from validation.compare import metric_values, relative_error
 from validation.runs import GpuRun
 
 REPEAT_METRICS = ("ttft_p50_s", "tpot_p50_s", "throughput_tok_s", "ttft_p99_s")
@@ -85,28 +85,28 @@ def errors_against_median(rows: Sequence[dict], predicted: dict[str, dict[str, f
     for r in rows:
         pred = predicted.get(r["run"], {}).get(r["metric"])
         median = r.get("median")
-        error = pred / median - 1.0 if pred is not None and median else None
         out.append({"run": r["run"], "metric": r["metric"], "predicted": pred,
                     "median": median, "num_replays": r.get("num_replays"),
-                    "relative_error": error})
+                    "relative_error": relative_error(pred, median)})
     return {"rows": out, "median_abs": median_abs_errors(out)}
 
 
 def median_abs_errors(rows: Sequence[dict]) -> dict[str, float | None]:
     """Per metric, the median over rows of |relative_error| (None: no row has one)."""
-    result: dict[str, float | None] = {}
-    for metric in REPEAT_METRICS:
-        found = [abs(r["relative_error"]) for r in rows
-                 if r["metric"] == metric and r["relative_error"] is not None]
-        result[metric] = float(np.median(found)) if found else None
-    return result
+    return _median_per_metric(rows, "relative_error", abs)
 
 
 def median_deviation(rows: Sequence[dict]) -> dict[str, float | None]:
     """Per metric, the median over runs of the largest deviation of a repeat."""
+    return _median_per_metric(rows, "max_deviation")
+
+
+def _median_per_metric(rows: Sequence[dict], key: str,
+                       transform: Callable[[float], float] = float) -> dict[str, float | None]:
+    """Per metric of REPEAT_METRICS, the median of transform(row[key]) over the rows that
+    have one (None where none has)."""
     out: dict[str, float | None] = {}
     for metric in REPEAT_METRICS:
-        found = [r["max_deviation"] for r in rows
-                 if r["metric"] == metric and r["max_deviation"] is not None]
+        found = [transform(r[key]) for r in rows if r["metric"] == metric and r[key] is not None]
         out[metric] = float(np.median(found)) if found else None
     return out

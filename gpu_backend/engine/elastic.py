@@ -100,17 +100,7 @@ class ElasticExecutor:
     def attach(self, num_lent_blocks: int, step_id: int = -1) -> float:
         """Map the handles covering `num_lent_blocks` elastic blocks; returns the seconds."""
         self.sync()
-        start = time.perf_counter()
-        handles = self.handles_for(num_lent_blocks)
-        cleared, freed = self._clear_cache()
-        self._map(handles)
-        self.sync()
-        end = time.perf_counter()
-        self.attach_latencies_s.append(end - start)
-        self.transitions.append(Transition(step_id, "attach", handles, end - start,
-                                           empty_cache_s=cleared - start, map_s=end - cleared,
-                                           freed_bytes=freed))
-        return end - start
+        return self._map_timed("attach", self.handles_for(num_lent_blocks), step_id, sync=True)
 
     def detach(self, migrations: tuple[tuple[int, int], ...] = (), step_id: int = -1) -> float:
         """Copy `migrations` (core block ids), then unmap the reserve; returns the seconds."""
@@ -128,6 +118,21 @@ class ElasticExecutor:
         self.transitions.append(Transition(step_id, "detach", handles, end - start,
                                            copy_s=copied - start, unmap_s=end - copied))
         self._notify()
+        return end - start
+
+    def _map_timed(self, kind: str, handles: int, step_id: int, sync: bool) -> float:
+        """Release torch's cache (release mode), map `handles` (then sync, with `sync`), and
+        record the transition; returns its seconds (an attach's latency)."""
+        start = time.perf_counter()
+        cleared, freed = self._clear_cache()
+        self._map(handles)
+        if sync:
+            self.sync()
+        end = time.perf_counter()
+        self.attach_latencies_s.append(end - start)
+        self.transitions.append(Transition(step_id, kind, handles, end - start,
+                                           empty_cache_s=cleared - start, map_s=end - cleared,
+                                           freed_bytes=freed))
         return end - start
 
     def _clear_cache(self) -> tuple[float, int]:
@@ -159,16 +164,7 @@ class ElasticExecutor:
         num_elastic = top - self.num_core_base_blocks + 1
         if num_elastic <= 0 or top + self.block_id_offset < self.num_mapped_device_blocks:
             return 0.0
-        start = time.perf_counter()
-        handles = self.handles_for(num_elastic)
-        cleared, freed = self._clear_cache()
-        self._map(handles)
-        end = time.perf_counter()
-        self.attach_latencies_s.append(end - start)
-        self.transitions.append(Transition(out.step_id, "map", handles, end - start,
-                                           empty_cache_s=cleared - start, map_s=end - cleared,
-                                           freed_bytes=freed))
-        return end - start
+        return self._map_timed("map", self.handles_for(num_elastic), out.step_id, sync=False)
 
 
 def _handle_sizes(store) -> tuple[int, ...]:
