@@ -5,7 +5,7 @@
 #
 # Stages (each may fail without stopping the rest; each log is tee'd to $OUT/<stage>.log;
 # `all` runs them in the order tests, profile, replay, bench):
-#   tests    python -m pytest tests_gpu -q (vmm, kernels, engine)
+#   tests    python -m pytest tests_gpu -v (vmm, kernels, engine; GPU_ALL_TESTS_S, default 300 s)
 #   bench    benchmarks/vmm_latency.py, kernel_bench.py, engine_bench.py (eager_gap.py: "gap")
 #   profile  calibration JSON for llama-3.1-8b and qwen2.5-0.5b (GPU_ALL_PROFILE: a subset, or
 #            llama-3.2-3b)
@@ -72,8 +72,8 @@ EOF
   } >> "$STATUS"
 }
 
-stage_tests() {
-  run_step "$OUT/tests.log" 200 "$PY" -m pytest tests_gpu -q -rs
+stage_tests() {  # -v: a test cut by the deadline is named in the log (GPU_ALL_TESTS_S, default 300 s)
+  run_step "$OUT/tests.log" "${GPU_ALL_TESTS_S:-300}" "$PY" -m pytest tests_gpu -v -rs --durations=20
 }
 
 stage_bench() {  # GPU_ALL_BENCH picks the benchmarks (default: vmm kernels engine; or gap)

@@ -11,8 +11,9 @@
 # replays, the validation slices GPU_PAIR_VALIDATION1 when set; "none": no track 1, everything on GPU 0, one job at a time, e.g. on a one-GPU
 # machine with GPU_PAIR_VALIDATION0="" = every validation slice on GPU 0). Each track is
 # `scripts/gpu_all.sh` with its own deadline (GPU_PAIR_BUDGET_S, default 540 s), its own
-# engine (GPU_PAIR_ENGINE0/1: eager or piecewise, default GPU_ALL_ENGINE) and the models its
-# profile stage profiles (GPU_PAIR_PROFILE0/1, default GPU_ALL_PROFILE or both).
+# engine (GPU_PAIR_ENGINE0/1: eager, piecewise or piecewiseN, default GPU_ALL_ENGINE), the models its
+# profile stage profiles (GPU_PAIR_PROFILE0/1, default GPU_ALL_PROFILE or both) and its slices'
+# chunk sizes (GPU_PAIR_CHUNKS0/1, default GPU_ALL_CHUNKS or 8192).
 # Results: gpu0.tar.gz and gpu1.tar.gz (each track's logs, stage tarballs and status.txt),
 # status.txt and kernel_smoke.log: at most 4 files, as the device tool brings back only 8 (call 5 wrote each track's files into OUT and lost its replays).
 # A call cut short brings back none of the tracks: keep GPU_PAIR_BUDGET_S under the limit.
@@ -25,10 +26,12 @@ track() {  # track GPU STAGES...
   local gpu="$1"; shift
   local engine_var="GPU_PAIR_ENGINE$gpu"  # this track's engine (default: GPU_ALL_ENGINE)
   local profile_var="GPU_PAIR_PROFILE$gpu"  # the models its profile stage profiles
+  local chunks_var="GPU_PAIR_CHUNKS$gpu"  # its slices' chunk sizes (default GPU_ALL_CHUNKS)
   mkdir -p "/tmp/pair$gpu/out" "/tmp/pair$gpu/tmp"
   CUDA_VISIBLE_DEVICES="$gpu" TMPDIR="/tmp/pair$gpu/tmp" OUT="/tmp/pair$gpu/out" \
     GPU_ALL_ENGINE="${!engine_var:-${GPU_ALL_ENGINE:-eager}}" \
     GPU_ALL_PROFILE="${!profile_var-${GPU_ALL_PROFILE:-llama-3.1-8b qwen2.5-0.5b}}" \
+    GPU_ALL_CHUNKS="${!chunks_var:-${GPU_ALL_CHUNKS:-8192}}" \
     GPU_ALL_BUDGET_S="$BUDGET_S" bash "$(dirname "$0")/gpu_all.sh" "$@" \
     > "/tmp/pair$gpu/out/console.log" 2>&1
 }
