@@ -82,3 +82,56 @@ def launch_terms(start: Efficiency, eager_s: np.ndarray,
         start = replace(start, piecewise_launch_s=begin)
     return start, tuple(held)
 
+
+
+# Fewer steps than this that the longest attention program binds (num_program_bound, at
+# program_start): attention_program is held at its start, not fitted (None stays None: not
+# priced).
+MIN_PROGRAM_STEPS = 3
+# A longest program binds a step when it makes the step longer by more than this share: a fit
+# that leaves the term a hair past every step's work, or on steps it hardly moves, moved it
+# out of the way.
+PROGRAM_BIND_MARGIN = 0.02
+
+
+def num_program_bound(with_term_s: np.ndarray, without_s: np.ndarray) -> int:
+    """How many steps the longest attention program binds: step times priced with the term
+    over those priced without it (attention_program None), longer by PROGRAM_BIND_MARGIN."""
+    longer = np.asarray(with_term_s) > np.asarray(without_s) * (1.0 + PROGRAM_BIND_MARGIN)
+    return int(np.sum(longer))
+
+
+# A fit's start for attention_program where the start leaves it unset, and the value at which
+# a fit judges whether its steps can tell the term at all: slow (a lone program at 15% of its
+# SM's share of the peak; the Mooncake replays' mixed steps ask for 0.3-0.5), so that the steps
+# it could bind do bind and the fit walks up from there; from a start that binds no step the
+# term has no gradient.
+PROGRAM_START = 0.15
+
+
+def program_start(start: Efficiency) -> Efficiency:
+    """`start` with attention_program at PROGRAM_START, or below where it is set slower."""
+    value = start.attention_program
+    return replace(start, attention_program=min(value or PROGRAM_START, PROGRAM_START))
+
+
+def fit_with_program_term(start: Efficiency, relative_errors: Callable[[Efficiency], np.ndarray],
+                          num_bound: Callable[[Efficiency], int], fixed: Collection[str] = (),
+                          **least_squares_options) -> tuple[Efficiency, OptimizeResult]:
+    """`fit_efficiency`, with attention_program fitted only where the steps tell it.
+
+    `num_bound(eff)`: how many steps the longest attention program binds at `eff`
+    (`num_program_bound`). Fewer than MIN_PROGRAM_STEPS at `program_start`: the term is held at
+    `start`'s value (None: not priced). Else it is fitted from `program_start`; where the fitted
+    value binds fewer than MIN_PROGRAM_STEPS steps the fit moved it out of every step's way
+    (a bound, not a value: those steps say only that a program is at least that fast), so the
+    steps are fitted again with the term held at `start`'s value.
+    """
+    if "attention_program" not in fixed:
+        if num_bound(program_start(start)) >= MIN_PROGRAM_STEPS:
+            fitted, solution = fit_efficiency(program_start(start), relative_errors, fixed,
+                                              **least_squares_options)
+            if num_bound(fitted) >= MIN_PROGRAM_STEPS:
+                return fitted, solution
+        fixed = (*fixed, "attention_program")
+    return fit_efficiency(start, relative_errors, fixed, **least_squares_options)

@@ -71,14 +71,23 @@ class Efficiency:
     # a perfect overlap. It shows where the two are close: Qwen2.5-0.5B's piecewise steps of
     # 1-2k tokens (3-4 ms of launches, as long on the device) took 15-20% over the max.
     launch_serial_fraction: float = 0.0
+    # Of one SM's share of the peak bf16 FLOP/s: how fast one program of a prefill or mixed
+    # attention launch works through its keys (CostModel.longest_program_s). Such a launch
+    # gives every sequence's 128-row tile, a decode row's too, one program per KV head, and
+    # splits no keys once the programs fill the SMs, so it lasts at least as long as its
+    # longest sequence's program: a 2,048-token chunk beside decode rows of ~30k keys
+    # (Mooncake) took 13 ms more than its total work predicts on Llama-3.1-8B and -3.2-3B
+    # alike. None: not priced (calibrations from before this term, or grids without such steps).
+    attention_program: float | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if value is None and f.name == "piecewise_launch_s":
+            if value is None and f.name in ("piecewise_launch_s", "attention_program"):
                 continue
             if value < 0 or (f.name in ("linear_compute", "memory", "kv_memory",
-                                        "attention_compute", "interconnect")
+                                        "attention_compute", "interconnect",
+                                        "attention_program")
                              and not 0 < value <= 1) or (f.name in ("linear_serial_fraction",
                                                                     "launch_serial_fraction")
                                                          and value > 1):
@@ -119,23 +128,47 @@ class StepCost:
 # rule to the kernel's choose_num_splits.
 ATTENTION_TILE_ROWS = 128
 MIN_KEYS_PER_SPLIT = 256
+SPLIT_TARGET_WAVES = 2  # programs per SM a split aims for
+MAX_NUM_SPLITS = 32
+
+
+def attention_num_splits(num_tokens: int, num_seqs: int, max_query_len: int, max_seq_len: int,
+                         num_kv_heads: int, group: int, num_sms: int) -> int:
+    """Into how many programs the attention of a step with prefill tokens splits each tile's
+    keys (1: no split; num_sms 0, an unknown GPU: never)."""
+    return int(attention_num_splits_array(
+        np.array([num_tokens]), np.array([num_seqs]), np.array([max_query_len]),
+        np.array([max_seq_len]), num_kv_heads, group, num_sms)[0])
+
+
+def attention_num_splits_array(num_tokens: np.ndarray, num_seqs: np.ndarray,
+                               max_query_len: np.ndarray, max_seq_len: np.ndarray,
+                               num_kv_heads: int, group: int, num_sms: int) -> np.ndarray:
+    """`attention_num_splits` of many steps at once (int64 array): tiles x KV heads below
+    the SMs split into enough programs for SPLIT_TARGET_WAVES per SM, each of at least
+    MIN_KEYS_PER_SPLIT of the longest sequence's keys, at most MAX_NUM_SPLITS."""
+    block_q = max(1, ATTENTION_TILE_ROWS // group)
+    tiles = np.where(max_query_len <= block_q, num_seqs, num_tokens // block_q + num_seqs)
+    programs = np.maximum(1, tiles * num_kv_heads)
+    splits = np.minimum(-(-SPLIT_TARGET_WAVES * num_sms // programs),
+                        -(-np.asarray(max_seq_len) // MIN_KEYS_PER_SPLIT))
+    splits = np.clip(splits, 1, MAX_NUM_SPLITS)
+    return np.where(tiles * num_kv_heads < num_sms, splits, 1).astype(np.int64)
 
 
 def attention_splits(num_tokens: int, num_seqs: int, max_query_len: int, max_seq_len: int,
                      num_kv_heads: int, group: int, num_sms: int) -> bool:
     """Does the attention of a step with prefill tokens split its keys (num_sms 0: never)?"""
-    block_q = max(1, ATTENTION_TILE_ROWS // group)
-    tiles = num_seqs if max_query_len <= block_q else num_tokens // block_q + num_seqs
-    return tiles * num_kv_heads < num_sms and max_seq_len > MIN_KEYS_PER_SPLIT
+    return attention_num_splits(num_tokens, num_seqs, max_query_len, max_seq_len,
+                                num_kv_heads, group, num_sms) > 1
 
 
 def attention_splits_array(num_tokens: np.ndarray, num_seqs: np.ndarray,
                            max_query_len: np.ndarray, max_seq_len: np.ndarray,
                            num_kv_heads: int, group: int, num_sms: int) -> np.ndarray:
     """`attention_splits` of many steps at once (bool array)."""
-    block_q = max(1, ATTENTION_TILE_ROWS // group)
-    tiles = np.where(max_query_len <= block_q, num_seqs, num_tokens // block_q + num_seqs)
-    return (tiles * num_kv_heads < num_sms) & (max_seq_len > MIN_KEYS_PER_SPLIT)
+    return attention_num_splits_array(num_tokens, num_seqs, max_query_len, max_seq_len,
+                                      num_kv_heads, group, num_sms) > 1
 
 
 def step_extents(out: SchedulerOutput) -> tuple[int, int]:
@@ -229,6 +262,10 @@ class CostModel:
         self._kv_heads = max(1, model.num_kv_heads // tp)  # per GPU (replicated below tp)
         self._group = max(1, model.num_attention_heads // model.num_kv_heads)
         self._attn_flops_per_pair = 4.0 * heads * model.head_dim * model.num_layers
+        # one program: a 128-row tile's QK^T and PV products per key, over every layer
+        self._program_flops_per_key = 4.0 * ATTENTION_TILE_ROWS * model.head_dim * model.num_layers
+        self._program_flops_s = (gpu.peak_bf16_flops / gpu.num_sms * self.eff.attention_program
+                                 if self.eff.attention_program and gpu.num_sms else 0.0)
         self._kv_bytes_per_token = float(model.kv_bytes_per_token(tp))
         self._allreduce_bytes_per_token = float(h * model.dtype_bytes)
 
@@ -244,6 +281,17 @@ class CostModel:
 
     def decode_attention_s(self, context_tokens: int) -> float:
         return context_tokens * self._kv_bytes_per_token / self._kv_bytes_s
+
+    def longest_program_s(self, max_seq_len: np.ndarray | int,
+                          num_splits: np.ndarray | int = 1) -> np.ndarray | float:
+        """The longest program of a prefill or mixed attention launch, over every layer: the
+        longest sequence's keys (its share of them where the launch splits) at
+        `attention_program` of one SM. 0 where that term is unset or the SM count unknown."""
+        if not self._program_flops_s:
+            return 0.0 * np.asarray(max_seq_len) if np.ndim(max_seq_len) else 0.0
+        keys = -(-np.asarray(max_seq_len) // np.asarray(num_splits))
+        seconds = keys * self._program_flops_per_key / self._program_flops_s
+        return seconds if np.ndim(seconds) else float(seconds)
 
     def allreduce_s(self, num_tokens: int) -> float:
         if self.tp == 1:
@@ -309,16 +357,31 @@ class CostModel:
             rows, launch = self.eager_step(num_tokens)
         attention = self.prefill_attention_s(out.prefill_chunks)
         attention += self.decode_attention_s(out.decode_context_tokens)
-        if out.num_prefill_tokens and self.eff.split_launch_s:
+        if out.num_prefill_tokens and (self.eff.split_launch_s or self._program_flops_s):
             max_query, max_seq = step_extents(out)
-            if self.splits(num_tokens, len(out.scheduled), max_query, max_seq):
+            splits = self.num_splits(num_tokens, len(out.scheduled), max_query, max_seq)
+            if splits > 1:
                 launch += self.eff.split_launch_s
+            # the launch lasts at least its longest program (Efficiency.attention_program)
+            attention = max(attention, self.longest_program_s(max_seq, splits))
         return StepCost(
             linear_s=self.linear_s(rows), attention_s=attention,
             allreduce_s=self.allreduce_s(rows), logits_s=self.logits_s(sampled),
             overhead_s=self.eff.step_overhead_s + self.eff.per_seq_overhead_s * len(out.scheduled),
             launch_s=launch, launch_serial_fraction=self.eff.launch_serial_fraction,
         )
+
+    def num_splits(self, num_tokens: int, num_seqs: int, max_query_len: int,
+                   max_seq_len: int) -> int:
+        """`attention_num_splits` for this model (KV heads per GPU) on this GPU."""
+        return attention_num_splits(num_tokens, num_seqs, max_query_len, max_seq_len,
+                                    self._kv_heads, self._group, self.gpu.num_sms)
+
+    def num_splits_array(self, num_tokens: np.ndarray, num_seqs: np.ndarray,
+                         max_query_len: np.ndarray, max_seq_len: np.ndarray) -> np.ndarray:
+        """`num_splits` of many steps at once (int64 array)."""
+        return attention_num_splits_array(num_tokens, num_seqs, max_query_len, max_seq_len,
+                                          self._kv_heads, self._group, self.gpu.num_sms)
 
     def splits(self, num_tokens: int, num_seqs: int, max_query_len: int,
                max_seq_len: int) -> bool:
@@ -367,6 +430,7 @@ FIT_PARAMETERS = (
     ("linear_serial_fraction", (0.0, 1.0), 1.0),
     ("split_launch_s", (0.0, 0.05), 1e-3),
     ("launch_serial_fraction", (0.0, 1.0), 1.0),
+    ("attention_program", (0.02, 1.0), 1.0),
 )
 
 
@@ -376,7 +440,8 @@ def slower(eff: Efficiency, factor: float) -> Efficiency:
     if factor < 1:
         raise ValueError(f"slower() needs a factor >= 1 (efficiencies stay <= 1), got {factor}")
     return replace(eff, **{name: getattr(eff, name) / factor for name in (
-        "linear_compute", "memory", "kv_memory", "attention_compute", "interconnect")},
+        "linear_compute", "memory", "kv_memory", "attention_compute", "interconnect",
+        "attention_program") if getattr(eff, name) is not None},
         **_times(eff, ("allreduce_latency_s", "step_overhead_s", "per_seq_overhead_s",
                        "eager_launch_s", "piecewise_launch_s", "split_launch_s"), factor))
 

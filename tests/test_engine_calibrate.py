@@ -10,7 +10,7 @@ import pytest
 import torch
 from test_engine_helpers import TINY, toy_config, toy_core
 
-from gpu_backend.engine.calibrate import default_grid, fit_efficiency, time_step
+from gpu_backend.engine.calibrate import default_grid, fit_efficiency, grid_max_len, time_step
 from gpu_backend.engine.memory import (
     MemoryMeasurement,
     dummy_batch,
@@ -23,6 +23,7 @@ from gpu_backend.engine.runner import ModelRunner, StepPhases
 from gpu_backend.engine.setup import plain_store
 from gpu_backend.engine.shapes import host_batch, mixed_shape, scheduler_output
 from gpu_backend.model import build_model
+from sim.calibration import MIN_PROGRAM_STEPS, num_program_bound
 from sim.core.catalog import GIB, MIB, get_gpu, get_model
 from sim.core.engine_config import EngineConfig
 from sim.core.memory_plan import ActivationProfile
@@ -41,6 +42,25 @@ def test_fit_recovers_known_efficiencies():
     assert fitted.linear_compute == pytest.approx(0.6, rel=0.1)
     assert fitted.memory == pytest.approx(0.8, rel=0.1)
     assert fitted.step_overhead_s == pytest.approx(2e-3, rel=0.2)
+    assert fitted.attention_program is None  # no step's longest attention program binds
+
+
+@pytest.mark.parametrize("name", ["llama-3.1-8b", "llama-3.2-3b", "qwen2.5-0.5b"])
+def test_the_grid_tells_the_longest_attention_programs_speed(name):
+    """Grid steps made with attention_program 0.35: its chunks beside long decode rows last
+    as long as their longest row's program, and the fit finds the speed again."""
+    model, gpu = get_model(name), get_gpu("h200")
+    truth = Efficiency(linear_compute=0.6, memory=0.8, attention_compute=0.4,
+                       step_overhead_s=2e-3, per_seq_overhead_s=1e-5, eager_launch_s=3e-3,
+                       attention_program=0.35)
+    outputs = [scheduler_output(s) for s in default_grid()]
+    with_term = np.array([CostModel(model, gpu, 1, truth).step(o).total_s for o in outputs])
+    without = replace(truth, attention_program=None)
+    plain = np.array([CostModel(model, gpu, 1, without).step(o).total_s for o in outputs])
+    assert num_program_bound(with_term, plain) >= MIN_PROGRAM_STEPS
+    fitted, error = fit_efficiency((model, gpu, 1), outputs, with_term)
+    assert fitted.attention_program == pytest.approx(0.35, rel=0.02)
+    assert error["median_abs_rel"] < 1e-3
 
 
 def test_copy_bandwidth_pins_weight_streaming_and_the_step_overhead_takes_the_rest():
@@ -428,3 +448,15 @@ def test_piecewise_max_tokens_needs_the_piecewise_graphs(command, capsys):
     assert "caps the piecewise graphs: add --piecewise-graphs" in capsys.readouterr().err
     assert main([command, *trace, "--piecewise-graphs", "--piecewise-max-tokens", "0"]) == 2
     assert "--piecewise-max-tokens 0: give 1 or more tokens" in capsys.readouterr().err
+
+
+def test_the_profile_is_as_long_as_every_grid_steps_longest_sequence():
+    """The profile's max_model_len (rotary tables, block tables) covers every row of every grid
+    step: a mixed step's 30k-key decode row beside a 2k chunk included."""
+    grid = default_grid()
+    longest = max(max(n + p for n, p in s.prefills) if s.prefills else 0 for s in grid)
+    rows = max(max(s.decodes, default=0) for s in grid)
+    assert rows > longest  # a decode row is the grid's longest sequence
+    assert grid_max_len(grid, 16) == rows + 16
+    assert grid_max_len([mixed_shape(2048, 0, 4, 30000)], 16) == 30016
+    assert grid_max_len([mixed_shape(2048, 40000, 4, 30000)], 16) == 42064

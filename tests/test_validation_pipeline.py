@@ -22,7 +22,7 @@ from validation.cli import main
 from validation.pipeline import validate
 from validation.runs import TraceSlice, find_runs, load_run
 from validation.simside import simulate_logged
-from validation.steps import predict_step_times
+from validation.steps import attention_terms, predict_step_times
 from validation.synthetic import write_calibration_json, write_gpu_style_run
 
 LLAMA_8B, H200 = get_model("llama-3.1-8b"), get_gpu("h200")
@@ -120,11 +120,28 @@ def test_fit_recovers_perturbed_efficiencies_on_held_out_steps(runs):
     assert result.holdout_after["median_abs"] < 1e-3
     assert result.holdout_after["p99_abs"] < 1e-2
     for name, _, _ in FIT_PARAMETERS:
-        if name == "piecewise_launch_s":  # no step ran piecewise graphs: held, unset
-            assert result.efficiency.piecewise_launch_s is None
+        # no step ran piecewise graphs, no step's longest attention program binds: unset
+        if name in ("piecewise_launch_s", "attention_program"):
+            assert getattr(TRUE, name) is None and getattr(result.efficiency, name) is None
             continue
         assert getattr(result.efficiency, name) == pytest.approx(getattr(TRUE, name), rel=0.02,
                                                                  abs=1e-6), name
+
+
+def test_fit_recovers_the_longest_attention_programs_speed(tmp_path):
+    """Steps made with attention_program 0.3 (about a tenth of the chunk-1024 steps with
+    prefill tokens last as long as their longest program): the fit finds it again, from the
+    start it uses when the term is unset, and prices the held-out steps exactly."""
+    true = replace(TRUE, attention_program=0.3)
+    write_gpu_style_run(tmp_path, RunSpec(config(Policy.STATIC, 1024), efficiency=true), SLICE)
+    steps = usable_steps(load_run(find_runs(tmp_path)[0]).steps)
+    work, longest, _ = attention_terms(CostModel(LLAMA_8B, H200, 1, true), steps)
+    assert (longest > work).sum() >= 50
+    fit, holdout = split_tail(steps, 0.5)
+    result = calibrate(LLAMA_8B, H200, 1, fit, holdout, replace(true, attention_program=None),
+                       free=["attention_program"])
+    assert result.efficiency.attention_program == pytest.approx(0.3, rel=1e-3)
+    assert result.holdout_before["p99_abs"] > 0.01 and result.holdout_after["p99_abs"] < 1e-6
 
 
 def test_cli_compare_writes_report_files_and_calibration(gpu_dir, tmp_path):

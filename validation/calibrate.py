@@ -17,13 +17,18 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.calibration import fit_efficiency as fit_parameters
-from sim.calibration import launch_terms, split_term_fixed
+from sim.calibration import fit_with_program_term, launch_terms, num_program_bound, split_term_fixed
 from sim.core.catalog import GpuSpec, ModelSpec
 from sim.core.elastic import VmmCosts
 from sim.core.memory_plan import ActivationProfile
 from sim.cost_model import FIT_PARAMETERS, CostModel, Efficiency
-from validation.steps import StepTable, error_stats, predict_step_times, relative_errors
+from validation.steps import (
+    StepTable,
+    attention_terms,
+    error_stats,
+    predict_step_times,
+    relative_errors,
+)
 
 DEFAULT_HOLDOUT_FRACTION = 0.5
 
@@ -126,15 +131,19 @@ def fit_efficiency(model: ModelSpec, gpu: GpuSpec, tp: int, fit: StepTable,
     initial = replace(initial, **{n: getattr(started, n) for n in (
         "eager_launch_s", "piecewise_launch_s") if n in free})  # a held term keeps its value
     held += [n for n in idle if n in free]
-    if "split_launch_s" in free and fit.max_query_len is not None \
-            and fit.max_seq_len is not None:  # held where too few steps split to fit it
-        splits = fit.has_prefill & cost.splits_array(  # splits need no efficiency
-            fit.num_tokens, fit.num_seqs, fit.max_query_len, fit.max_seq_len)
-        held += split_term_fixed(int(splits.sum()))
-    fitted, solution = fit_parameters(
+    def num_bound(eff: Efficiency) -> int:  # steps whose longest attention program binds
+        def times(e: Efficiency) -> np.ndarray:
+            return predict_step_times(CostModel(model, gpu, tp, e, graph_sizes,
+                                                token_graph_sizes), fit)
+        return num_program_bound(times(eff), times(replace(eff, attention_program=None)))
+
+    _, _, splits = attention_terms(cost, fit)  # splits need no efficiency
+    if "split_launch_s" in free:  # held where too few steps split to fit it
+        held += split_term_fixed(int((splits > 1).sum()))
+    fitted, solution = fit_with_program_term(
         initial, lambda eff: step_errors(model, gpu, tp, eff, fit, graph_sizes,
                                          token_graph_sizes),
-        fixed=held,
+        num_bound, fixed=held,
         loss="soft_l1", f_scale=0.05, diff_step=1e-3, x_scale=1.0)
     return fitted, bool(solution.success), str(solution.message)
 

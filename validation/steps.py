@@ -192,6 +192,23 @@ def _per_unique(values: np.ndarray, fn) -> np.ndarray:
     return np.array([fn(int(v)) for v in unique], dtype=np.float64)[inverse]
 
 
+def attention_terms(cost: CostModel, table: StepTable
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per step, as CostModel.step prices them: the attention's total work (prefill pairs and
+    decode KV reads, linear in both), its longest program, and into how many programs a step
+    with prefill tokens split its keys (both 0 and 1 on decode-only steps, or where the
+    table does not know its longest query and sequence)."""
+    per_pair_s = cost.prefill_attention_s(((2, 0),)) / 2.0  # a 2-token chunk is 2 pairs
+    work = table.prefill_pairs * per_pair_s + table.decode_context_tokens * cost.decode_attention_s(1)
+    longest, splits = np.zeros(len(table)), np.ones(len(table), dtype=np.int64)
+    if table.max_query_len is not None and table.max_seq_len is not None:
+        splits = np.where(table.has_prefill, cost.num_splits_array(
+            table.num_tokens, table.num_seqs, table.max_query_len, table.max_seq_len), 1)
+        longest = np.where(table.has_prefill,
+                           cost.longest_program_s(table.max_seq_len, splits), 0.0)
+    return work, longest, splits
+
+
 def predict_step_times(cost: CostModel, table: StepTable) -> np.ndarray:
     """Cost-model time of every step from its composition alone (no scheduling, no clock)."""
     if len(table) == 0:
@@ -208,18 +225,13 @@ def predict_step_times(cost: CostModel, table: StepTable) -> np.ndarray:
     padded = np.where(eager, piecewise_tokens, graph_rows)
     sampled = np.where(eager, table.num_sampled_rows, padded)
     # Prefill attention and decode KV reads are linear in pairs and context tokens.
-    per_pair_s = cost.prefill_attention_s(((2, 0),)) / 2.0  # a 2-token chunk is 2 pairs
-    per_context_token_s = cost.decode_attention_s(1)
-    device = (_per_unique(padded, cost.linear_s) + _per_unique(padded, cost.allreduce_s)
-              + _per_unique(sampled, cost.logits_s)
-              + table.prefill_pairs * per_pair_s + table.decode_context_tokens * per_context_token_s)
+    attention, longest, splits = attention_terms(cost, table)
+    attention = np.maximum(attention, longest)
     launch = np.where(eager & (tokens > 0),
                       np.where(piecewise, cost.eff.piecewise_launch, cost.eff.eager_launch_s), 0.0)
-    if cost.eff.split_launch_s and table.max_query_len is not None \
-            and table.max_seq_len is not None:  # CostModel.step's split term
-        splits = table.has_prefill & cost.splits_array(tokens, table.num_seqs,
-                                                       table.max_query_len, table.max_seq_len)
-        launch = launch + np.where(splits, cost.eff.split_launch_s, 0.0)
+    launch = launch + np.where(splits > 1, cost.eff.split_launch_s, 0.0)  # CostModel.step's
+    device = (_per_unique(padded, cost.linear_s) + _per_unique(padded, cost.allreduce_s)
+              + _per_unique(sampled, cost.logits_s) + attention)
     total = (np.maximum(device, launch) + cost.eff.launch_serial_fraction
              * np.minimum(device, launch)  # StepCost.total_s
              + cost.eff.step_overhead_s + cost.eff.per_seq_overhead_s * table.num_seqs)

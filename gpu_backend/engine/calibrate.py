@@ -54,12 +54,16 @@ from gpu_backend.engine.shapes import (
     spread_decode_shape,
 )
 from gpu_backend.env import versions
-from sim.calibration import fit_efficiency as fit_parameters
-from sim.calibration import launch_terms, split_term_fixed
+from sim.calibration import fit_with_program_term, launch_terms, num_program_bound, split_term_fixed
 from sim.core.catalog import get_gpu, get_model
 from sim.core.elastic import Policy
 from sim.core.engine_config import EngineConfig
-from sim.cost_model import CostModel, Efficiency, piecewise_sizes_for, step_extents
+from sim.cost_model import (
+    CostModel,
+    Efficiency,
+    piecewise_sizes_for,
+    step_extents,
+)
 
 
 def default_grid(quick: bool = False) -> list[StepShape]:
@@ -96,28 +100,50 @@ def default_grid(quick: bool = False) -> list[StepShape]:
     # about a thousand tokens beside a dozen decodes: the Azure-conv replays' usual mixed step.
     grid += [prefill_shape(128, 2048), mixed_shape(256, 0, 4, 2048),
              mixed_shape(1024, 0, 16, 1500), mixed_shape(384, 0, 12, 1200)]
+    # A chunk beside long decode rows (Mooncake at chunk 2,048): each decode row is one
+    # program of the mixed launch, unsplit, so the step lasts at least its longest row's
+    # program (Efficiency.attention_program); the replays ran 13 ms over the total work's
+    # price on such steps. Short chunks and long rows, one or several, and a long prefix;
+    # the same rows beside 4,096 and 8,192-token chunks, whose work should hide the row (each
+    # step the scheduler's token budget: the chunk less the decode rows).
+    mooncake_rows = (8000,) * 15 + (30000,)
+    grid += [StepShape("mixed", ((n - len(mooncake_rows), 0),), mooncake_rows)
+             for n in (2048, 4096, 8192)]
+    grid += [StepShape("mixed", ((512, 0),), (2000,) * 20 + (28000,)),
+             mixed_shape(2048, 4096, 8, 24000), mixed_shape(1024, 0, 4, 30000),
+             mixed_shape(2048, 16384, 16, 12000)]
     return grid
+
+
+def grid_max_len(grid: Sequence[StepShape], block_size: int) -> int:
+    """The profile's max_model_len: the grid's longest sequence (a prefill's prefix and chunk,
+    or a decode row's context, mixed steps' decode rows too) and a block to spare. The rotary
+    tables are this long: before 2026-11-30's seventh session a mixed step's decode rows were
+    left out, and a 30k-key row read past them (an illegal address on Llama-3.1-8B)."""
+    return max(max([n + p for n, p in s.prefills] + list(s.decodes)) for s in grid) + block_size
 
 
 def fit_efficiency(cost_args: tuple, outputs: list, measured_s: np.ndarray,
                    start: Efficiency | None = None,
                    copy_bandwidth_bytes_s: float | None = None,
-                   token_graph_sizes: Sequence[int] = ()) -> tuple[Efficiency, dict]:
+                   token_graph_sizes: Sequence[int] = (),
+                   hold: Sequence[str] = ()) -> tuple[Efficiency, dict]:
     """Least squares on relative error; returns (fitted Efficiency, error report).
 
     `token_graph_sizes`: the piecewise graphs' sizes the profile ran its eager steps at
-    (CostModel prices the padded tokens); empty without piecewise graphs.
+    (CostModel prices the padded tokens); empty without piecewise graphs. `hold`: fitted
+    parameters kept at `start`'s values (measured elsewhere).
 
     With `copy_bandwidth_bytes_s`, `memory` is held at that bandwidth over the GPU preset's
     (see the module docstring); without it, `memory` is fitted like the rest.
     """
     start = start or Efficiency()
-    fixed: tuple[str, ...] = ()
+    fixed: tuple[str, ...] = tuple(hold)
     if copy_bandwidth_bytes_s is not None:
         gpu = cost_args[1]
         start = replace(start, memory=min(1.0, copy_bandwidth_bytes_s
                                           / gpu.memory_bandwidth_bytes_s))
-        fixed = ("memory",)
+        fixed = (*fixed, "memory")
     # the profile's decode steps run exact-size graphs; a step with prefill tokens runs the
     # piecewise graphs where one holds it, else fully eager (CostModel.eager_step)
     eager = np.array([o.num_prefill_tokens > 0 for o in outputs], dtype=bool)
@@ -128,6 +154,13 @@ def fit_efficiency(cost_args: tuple, outputs: list, measured_s: np.ndarray,
                                measured_s[eager & piecewise])
     num_split = sum(cost.splits(o.num_prefill_tokens + o.num_decode_tokens, len(o.scheduled),
                                 *step_extents(o)) for o in outputs if o.num_prefill_tokens)
+
+    def num_bound(eff: Efficiency) -> int:  # steps whose longest attention program binds
+        def times(e: Efficiency) -> np.ndarray:
+            cost = CostModel(*cost_args, efficiency=e, token_graph_sizes=token_graph_sizes)
+            return np.array([cost.step(o).total_s for o in outputs])
+        return num_program_bound(times(eff), times(replace(eff, attention_program=None)))
+
     fixed = (*fixed, *held, *split_term_fixed(num_split))
 
     def relative_errors(eff: Efficiency) -> np.ndarray:
@@ -135,7 +168,7 @@ def fit_efficiency(cost_args: tuple, outputs: list, measured_s: np.ndarray,
         return np.array([cost.step(o).total_s for o in outputs]) / measured_s - 1.0
 
     before = relative_errors(start)
-    fitted, _ = fit_parameters(start, relative_errors, fixed, x_scale="jac")
+    fitted, _ = fit_with_program_term(start, relative_errors, num_bound, fixed, x_scale="jac")
     after = relative_errors(fitted)
     return fitted, {
         "median_abs_rel": float(np.median(np.abs(after))),
@@ -238,8 +271,7 @@ def profile_engine(config: EngineConfig, grid: list[StepShape], seed: int = 0,
     # replaces it), or to the cap
     piecewise_tokens = (max(piecewise_sizes_for(config.chunk_tokens, piecewise_max_tokens))
                         if piecewise else None)
-    max_len = max(max(n + p for n, p in s.prefills) if s.prefills else max(s.decodes)
-                  for s in grid) + config.block_size
+    max_len = grid_max_len(grid, config.block_size)
     table_len = max(max_len, config.memory_config().effective_max_model_len) \
         if replay_setup else max_len
     config = config.with_(max_num_batched_tokens=max_prefill, max_model_len=max_len)
@@ -392,12 +424,17 @@ def transition_costs(points: list[dict]) -> dict[str, float]:
     return costs
 
 
-def refit_calibration(data: dict, copy_bandwidth_bytes_s: float | None = None) -> dict:
+def refit_calibration(data: dict, copy_bandwidth_bytes_s: float | None = None,
+                      program_from: tuple[str, dict] | None = None) -> dict:
     """Fit the cost model again to a calibration's stored measurements (no GPU needed).
 
     For when the cost model gains a term: the grid measured on the GPU stays valid, only the
     fitted efficiencies change. `memory` is pinned to `copy_bandwidth_bytes_s`, else to the
     calibration's own "copy_bandwidth_bytes_s", else fitted (older files have none).
+    `program_from`: (name, calibration) whose attention_program (the speed of one attention
+    program, `CostModel.longest_program_s`) is held, not fitted: for a grid from before the
+    steps that tell it, from a profile of a model with the same attention kernel (head_dim)
+    on the same GPU.
     Returns the calibration with new efficiency and errors.
     """
     bandwidth = copy_bandwidth_bytes_s or data.get("copy_bandwidth_bytes_s")
@@ -406,14 +443,40 @@ def refit_calibration(data: dict, copy_bandwidth_bytes_s: float | None = None) -
     times = np.array([m["measured_s"] for m in data["measurements"]])
     cost_args = (get_model(data["model"]), get_gpu(data["gpu_preset"]), 1)
     token_sizes = data.get("piecewise_sizes") or ()
-    efficiency, fit_error = fit_efficiency(cost_args, outputs, times,
+    start, hold, provenance = Efficiency(), (), {}
+    if program_from is not None:
+        source, other = program_from
+        value = program_term_of(source, other, data)
+        start, hold = replace(start, attention_program=value), ("attention_program",)
+        provenance = {"attention_program_from": {"calibration": source, "model": other["model"],
+                                                 "attention_program": value}}
+    efficiency, fit_error = fit_efficiency(cost_args, outputs, times, start=start,
                                            copy_bandwidth_bytes_s=bandwidth,
-                                           token_graph_sizes=token_sizes)
+                                           token_graph_sizes=token_sizes, hold=hold)
     cost = CostModel(*cost_args, efficiency=efficiency, token_graph_sizes=token_sizes)
     measurements = [{**m, "predicted_s": cost.step(out).total_s}
                     for m, out in zip(data["measurements"], outputs)]
     return {**data, "efficiency": asdict(efficiency), "fit_error": fit_error,
-            "copy_bandwidth_bytes_s": bandwidth, "measurements": measurements}
+            "copy_bandwidth_bytes_s": bandwidth, "measurements": measurements, **provenance}
+
+
+def program_term_of(source: str, other: dict, data: dict) -> float:
+    """The attention_program of calibration `other` (read from `source`), checked to fit
+    `data`'s: the same GPU, a model of the same head_dim (the kernel's tile and its work per
+    key), and the term fitted there."""
+    if other.get("gpu_preset") != data.get("gpu_preset"):
+        raise ValueError(f"{source}: GPU {other.get('gpu_preset')!r}, not "
+                         f"{data.get('gpu_preset')!r}; take attention_program from the same GPU")
+    mine, theirs = get_model(data["model"]), get_model(other["model"])
+    if mine.head_dim != theirs.head_dim:
+        raise ValueError(f"{source}: {theirs.name} has head_dim {theirs.head_dim}, "
+                         f"{mine.name} {mine.head_dim}: its attention programs do other work "
+                         "per key; take attention_program from a model of the same head_dim")
+    value = (other.get("efficiency") or {}).get("attention_program")
+    if value is None:
+        raise ValueError(f"{source}: no fitted attention_program (its grid did not tell it); "
+                         "take it from a profile whose grid did")
+    return float(value)
 
 
 TIMING_KEYS = ("measured_s", "build_s", "enqueue_s", "device_s", "host_probe_s")
