@@ -363,7 +363,7 @@ class CostModel:
             if splits > 1:
                 launch += self.eff.split_launch_s
             # the launch lasts at least its longest program (Efficiency.attention_program)
-            attention = max(attention, self.longest_program_s(max_seq, splits))
+            attention = max(attention, float(self.longest_program_s(max_seq, splits)))
         return StepCost(
             linear_s=self.linear_s(rows), attention_s=attention,
             allreduce_s=self.allreduce_s(rows), logits_s=self.logits_s(sampled),

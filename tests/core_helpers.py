@@ -24,6 +24,7 @@ def make_scheduler(
     num_elastic_blocks: int = 0,
     drain: DrainStrategy = DrainStrategy.PREEMPT,
     block_bytes: int = BLOCK_BYTES,
+    vmm: VmmCostModel | None = None,
     **config_kwargs,
 ) -> Scheduler:
     config = SchedulerConfig(**config_kwargs)
@@ -33,7 +34,7 @@ def make_scheduler(
     layout = ReserveLayout(reserve, lent, num_elastic_blocks, block_bytes, 1, granule_bytes=1)
     pool = BlockPool(num_base_blocks, num_elastic_blocks,
                      elastic_attached=policy is Policy.OVERCOMMIT)
-    controller = ElasticController(policy, layout, linear_activation, VmmCostModel(), drain)
+    controller = ElasticController(policy, layout, linear_activation, vmm or VmmCostModel(), drain)
     return Scheduler(config, pool, controller)
 
 

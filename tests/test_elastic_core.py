@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.core.block_pool import BlockPool, ElasticBusyError, ElasticState
-from sim.core.elastic import DrainStrategy, Policy, VmmCostModel, plan_reserve
+from sim.core.catalog import GIB
+from sim.core.elastic import DrainStrategy, Policy, VmmCostModel, VmmCosts, plan_reserve
 from sim.core.request import RequestStatus
 from sim.core.step import ElasticActionKind
 
@@ -207,3 +208,29 @@ def test_attach_lends_what_the_current_decode_batch_leaves_free():
 
     assert lent_with(1) == 10
     assert lent_with(4) == 9
+
+
+def test_an_attach_pays_for_the_activations_the_allocator_still_caches():
+    """A release-mode attach hands the allocator's cache back first: the largest step's
+    activations since the last attach (toy model: 10 B a token + 1 B a sampled row), priced
+    at attach_cache_gib_s."""
+    per_byte = 1e-3  # seconds per cached byte
+    costs = VmmCosts(attach_handle_s=0.0, attach_gib_s=0.0, detach_handle_s=0.0,
+                     detach_gib_s=0.0, attach_fixed_s=2e-3, attach_cache_gib_s=per_byte * GIB)
+    sched = make_scheduler(policy=Policy.ELASTIC, num_elastic_blocks=10,
+                           vmm=VmmCostModel(costs=costs))
+    sched.add_request(request(0, prompt=8, output=40))
+    sched.update(sched.schedule(), 1.0)  # the prefill: 8 tokens, 1 row = 81 B
+    out = sched.schedule()
+    assert out.elastic.kind is ElasticActionKind.ATTACH
+    assert out.elastic.duration_s == pytest.approx(2e-3 + 81 * per_byte)
+    sched.update(out, 2.0)  # a decode step of one row: 11 B
+    sched.add_request(request(1, prompt=8, output=4))
+    out = sched.schedule()  # detach, then 8 prefill tokens beside 1 decode, 2 rows: 92 B
+    assert out.elastic.kind is ElasticActionKind.DETACH and out.activation_bytes == 92
+    sched.update(out, 3.0)
+    out = sched.schedule()
+    while out.elastic is None or out.elastic.kind is not ElasticActionKind.ATTACH:
+        sched.update(out, 4.0)
+        out = sched.schedule()
+    assert out.elastic.duration_s == pytest.approx(2e-3 + 92 * per_byte)

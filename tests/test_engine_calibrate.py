@@ -248,14 +248,19 @@ def test_transition_cycles_run_through_the_engines_executor_and_leak_nothing():
     fake, mib = FakeCudaDriver(), 1024 * 1024
     pool = ElasticKVPool(KVLayout.from_name("llama-3.1-8b"), 1, 6 * mib,
                          elastic_handle_bytes=2 * mib, reclaim="release", driver=fake)
-    mapped = []
+    mapped, cache = [], {"reserved": 0}  # a stand-in for torch's caching allocator
+
+    def prefill() -> None:  # each prefill leaves 3 MiB of activations cached
+        cache["reserved"] += 3 * mib
+
     executor = ElasticExecutor(pool, Policy.ELASTIC, block_id_offset=0, num_core_base_blocks=1,
-                               sync=lambda: None, on_mapped=mapped.append)
-    prefills = []
-    result = cycle_transitions(executor, lambda: prefills.append(1),
-                               pool.plan.num_elastic_blocks, cycles=3)
-    assert len(prefills) == 3 and len(executor.attach_latencies_s) == 3
+                               sync=lambda: None, on_mapped=mapped.append,
+                               empty_cache=lambda: cache.update(reserved=0),
+                               reserved_bytes=lambda: cache["reserved"])
+    result = cycle_transitions(executor, prefill, pool.plan.num_elastic_blocks, cycles=3)
+    assert len(executor.attach_latencies_s) == 3
     assert result["attach_s"] > 0 and result["detach_s"] > 0
+    assert result["freed_bytes"] == 3 * mib  # what each attach handed back
     assert mapped == [6 * mib, 0] * 3  # every handle mapped, then every one released
     assert not pool.attached
     pool.close()

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from sim.core.catalog import get_gpu, get_model
-from sim.core.elastic import Policy, VmmCosts
+from sim.core.elastic import Policy, VmmCostModel, VmmCosts
 from sim.core.engine_config import EngineConfig
 from sim.cost_model import CostModel, Efficiency
 from sim.runner import RunSpec
@@ -242,6 +242,27 @@ def test_transition_costs_fit_fixed_and_per_handle_terms():
     flat = transition_costs([{"handles": n, "attach_s": 2e-3 - n * 1e-5, "detach_s": 1e-3}
                              for n in (1, 2, 4)])
     assert flat["attach_handle_s"] == 0.0  # a falling line is clipped, never negative
+    assert costs["attach_cache_gib_s"] == 0.0  # every point freed the same (nothing)
+
+
+def test_transition_costs_fit_the_cached_bytes_an_attach_hands_back():
+    """Attaches after prefills of different sizes free different amounts of torch's cache:
+    the fit separates a cost per cached GiB from the fixed and per-handle ones."""
+    from gpu_backend.engine.calibrate import transition_costs
+
+    gib = 2**30
+    points = [{"handles": n, "freed_bytes": freed, "detach_s": 4e-4 + n * 45e-6,
+               "attach_s": 0.3e-3 + n * 0.2e-3 + freed / gib * 0.9e-3}
+              for n, freed in ((1, 1.2 * gib), (2, 1.2 * gib), (4, 1.2 * gib), (2, 0),
+                               (2, 0.1 * gib), (2, 0.4 * gib))]
+    costs = transition_costs(points)
+    assert costs["attach_fixed_s"] == pytest.approx(0.3e-3)
+    assert costs["attach_handle_s"] == pytest.approx(0.2e-3)
+    assert costs["attach_cache_gib_s"] == pytest.approx(0.9e-3)
+    assert costs["detach_handle_s"] == pytest.approx(45e-6)
+    model = VmmCostModel(handle_bytes=512 * 2**20, costs=VmmCosts(**costs))
+    assert model.attach_s(2 * 512 * 2**20, int(0.4 * gib)) == pytest.approx(
+        0.3e-3 + 0.4e-3 + 0.36e-3)
 
 
 def test_report_names_the_gpu_and_versions_it_was_measured_with(runs):

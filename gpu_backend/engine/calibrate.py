@@ -37,6 +37,7 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
+from scipy.optimize import nnls
 
 from gpu_backend.engine.hostprobe import probe
 from gpu_backend.engine.hostprobe import summarize as summarize_probes
@@ -358,6 +359,8 @@ def calibrate(config: EngineConfig, *, seed: int = 0, quick: bool = False,
 
 
 TRANSITION_HANDLES = (1, 2, 4)
+# prefills (tokens) run before the 2-handle attaches beside the largest: none, short, medium
+TRANSITION_PREFILLS = (0, 512, 2048)
 GRANULE_BYTES = 2 * 1024 * 1024  # CUDA VMM allocation granularity on the H200
 
 
@@ -368,9 +371,11 @@ def measure_transitions(runner, config: EngineConfig, device, num_pool_blocks: i
     The engine lends in release mode: ATTACH hands torch's cached blocks back
     (empty_cache) and creates and maps the reserve's handles, DETACH unmaps and releases
     them. Each cycle first runs a prefill step so that its activations sit in torch's cache,
-    as after a replay's last prefill. Reserves of 1, 2 and 4 handles of
-    `config.vmm_handle_bytes`; a line through the medians gives the fixed and per-handle
-    costs the simulator's VmmCosts take.
+    as after a replay's last prefill: reserves of 1, 2 and 4 handles of
+    `config.vmm_handle_bytes` after the largest prefill (8,192 tokens or the chunk), then 2
+    handles after smaller ones and after none (TRANSITION_PREFILLS), so that the cached bytes
+    each attach hands back (`freed_bytes`) vary. `transition_costs` fits the fixed, per-handle
+    and per-cached-GiB costs the simulator's VmmCosts take.
     """
     import torch
 
@@ -379,21 +384,30 @@ def measure_transitions(runner, config: EngineConfig, device, num_pool_blocks: i
     from gpu_backend.vmm import ElasticKVPool
 
     handle = config.vmm_handle_bytes
-    prefill = host_batch(prefill_shape(min(8192, config.max_num_batched_tokens)),
-                         config.block_size, num_pool_blocks)
+    largest = min(8192, config.max_num_batched_tokens)
     layout = kv_layout(config.model, config.block_size)
     # the fewest base blocks that end on the 2 MiB granule (the elastic part starts there)
     num_base = GRANULE_BYTES // math.gcd(layout.block_bytes, GRANULE_BYTES)
+
+    def before(tokens: int) -> Callable[[], None]:
+        if tokens == 0:
+            return lambda: None
+        batch = host_batch(prefill_shape(tokens), config.block_size, num_pool_blocks)
+        return partial(runner.execute, batch)
+
     points = []
-    for handles in TRANSITION_HANDLES:
+    plan = [(handles, largest) for handles in TRANSITION_HANDLES]
+    plan += [(2, tokens) for tokens in TRANSITION_PREFILLS if tokens < largest]
+    for handles, tokens in plan:
         with ElasticKVPool(layout, num_base, handles * handle, elastic_handle_bytes=handle,
                            reclaim="release", device_ordinal=device.index or 0) as pool:
             executor = ElasticExecutor(pool, Policy.ELASTIC, block_id_offset=0,
                                        num_core_base_blocks=num_base,
                                        sync=lambda: torch.cuda.synchronize(device),
-                                       empty_cache=torch.cuda.empty_cache)
-            points.append({"handles": handles,
-                           **cycle_transitions(executor, partial(runner.execute, prefill),
+                                       empty_cache=torch.cuda.empty_cache,
+                                       reserved_bytes=lambda: torch.cuda.memory_reserved(device))
+            points.append({"handles": handles, "prefill_tokens": tokens,
+                           **cycle_transitions(executor, before(tokens),
                                                pool.plan.num_elastic_blocks, cycles)})
     return {"handle_bytes": handle, "reclaim": "release", "points": points,
             "costs": transition_costs(points)}
@@ -402,25 +416,36 @@ def measure_transitions(runner, config: EngineConfig, device, num_pool_blocks: i
 def cycle_transitions(executor, before_attach, num_elastic_blocks: int,
                       cycles: int) -> dict[str, float]:
     """`cycles` times: before_attach(), lend all `num_elastic_blocks`, take them back.
-    Median attach and detach seconds, as the executor timed them."""
+    Median attach and detach seconds, as the executor timed them, and the median bytes of
+    torch's cache each attach handed back."""
     for _ in range(cycles):
         before_attach()
         executor.attach(num_elastic_blocks)
         executor.detach()
+    attaches = [t for t in executor.transitions if t.kind == "attach"][-cycles:]
     return {"attach_s": statistics.median(executor.attach_latencies_s[-cycles:]),
-            "detach_s": statistics.median(executor.detach_latencies_s[-cycles:])}
+            "detach_s": statistics.median(executor.detach_latencies_s[-cycles:]),
+            "freed_bytes": int(statistics.median(t.freed_bytes for t in attaches))}
 
 
 def transition_costs(points: list[dict]) -> dict[str, float]:
-    """Least squares `fixed + handles x per_handle` through the attach and detach medians,
-    clipped at zero (VmmCosts' fields; the per-GiB terms stay 0 at one handle size)."""
+    """Non-negative least squares through the attach and detach medians: attach = fixed +
+    handles x per_handle + cached GiB x per_cached_GiB (the last only where the points' freed
+    bytes differ), detach = fixed + handles x per_handle (VmmCosts' fields; the per-GiB
+    terms of the reserve stay 0 at one handle size)."""
     handles = np.array([p["handles"] for p in points], dtype=float)
-    costs: dict[str, float] = {}
+    freed = np.array([p.get("freed_bytes", 0) for p in points], dtype=float) / 2**30
+    costs: dict[str, float] = {"attach_cache_gib_s": 0.0}
     for kind in ("attach", "detach"):
-        slope, intercept = np.polyfit(handles, [p[f"{kind}_s"] for p in points], 1)
-        costs[f"{kind}_handle_s"] = max(float(slope), 0.0)
+        columns = [np.ones_like(handles), handles]
+        if kind == "attach" and np.ptp(freed) > 0:
+            columns.append(freed)
+        solution, _ = nnls(np.column_stack(columns), np.array([p[f"{kind}_s"] for p in points]))
+        costs[f"{kind}_fixed_s"] = float(solution[0])
+        costs[f"{kind}_handle_s"] = float(solution[1])
         costs[f"{kind}_gib_s"] = 0.0
-        costs[f"{kind}_fixed_s"] = max(float(intercept), 0.0)
+        if len(solution) == 3:
+            costs["attach_cache_gib_s"] = float(solution[2])
     return costs
 
 

@@ -35,6 +35,9 @@ class ElasticController:
         self.drain = drain
         self.lent_bytes = 0  # bytes of the reserve mapped into the KV pool right now
         self.lent_handles = 0
+        # the largest step's activations since the last attach: what the engine's allocator
+        # caches and the next attach hands back (VmmCosts.attach_cache_gib_s)
+        self.cached_bytes = 0
 
     # ------------------------------------------------------------- queries
     def admission_allowed(self, pool: BlockPool) -> bool:
@@ -56,6 +59,10 @@ class ElasticController:
         if self.policy is Policy.ELASTIC and pool.elastic_state is not ElasticState.DETACHED:
             return needed, reserve - self.lent_bytes
         return needed, reserve
+
+    def note_step(self, activation_bytes: int) -> None:
+        """A step ran with `activation_bytes` of activations: the allocator keeps the largest."""
+        self.cached_bytes = max(self.cached_bytes, activation_bytes)
 
     def prefill_wanted(self, sched: Scheduler) -> bool:
         """Would the next step run a prefill if the elastic region were drained and detached?"""
@@ -105,8 +112,9 @@ class ElasticController:
         pool.attach_elastic(num_blocks)
         self.lent_bytes = num_blocks * self.layout.block_bytes
         self.lent_handles = self.vmm.num_handles(self.lent_bytes)
-        return ElasticAction(ElasticActionKind.ATTACH, self.lent_handles,
-                             self.vmm.attach_s(self.lent_bytes))
+        duration_s = self.vmm.attach_s(self.lent_bytes, self.cached_bytes)
+        self.cached_bytes = 0  # handed back
+        return ElasticAction(ElasticActionKind.ATTACH, self.lent_handles, duration_s)
 
     def _drain_and_detach(self, sched: Scheduler) -> ElasticAction:
         pool = sched.pool

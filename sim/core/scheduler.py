@@ -322,6 +322,8 @@ class Scheduler:
         num_rows = sum(1 for s in items if s.samples)
         needed, available = self.controller.activation_need(
             self.pool, num_prefill + num_decode, num_rows)
+        if items:  # a step ran: its activations stay in the allocator's cache
+            self.controller.note_step(needed)
         lent = self.pool.num_attached_elastic
         return SchedulerOutput(
             step_id=self._step_id, scheduled=items, num_steps=num_steps,
