@@ -385,15 +385,13 @@ class CostModel:
 
     def splits(self, num_tokens: int, num_seqs: int, max_query_len: int,
                max_seq_len: int) -> bool:
-        """`attention_splits` for this model (KV heads per GPU) on this GPU."""
-        return attention_splits(num_tokens, num_seqs, max_query_len, max_seq_len,
-                                self._kv_heads, self._group, self.gpu.num_sms)
+        """Does such a step's attention split its keys (`attention_splits`)?"""
+        return self.num_splits(num_tokens, num_seqs, max_query_len, max_seq_len) > 1
 
     def splits_array(self, num_tokens: np.ndarray, num_seqs: np.ndarray,
                      max_query_len: np.ndarray, max_seq_len: np.ndarray) -> np.ndarray:
         """`splits` of many steps at once (bool array)."""
-        return attention_splits_array(num_tokens, num_seqs, max_query_len, max_seq_len,
-                                      self._kv_heads, self._group, self.gpu.num_sms)
+        return self.num_splits_array(num_tokens, num_seqs, max_query_len, max_seq_len) > 1
 
     def decode_run_s(self, batch_size: int, context_tokens: int, num_steps: int) -> np.ndarray:
         """Durations of `num_steps` consecutive decode-only steps of `batch_size` sequences
