@@ -135,10 +135,16 @@ MAX_NUM_SPLITS = 32
 def attention_num_splits(num_tokens: int, num_seqs: int, max_query_len: int, max_seq_len: int,
                          num_kv_heads: int, group: int, num_sms: int) -> int:
     """Into how many programs the attention of a step with prefill tokens splits each tile's
-    keys (1: no split; num_sms 0, an unknown GPU: never)."""
-    return int(attention_num_splits_array(
-        np.array([num_tokens]), np.array([num_seqs]), np.array([max_query_len]),
-        np.array([max_seq_len]), num_kv_heads, group, num_sms)[0])
+    keys (1: no split; num_sms 0, an unknown GPU: never). Plain integers: the simulator asks
+    this for every step."""
+    block_q = max(1, ATTENTION_TILE_ROWS // group)
+    tiles = num_seqs if max_query_len <= block_q else num_tokens // block_q + num_seqs
+    programs = tiles * num_kv_heads
+    if programs >= num_sms:
+        return 1
+    splits = min(-(-SPLIT_TARGET_WAVES * num_sms // max(1, programs)),
+                 -(-max_seq_len // MIN_KEYS_PER_SPLIT))
+    return max(1, min(splits, MAX_NUM_SPLITS))
 
 
 def attention_num_splits_array(num_tokens: np.ndarray, num_seqs: np.ndarray,

@@ -466,7 +466,12 @@ def test_the_split_rule_is_the_kernels():
     import torch
 
     from gpu_backend.kernels.attention import choose_num_splits, prefill_config
-    from sim.cost_model import attention_splits, attention_splits_array
+    from sim.cost_model import (
+        attention_num_splits,
+        attention_num_splits_array,
+        attention_splits,
+        attention_splits_array,
+    )
 
     cpu, sms = torch.device("cpu"), 4
     cases = []
@@ -478,16 +483,21 @@ def test_the_split_rule_is_the_kernels():
                                                  (64, 3, 40, 257), (64, 3, 40, 256),
                                                  (500, 20, 480, 600)):
             tiles = seqs if max_query <= block_q else tokens // block_q + seqs
-            kernel = choose_num_splits(tiles * kv_heads, max_seq, cpu) > 1
-            ours = attention_splits(tokens, seqs, max_query, max_seq, kv_heads, group, sms)
-            assert ours == kernel, (kv_heads, group, tokens, seqs, max_query, max_seq)
-            cases.append((tokens, seqs, max_query, max_seq, kv_heads, group, kernel))
-    assert {c[-1] for c in cases} == {True, False}  # both outcomes exercised
+            count = choose_num_splits(tiles * kv_heads, max_seq, cpu)
+            shape = (tokens, seqs, max_query, max_seq, kv_heads, group)
+            assert attention_num_splits(*shape, sms) == count, shape
+            assert attention_splits(*shape, sms) == (count > 1), shape
+            cases.append((*shape, count))
+    assert {c[-1] > 1 for c in cases} == {True, False}  # both outcomes exercised
+    assert len({c[-1] for c in cases}) > 2  # and several split counts
     for kv_heads, group in {(c[4], c[5]) for c in cases}:
         mine = [c for c in cases if (c[4], c[5]) == (kv_heads, group)]
         arrays = [np.array([c[i] for c in mine]) for i in range(4)]
+        counts = [c[-1] for c in mine]
         np.testing.assert_array_equal(
-            attention_splits_array(*arrays, kv_heads, group, sms), [c[-1] for c in mine])
+            attention_num_splits_array(*arrays, kv_heads, group, sms), counts)
+        np.testing.assert_array_equal(
+            attention_splits_array(*arrays, kv_heads, group, sms), [n > 1 for n in counts])
 
 
 def test_launch_serial_fraction_adds_its_share_of_the_shorter_of_device_and_launch():
@@ -509,3 +519,35 @@ def test_launch_serial_fraction_adds_its_share_of_the_shorter_of_device_and_laun
             decode).total_s)
     with pytest.raises(ValueError, match="launch_serial_fraction"):
         Efficiency(launch_serial_fraction=1.5)
+
+
+def test_a_chunk_beside_a_long_decode_row_lasts_its_longest_program():
+    """Llama-3.1-8B: a 2,048-token chunk beside 15 rows of 8,000 keys and one of 30,000. The
+    launch gives the long row one program per KV head (2,048 / 32 + 16 = 80 tiles x 8 heads
+    fill the 132 SMs: no split), which works through its 30,001 keys at attention_program of
+    one SM: 32 layers x 30,001 keys x (4 x 128 rows x 128 dims) FLOPs at 0.3 x 989.4 / 132
+    TFLOP/s = 28.0 ms, longer than the step's total attention work."""
+    step = step_of((0, 2048), *[(8000, 1)] * 15, (30000, 1))
+    plain = CostModel(LLAMA_8B, H200, efficiency=Efficiency()).step(step)
+    with_term = CostModel(LLAMA_8B, H200, efficiency=Efficiency(attention_program=0.3)).step(step)
+    longest = 32 * 30001 * 4 * 128 * 128 / (0.3 * 989.4e12 / 132)
+    assert longest == pytest.approx(28.0e-3, rel=1e-3)
+    assert plain.attention_s < longest
+    assert with_term.attention_s == pytest.approx(longest)
+    assert with_term.linear_s == plain.linear_s  # only the attention changes
+    # a long prefill's tiles outweigh its longest one; a decode-only step splits by its plan
+    for other in (step_of((0, 16384)), step_of(*[(8000, 1)] * 15, (30000, 1))):
+        assert (CostModel(LLAMA_8B, H200, efficiency=Efficiency(attention_program=0.3))
+                .step(other).attention_s == pytest.approx(
+                    CostModel(LLAMA_8B, H200, efficiency=Efficiency()).step(other).attention_s))
+
+
+def test_a_split_launchs_longest_program_works_through_its_share_of_the_keys():
+    """Qwen2.5-0.5B, 512 new tokens on a 16,384-token prefix: 512 // 18 + 1 = 29 tiles x 2 KV
+    heads = 58 programs < 132 SMs, so each tile's keys split min(ceil(264 / 58), ceil(16,896 /
+    256), 32) = 5 ways: the longest program has a fifth of the 16,896 keys."""
+    cost = CostModel(QWEN_05B, H200, efficiency=Efficiency(attention_program=0.2))
+    assert cost.num_splits(512, 1, 512, 16896) == 5
+    per_key = 24 * 4 * 128 * 64 / (0.2 * 989.4e12 / 132)
+    assert cost.longest_program_s(16896, 5) == pytest.approx(3380 * per_key)
+    assert cost.longest_program_s(16896) == pytest.approx(16896 * per_key)

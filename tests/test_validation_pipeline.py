@@ -76,14 +76,22 @@ def test_a_run_with_gzipped_csvs_loads_as_the_plain_one(gpu_dir, tmp_path):
             np.testing.assert_array_equal(table_a[key], table_b[key])
 
 
-def test_step_prediction_equals_the_simulators_step_times():
+@pytest.mark.parametrize("eff", [TRUE, replace(TRUE, attention_program=0.2,
+                                                 split_launch_s=1e-3)])
+def test_step_prediction_equals_the_simulators_step_times(eff):
+    """The validation's array pricing of recorded steps is CostModel.step's, the longest
+    attention program and the split launch included."""
     trace = load_trace("azure-code").head(60)
-    result, recorder = simulate_logged(RunSpec(config(Policy.ELASTIC, 1024), efficiency=TRUE),
+    result, recorder = simulate_logged(RunSpec(config(Policy.ELASTIC, 1024), efficiency=eff),
                                        trace)
     table = recorder.table()
     assert len(table) == result.summary["num_engine_steps"]
-    predicted = predict_step_times(CostModel(LLAMA_8B, H200, 1, TRUE), table)
+    predicted = predict_step_times(CostModel(LLAMA_8B, H200, 1, eff), table)
     np.testing.assert_allclose(predicted, table.duration_s, rtol=1e-9)
+    if eff.attention_program:  # the term binds some steps of this slice
+        plain = predict_step_times(
+            CostModel(LLAMA_8B, H200, 1, replace(eff, attention_program=None)), table)
+        assert (predicted > plain * 1.02).sum() >= 3
 
 
 def test_compare_with_true_efficiencies_reports_no_error(runs):
