@@ -90,16 +90,22 @@ stage_bench() {  # GPU_ALL_BENCH picks the benchmarks (default: vmm kernels engi
   bundle bench
 }
 
-stage_profile() {  # GPU_ALL_PROFILE picks the models (default: llama-3.1-8b qwen2.5-0.5b)
+# GPU_ALL_PROFILE picks the models (default: llama-3.1-8b qwen2.5-0.5b); GPU_ALL_PROFILE_ARGS adds
+# profile flags and GPU_ALL_PROFILE_TAG a name suffix for them, e.g. GPU_ALL_PROFILE_ARGS="--replay-setup
+# --max-num-seqs 256 --max-model-len 32768" GPU_ALL_PROFILE_TAG=_replaysetup (the grid on a replay's
+# setup: scattered blocks over a large pool) beside the plain profile, not over it.
+stage_profile() {
   local dir="$WORK/profile" log="$OUT/profile.log" wanted=" ${GPU_ALL_PROFILE:-llama-3.1-8b qwen2.5-0.5b} "
+  local extra=() model limit
+  read -r -a extra <<<"${GPU_ALL_PROFILE_ARGS:-}"
   mkdir -p "$dir"
   # two passes over the grid (profile --passes, default 2): about twice a single pass's time
-  [[ "$wanted" == *" llama-3.1-8b "* ]] && run_step "$log" 240 "$PY" -m gpu_backend profile \
-    --model llama-3.1-8b --out "$dir/calibration_llama-3.1-8b$SUFFIX.json" "${ENGINE_FLAGS[@]}"
-  [[ "$wanted" == *" qwen2.5-0.5b "* ]] && run_step "$log" 180 "$PY" -m gpu_backend profile \
-    --model qwen2.5-0.5b --out "$dir/calibration_qwen2.5-0.5b$SUFFIX.json" "${ENGINE_FLAGS[@]}"
-  [[ "$wanted" == *" llama-3.2-3b "* ]] && run_step "$log" 200 "$PY" -m gpu_backend profile \
-    --model llama-3.2-3b --out "$dir/calibration_llama-3.2-3b$SUFFIX.json" "${ENGINE_FLAGS[@]}"
+  for model in llama-3.1-8b qwen2.5-0.5b llama-3.2-3b; do
+    [[ "$wanted" == *" $model "* ]] || continue
+    case "$model" in llama-3.1-8b) limit=240 ;; qwen2.5-0.5b) limit=180 ;; *) limit=200 ;; esac
+    run_step "$log" "$limit" "$PY" -m gpu_backend profile --model "$model" \
+      --out "$dir/calibration_$model$SUFFIX${GPU_ALL_PROFILE_TAG:-}.json" "${ENGINE_FLAGS[@]}" "${extra[@]}"
+  done
   bundle profile
 }
 
