@@ -83,7 +83,6 @@ def launch_terms(start: Efficiency, eager_s: np.ndarray,
     return start, tuple(held)
 
 
-
 # Fewer steps than this that the longest attention program binds (num_program_bound, at
 # program_start): attention_program is held at its start, not fitted (None stays None: not
 # priced).
@@ -103,9 +102,9 @@ def num_program_bound(with_term_s: np.ndarray, without_s: np.ndarray) -> int:
 
 # A fit's start for attention_program where the start leaves it unset, and the value at which
 # a fit judges whether its steps can tell the term at all: slow (a lone program at 15% of its
-# SM's share of the peak; the Mooncake replays' mixed steps ask for 0.3-0.5), so that the steps
-# it could bind do bind and the fit walks up from there; from a start that binds no step the
-# term has no gradient.
+# SM's share of the peak; the H200 profiles fit 0.16-0.29, the Mooncake replays' steps
+# 0.23-0.25), so that the steps it could bind do bind and the fit walks up from there; from a
+# start that binds no step the term has no gradient.
 PROGRAM_START = 0.15
 
 

@@ -59,12 +59,7 @@ from sim.calibration import fit_with_program_term, launch_terms, num_program_bou
 from sim.core.catalog import get_gpu, get_model
 from sim.core.elastic import Policy
 from sim.core.engine_config import EngineConfig
-from sim.cost_model import (
-    CostModel,
-    Efficiency,
-    piecewise_sizes_for,
-    step_extents,
-)
+from sim.cost_model import CostModel, Efficiency, piecewise_sizes_for, step_extents
 
 
 def default_grid(quick: bool = False) -> list[StepShape]:
