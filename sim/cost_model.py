@@ -61,7 +61,7 @@ class Efficiency:
     # before the roofline's compute term overtakes the weight read.
     linear_serial_fraction: float = 0.0
     # Host time added to an eager step's launch when its attention splits each tile's keys
-    # over several programs (`attention_splits`): per layer a combine kernel and two scratch
+    # over several programs (`attention_num_splits`): per layer a combine kernel and two scratch
     # buffers more. Qwen2.5-0.5B with piecewise graphs on the H200: 4.4-4.7 ms launches with
     # splits against 3.1-3.4 ms without (profile grid; replays alike).
     split_launch_s: float = 0.0
@@ -160,21 +160,6 @@ def attention_num_splits_array(num_tokens: np.ndarray, num_seqs: np.ndarray,
                         -(-np.asarray(max_seq_len) // MIN_KEYS_PER_SPLIT))
     splits = np.clip(splits, 1, MAX_NUM_SPLITS)
     return np.where(tiles * num_kv_heads < num_sms, splits, 1).astype(np.int64)
-
-
-def attention_splits(num_tokens: int, num_seqs: int, max_query_len: int, max_seq_len: int,
-                     num_kv_heads: int, group: int, num_sms: int) -> bool:
-    """Does the attention of a step with prefill tokens split its keys (num_sms 0: never)?"""
-    return attention_num_splits(num_tokens, num_seqs, max_query_len, max_seq_len,
-                                num_kv_heads, group, num_sms) > 1
-
-
-def attention_splits_array(num_tokens: np.ndarray, num_seqs: np.ndarray,
-                           max_query_len: np.ndarray, max_seq_len: np.ndarray,
-                           num_kv_heads: int, group: int, num_sms: int) -> np.ndarray:
-    """`attention_splits` of many steps at once (bool array)."""
-    return attention_num_splits_array(num_tokens, num_seqs, max_query_len, max_seq_len,
-                                      num_kv_heads, group, num_sms) > 1
 
 
 def step_extents(out: SchedulerOutput) -> tuple[int, int]:
@@ -391,13 +376,8 @@ class CostModel:
 
     def splits(self, num_tokens: int, num_seqs: int, max_query_len: int,
                max_seq_len: int) -> bool:
-        """Does such a step's attention split its keys (`attention_splits`)?"""
+        """Does such a step's attention split its keys (`num_splits` > 1)?"""
         return self.num_splits(num_tokens, num_seqs, max_query_len, max_seq_len) > 1
-
-    def splits_array(self, num_tokens: np.ndarray, num_seqs: np.ndarray,
-                     max_query_len: np.ndarray, max_seq_len: np.ndarray) -> np.ndarray:
-        """`splits` of many steps at once (bool array)."""
-        return self.num_splits_array(num_tokens, num_seqs, max_query_len, max_seq_len) > 1
 
     def decode_run_s(self, batch_size: int, context_tokens: int, num_steps: int) -> np.ndarray:
         """Durations of `num_steps` consecutive decode-only steps of `batch_size` sequences

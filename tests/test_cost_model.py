@@ -461,17 +461,12 @@ def test_decode_only_steps_never_pay_the_split_launch():
 
 
 def test_the_split_rule_is_the_kernels():
-    """sim.cost_model.attention_splits against gpu_backend's choose_num_splits (the CPU
+    """sim.cost_model.attention_num_splits against gpu_backend's choose_num_splits (the CPU
     stands in for a GPU of 4 SMs there) over prefill and mixed shapes of two GQA groups."""
     import torch
 
     from gpu_backend.kernels.attention import choose_num_splits, prefill_config
-    from sim.cost_model import (
-        attention_num_splits,
-        attention_num_splits_array,
-        attention_splits,
-        attention_splits_array,
-    )
+    from sim.cost_model import attention_num_splits, attention_num_splits_array
 
     cpu, sms = torch.device("cpu"), 4
     cases = []
@@ -486,7 +481,6 @@ def test_the_split_rule_is_the_kernels():
             count = choose_num_splits(tiles * kv_heads, max_seq, cpu)
             shape = (tokens, seqs, max_query, max_seq, kv_heads, group)
             assert attention_num_splits(*shape, sms) == count, shape
-            assert attention_splits(*shape, sms) == (count > 1), shape
             cases.append((*shape, count))
     assert {c[-1] > 1 for c in cases} == {True, False}  # both outcomes exercised
     assert len({c[-1] for c in cases}) > 2  # and several split counts
@@ -496,8 +490,6 @@ def test_the_split_rule_is_the_kernels():
         counts = [c[-1] for c in mine]
         np.testing.assert_array_equal(
             attention_num_splits_array(*arrays, kv_heads, group, sms), counts)
-        np.testing.assert_array_equal(
-            attention_splits_array(*arrays, kv_heads, group, sms), [n > 1 for n in counts])
 
 
 def test_launch_serial_fraction_adds_its_share_of_the_shorter_of_device_and_launch():

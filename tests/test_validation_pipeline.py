@@ -392,8 +392,8 @@ def test_step_prediction_prices_the_split_launch_as_the_simulator(tmp_path):
     table = recorder.table()
     cost = CostModel(qwen, H200, 1, eff)
     np.testing.assert_allclose(predict_step_times(cost, table), table.duration_s, rtol=1e-9)
-    splits = table.has_prefill & cost.splits_array(table.num_tokens, table.num_seqs,
-                                                   table.max_query_len, table.max_seq_len)
+    splits = table.has_prefill & (cost.num_splits_array(
+        table.num_tokens, table.num_seqs, table.max_query_len, table.max_seq_len) > 1)
     assert 0 < splits.sum() < table.has_prefill.sum()  # some prefill steps split, some not
     folder = write_gpu_style_run(tmp_path, spec, TraceSlice("azure-conv", limit=40))
     from validation.steps import read_steps_csv

@@ -90,7 +90,7 @@ def default_grid(quick: bool = False) -> list[StepShape]:
     # prompts, or a small chunk beside a decode batch): what the per-sequence terms fit on.
     grid += [StepShape("prefill", ((128, 0),) * 4), mixed_shape(128, 0, 32, 1024),
              mixed_shape(64, 512, 8, 2048)]
-    # Eager steps whose attention splits its keys (sim.cost_model.attention_splits) beside
+    # Eager steps whose attention splits its keys (sim.cost_model.attention_num_splits) beside
     # ones that do not, for every GQA shape: a split launches a combine kernel per layer
     # (split_launch_s), which a fit holds at 0 unless 3 or more grid steps split. A chunk of
     # about a thousand tokens beside a dozen decodes: the Azure-conv replays' usual mixed step.
