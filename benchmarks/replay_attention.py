@@ -1,0 +1,242 @@
+"""A replay's own attention launches, timed alone on the GPU, against the cost model.
+
+Decode steps of the Mooncake replays ran 6-16% slower than predicted where 17-22 rows held
+200-250k keys (Llama-3.2-3B: 7.7 ms at 16 rows and 173k keys, 10.0 ms at 17 rows and 199k),
+and their chunk-2048 mixed steps ~10%. This takes a replay folder, rebuilds each step's decode
+rows (validation.decode_rows), picks steps spread over the decode-only and mixed ones, and
+times one layer's attention of each as the engine launches it (decode: a CUDA graph of the
+split plan and merge; mixed: decode rows first, then the chunk, eager), with the model's
+heads, on shuffled blocks. Beside it: the replay's measured step (device span) and the
+cost model's attention for one layer (with --calibration). The decode plan is also timed at
+other programs per SM (--waves) and the rows in reverse order, to tell the plan's balance from
+the order programs start in.
+
+Usage: python benchmarks/replay_attention.py RUN_DIR [RUN_DIR ...] [--calibration CAL]
+       [--decode-steps 24] [--mixed-steps 12] [--out PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+import triton
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.kernel_bench import time_ms  # noqa: E402
+from gpu_backend.env import device_environment, write_result  # noqa: E402
+from gpu_backend.kernels import paged_attention  # noqa: E402
+from gpu_backend.kernels.attention import plan_decode_splits  # noqa: E402
+from sim.cost_model import CostModel, load_efficiency, step_extents  # noqa: E402
+from validation.decode_rows import decode_rows, rebuilt_share  # noqa: E402
+from validation.runs import engine_config, load_run  # noqa: E402
+from validation.steps import open_csv, parse_chunks  # noqa: E402
+
+BLOCK_SIZE = 16
+DTYPE = torch.bfloat16
+WAVES = (2, 8)  # the plan's programs per SM beside the default (DECODE_TARGET_WAVES, 4)
+
+
+def spread(indices: np.ndarray, key: np.ndarray, count: int) -> np.ndarray:
+    """`count` of `indices` evenly spaced in the order of `key` (all when fewer)."""
+    if len(indices) <= count:
+        return indices
+    ordered = indices[np.argsort(key[indices], kind="stable")]
+    return ordered[np.linspace(0, len(ordered) - 1, count).round().astype(int)]
+
+
+class Layer:
+    """One layer's paged K/V for a set of sequences, blocks shuffled over the pool."""
+
+    def __init__(self, lengths: list[int], num_kv_heads: int, head_dim: int) -> None:
+        blocks = [triton.cdiv(n, BLOCK_SIZE) for n in lengths]
+        total = sum(blocks)
+        self.k = torch.randn(total, BLOCK_SIZE, num_kv_heads, head_dim, device="cuda", dtype=DTYPE)
+        self.v = torch.randn_like(self.k)
+        perm = torch.randperm(total, device="cuda").int()
+        self.tables = torch.zeros(len(blocks), max(blocks), dtype=torch.int32, device="cuda")
+        used = 0
+        for i, n in enumerate(blocks):
+            self.tables[i, :n] = perm[used:used + n]
+            used += n
+
+
+def decode_graph_ms(seq: list[int], heads: int, kv_heads: int, head_dim: int,
+                    waves: int | None) -> float:
+    """Milliseconds of one decode attention (plan, attention, merge) over rows of `seq`
+    keys, replayed as a CUDA graph; `waves`: the plan's programs per SM (None: default)."""
+    layer = Layer(seq, kv_heads, head_dim)
+    q = torch.randn(len(seq), heads, head_dim, device="cuda", dtype=DTYPE)
+    seq_lens = torch.tensor(seq, dtype=torch.int32, device="cuda")
+    qsl = torch.arange(len(seq) + 1, dtype=torch.int32, device="cuda")
+
+    def step() -> None:
+        plan = plan_decode_splits(seq_lens, kv_heads, target_waves=waves)
+        paged_attention(q, layer.k, layer.v, layer.tables, seq_lens, qsl, head_dim ** -0.5,
+                        max_query_len=1, plan=plan)
+
+    step()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return time_ms(graph.replay, reps=30)
+
+
+def time_decode(lengths: np.ndarray, heads: int, kv_heads: int, head_dim: int) -> dict:
+    """One decode step's attention as the engine runs it, at other plan targets, and with
+    the rows in reverse order."""
+    seq = [int(n) + 1 for n in lengths]  # the step's new token joins the context
+    out = {"ms": decode_graph_ms(seq, heads, kv_heads, head_dim, None),
+           "reversed_ms": decode_graph_ms(seq[::-1], heads, kv_heads, head_dim, None)}
+    for w in WAVES:
+        out[f"waves{w}_ms"] = decode_graph_ms(seq, heads, kv_heads, head_dim, w)
+    return out
+
+
+def time_mixed(lengths: np.ndarray, chunks: list[tuple[int, int]], heads: int, kv_heads: int,
+               head_dim: int) -> dict:
+    """One mixed step's attention: decode rows first, then each chunk, one eager launch."""
+    seq = [int(n) + 1 for n in lengths] + [new + prefix for new, prefix in chunks]
+    new_tokens = [1] * len(lengths) + [new for new, _ in chunks]
+    layer = Layer(seq, kv_heads, head_dim)
+    q = torch.randn(sum(new_tokens), heads, head_dim, device="cuda", dtype=DTYPE)
+    seq_lens = torch.tensor(seq, dtype=torch.int32, device="cuda")
+    qsl = torch.tensor(np.concatenate(([0], np.cumsum(new_tokens))), dtype=torch.int32,
+                       device="cuda")
+    ms = time_ms(lambda: paged_attention(q, layer.k, layer.v, layer.tables, seq_lens, qsl,
+                                         head_dim ** -0.5, max_query_len=max(new_tokens),
+                                         max_seq_len=max(seq)), reps=20)
+    return {"ms": ms}
+
+
+def predicted_ms(cost: CostModel | None, lengths: np.ndarray, chunks: list[tuple[int, int]],
+                 layers: int) -> float | None:
+    """The cost model's attention of one layer for these rows (None without a calibration)."""
+    if cost is None:
+        return None
+    attention = cost.prefill_attention_s(tuple(chunks)) + cost.decode_attention_s(
+        int(lengths.sum()))
+    if chunks:
+        rows = [_Row(1, int(n)) for n in lengths] + [_Row(new, prefix) for new, prefix in chunks]
+        max_query, max_seq = step_extents(_Out(rows))
+        num_tokens = len(lengths) + sum(new for new, _ in chunks)
+        splits = cost.num_splits(num_tokens, len(rows), max_query, max_seq)
+        attention = max(attention, float(cost.longest_program_s(max_seq, splits)))
+    return 1e3 * attention / layers
+
+
+class _Row:  # the two fields step_extents reads
+    def __init__(self, new: int, computed: int) -> None:
+        self.num_new_tokens, self.num_computed_tokens = new, computed
+
+
+class _Out:
+    def __init__(self, rows: list[_Row]) -> None:
+        self.scheduled = rows
+
+
+def bench_run(folder: Path, calibration: Path | None, decode_steps: int,
+              mixed_steps: int) -> dict:
+    run = load_run(folder)
+    config = engine_config(run.summary)
+    model = config.model
+    heads, kv_heads, head_dim = model.num_attention_heads, model.num_kv_heads, model.head_dim
+    cost = None
+    if calibration is not None:
+        cost = CostModel(config.model, config.gpu, 1, load_efficiency(calibration))
+    steps = run.steps
+    if run.requests is None:
+        raise ValueError(f"{folder}: no requests CSV; the decode rows cannot be rebuilt")
+    rows = decode_rows(steps, run.requests)
+    chunks_text = _chunk_column(folder)
+    rebuilt = np.array([r is not None for r in rows])
+    decode_only = np.nonzero(rebuilt & (steps.num_prefill_tokens == 0)
+                             & (steps.num_decode_tokens > 0))[0]
+    mixed = np.nonzero(rebuilt & (steps.num_prefill_tokens > 0) & (steps.num_decode_tokens > 0))[0]
+    device = steps.extra.get("device_s", steps.duration_s)
+    cases = []
+    for kind, picked in (("decode", spread(decode_only, steps.decode_context_tokens, decode_steps)),
+                         ("mixed", spread(mixed, steps.decode_context_tokens, mixed_steps))):
+        for i in picked:
+            lengths = rows[i]
+            assert lengths is not None  # picked among the rebuilt
+            chunks = _chunks(run, i, chunks_text)
+            timed = (time_decode(lengths, heads, kv_heads, head_dim) if kind == "decode"
+                     else time_mixed(lengths, chunks, heads, kv_heads, head_dim))
+            cases.append({
+                "kind": kind, "step": int(i), "decode_rows": len(lengths),
+                "decode_keys": int(lengths.sum()), "longest": int(lengths.max()),
+                "chunks": chunks, "measured_step_ms": 1e3 * float(device[i]),
+                "predicted_layer_ms": predicted_ms(cost, lengths, chunks, model.num_layers),
+                "layers": model.num_layers, **timed,
+            })
+            torch.cuda.empty_cache()
+    return {"run": str(folder), "model": config.model.name,
+            "rebuilt_share": rebuilt_share(rows, steps), "cases": cases}
+
+
+def _chunk_column(folder: Path) -> list[str] | None:
+    """steps.csv's prefill_chunks column ("new:prefix;..." per step), None without it."""
+    path = next(iter(sorted(folder.glob("steps.csv*"))))
+    with open_csv(path) as f:
+        reader = csv.DictReader(f)
+        if "prefill_chunks" not in (reader.fieldnames or ()):
+            return None
+        return [row["prefill_chunks"] for row in reader]
+
+
+def _chunks(run, i: int, chunks_text: list[str] | None) -> list[tuple[int, int]]:
+    """Step i's prefill chunks (new tokens, prefix); one chunk without a prefix when the
+    replay did not record them."""
+    if not run.steps.num_prefill_tokens[i]:
+        return []
+    if chunks_text is None:
+        return [(int(run.steps.num_prefill_tokens[i]), 0)]
+    return parse_chunks(chunks_text[i])
+
+
+def print_report(res: dict) -> None:
+    for run in res["runs"]:
+        print(f"{run['run']} ({run['model']}), rows rebuilt for {run['rebuilt_share']:.1%} of steps")
+        print(f"{'kind':>6} {'rows':>5} {'keys':>8} {'longest':>7} {'chunk':>12} {'layer ms':>9} "
+              f"{'x layers':>9} {'step ms':>8} {'pred ms':>8} {'err':>6} "
+              + " ".join(f"{f'w{w} ms':>8}" for w in WAVES) + f" {'rev ms':>7}")
+        for c in run["cases"]:
+            pred = c["predicted_layer_ms"]
+            err = f"{pred / c['ms'] - 1:+.0%}" if pred else "-"
+            chunk = ";".join(f"{n}:{p}" for n, p in c["chunks"]) or "-"
+            extra = " ".join(f"{c.get(f'waves{w}_ms', float('nan')):>8.4f}" for w in WAVES)
+            print(f"{c['kind']:>6} {c['decode_rows']:>5} {c['decode_keys']:>8} {c['longest']:>7} "
+                  f"{chunk:>12} {c['ms']:>9.4f} {c['ms'] * c['layers']:>9.2f} "
+                  f"{c['measured_step_ms']:>8.2f} {pred or float('nan'):>8.4f} {err:>6} {extra} "
+                  f"{c.get('reversed_ms', float('nan')):>7.4f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", type=Path, nargs="+", help="replay folders (summary.json, "
+                        "steps.csv, requests CSV)")
+    parser.add_argument("--calibration", type=Path, default=None,
+                        help="calibration JSON: adds the cost model's attention per layer")
+    parser.add_argument("--decode-steps", type=int, default=24)
+    parser.add_argument("--mixed-steps", type=int, default=12)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("replay_attention needs a CUDA GPU")
+    torch.manual_seed(0)
+    res = {"env": device_environment(),
+           "runs": [bench_run(f, args.calibration, args.decode_steps, args.mixed_steps)
+                    for f in args.runs]}
+    print_report(res)
+    print(f"wrote {write_result(res, args.out, 'replay_attention', res['env']['gpu'])}")
+
+
+if __name__ == "__main__":
+    main()
