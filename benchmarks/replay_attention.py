@@ -33,7 +33,7 @@ from benchmarks.kernel_bench import time_ms  # noqa: E402
 from gpu_backend.env import device_environment, write_result  # noqa: E402
 from gpu_backend.kernels import paged_attention  # noqa: E402
 from gpu_backend.kernels.attention import plan_decode_splits  # noqa: E402
-from sim.cost_model import CostModel, load_efficiency, step_extents  # noqa: E402
+from sim.cost_model import CostModel, load_efficiency  # noqa: E402
 from validation.decode_rows import decode_rows, rebuilt_share  # noqa: E402
 from validation.runs import engine_config, load_run  # noqa: E402
 from validation.steps import open_csv, parse_chunks  # noqa: E402
@@ -122,23 +122,13 @@ def predicted_ms(cost: CostModel | None, lengths: np.ndarray, chunks: list[tuple
         return None
     attention = cost.prefill_attention_s(tuple(chunks)) + cost.decode_attention_s(
         int(lengths.sum()))
-    if chunks:
-        rows = [_Row(1, int(n)) for n in lengths] + [_Row(new, prefix) for new, prefix in chunks]
-        max_query, max_seq = step_extents(_Out(rows))
+    if chunks:  # the longest query and sequence, as sim.cost_model.step_extents finds them
+        max_query = max(new for new, _ in chunks)
+        max_seq = max([int(n) + 1 for n in lengths] + [new + prefix for new, prefix in chunks])
         num_tokens = len(lengths) + sum(new for new, _ in chunks)
-        splits = cost.num_splits(num_tokens, len(rows), max_query, max_seq)
+        splits = cost.num_splits(num_tokens, len(lengths) + len(chunks), max_query, max_seq)
         attention = max(attention, float(cost.longest_program_s(max_seq, splits)))
     return 1e3 * attention / layers
-
-
-class _Row:  # the two fields step_extents reads
-    def __init__(self, new: int, computed: int) -> None:
-        self.num_new_tokens, self.num_computed_tokens = new, computed
-
-
-class _Out:
-    def __init__(self, rows: list[_Row]) -> None:
-        self.scheduled = rows
 
 
 def bench_run(folder: Path, calibration: Path | None, decode_steps: int,
