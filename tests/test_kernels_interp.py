@@ -65,6 +65,11 @@ PLAN_CHOICES = [
     # one long sequence among short ones: 11 shares of 192 keys, though 23 programs need two
     # waves (cost 245); 4 shares (16 programs, one wave) would cost their length, 512
     (([64] * 12 + [2048], 1, 16), [1] * 12 + [11]),
+    # 5 x 1000 keys as in the first case, padded to a graph of 8 rows by rows of one key: the
+    # padding takes no slot, so 3 shares (15 programs, one wave, cost 384) still beat 4
+    # (20 programs, two waves of 250, cost 500); counting the 3 padding programs made 3
+    # shares two waves too (18 programs, cost 556) and chose 4 (23, cost 435)
+    (([1000] * 5 + [1] * 3, 1, 16), [3] * 5 + [1] * 3),
 ]
 
 

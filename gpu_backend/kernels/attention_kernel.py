@@ -70,7 +70,10 @@ def decode_split_plan_kernel(
     the waves the programs need times their mean length, whichever is more; the best (the
     larger share on a tie: fewer partials to merge) wins. The waves matter: 20 sequences of
     12k keys in 4 shares each make 640 programs, a second wave on 528 slots, where 3 shares
-    (480 programs) take one. Sequence i has seq_shares[i] = ceil(len / split_keys) >= 1
+    (480 programs) take one. A row of at most one key (a CUDA graph's padding row) takes no
+    slot in the count: its program exits at once. Counted, the rows padding 17 sequences to
+    a 32-row graph (15 x KV heads programs) pushed Mooncake's 200-250k-key steps into a
+    two-wave plan, 1.4-1.9 ms slower per step than one wave (2026-11-30 replays). Sequence i has seq_shares[i] = ceil(len / split_keys) >= 1
     shares (the attention kernel cuts it evenly into that many). Its first share is worked
     on by program i (as without a plan); its others, share k >= 1, by the "extra" shares
     e = extra_start[i] + k - 1, listed in extra_seq[e] = i, extra_split[e] = k
@@ -79,6 +82,7 @@ def decode_split_plan_kernel(
     offs = tl.arange(0, SEQS_PAD)
     valid = offs < num_seqs
     lens = tl.load(seq_lens_ptr + offs, mask=valid, other=0).to(tl.int64)
+    busy = valid & (lens > 1)  # rows whose programs hold a slot (not graph padding)
     total = tl.sum(lens, 0)
     base = tl.maximum(tl.cdiv(total * num_kv_heads, target_programs), MIN_KEYS)
     base = tl.maximum(base, tl.cdiv(tl.max(lens, 0), MAX_SPLITS))
@@ -89,7 +93,7 @@ def decode_split_plan_kernel(
         keys = tl.cdiv(base * (3 + NUM_CANDIDATES - j), 4 * BLOCK_N) * BLOCK_N
         shares = tl.where(valid, tl.maximum(tl.cdiv(lens, keys), 1), 1)
         longest = tl.max(tl.where(valid, tl.cdiv(tl.cdiv(lens, shares), BLOCK_N), 0), 0)
-        programs = tl.sum(tl.where(valid, shares, 0), 0) * num_kv_heads
+        programs = tl.maximum(tl.sum(tl.where(busy, shares, 0), 0) * num_kv_heads, 1)
         waves = tl.cdiv(programs, target_programs).to(tl.float32)
         cost = tl.maximum((longest * BLOCK_N).to(tl.float32), waves * work / programs)
         better = cost < best_cost
