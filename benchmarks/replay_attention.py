@@ -1,14 +1,16 @@
 """A replay's own attention launches, timed alone on the GPU, against the cost model.
 
 Decode steps of the Mooncake replays ran 6-16% slower than predicted where 17-22 rows held
-200-250k keys (Llama-3.2-3B: 7.7 ms at 16 rows and 173k keys, 10.0 ms at 17 rows and 199k),
-and their chunk-2048 mixed steps ~10%. This takes a replay folder, rebuilds each step's decode
+200-250k keys (Llama-3.2-3B: 7.7 ms at 16 rows and 173k keys, 9.1 ms at 17 rows and the same
+keys), and their chunk-2048 mixed steps ~10%. This takes a replay folder, rebuilds each step's decode
 rows (validation.decode_rows), picks steps spread over the decode-only and mixed ones, and
 times one layer's attention of each as the engine launches it (decode: a CUDA graph of the
 split plan and merge; mixed: decode rows first, then the chunk, eager), with the model's
 heads, on shuffled blocks. Beside it: the replay's measured step (device span) and the
-cost model's attention for one layer (with --calibration). The decode plan is also timed at
-other programs per SM (--waves) and the rows in reverse order, to tell the plan's balance from
+cost model's attention for one layer (with --calibration). Decode steps are timed on their own
+rows and padded as the engine pads them to its decode graph's size (rows of one key: before the
+split plan stopped counting those, 17 rows padded to 32 took a second wave); the plan is also
+timed at other programs per SM and the rows in reverse order, to tell the plan's balance from
 the order programs start in.
 
 Usage: python benchmarks/replay_attention.py RUN_DIR [RUN_DIR ...] [--calibration CAL]
@@ -33,7 +35,7 @@ from benchmarks.kernel_bench import time_ms  # noqa: E402
 from gpu_backend.env import device_environment, write_result  # noqa: E402
 from gpu_backend.kernels import paged_attention  # noqa: E402
 from gpu_backend.kernels.attention import plan_decode_splits  # noqa: E402
-from sim.cost_model import CostModel, load_efficiency  # noqa: E402
+from sim.cost_model import CostModel, load_efficiency, padded_batch  # noqa: E402
 from validation.decode_rows import decode_rows, rebuilt_share  # noqa: E402
 from validation.runs import engine_config, load_run  # noqa: E402
 from validation.steps import open_csv, parse_chunks  # noqa: E402
@@ -88,11 +90,16 @@ def decode_graph_ms(seq: list[int], heads: int, kv_heads: int, head_dim: int,
     return time_ms(graph.replay, reps=30)
 
 
-def time_decode(lengths: np.ndarray, heads: int, kv_heads: int, head_dim: int) -> dict:
-    """One decode step's attention as the engine runs it, at other plan targets, and with
-    the rows in reverse order."""
+def time_decode(lengths: np.ndarray, heads: int, kv_heads: int, head_dim: int,
+                graph_rows: int | None) -> dict:
+    """One decode step's attention on its rows, padded as the engine pads it to its decode
+    graph's `graph_rows` (rows of one key; None: no graph holds it), at other plan targets,
+    and with the rows in reverse order."""
     seq = [int(n) + 1 for n in lengths]  # the step's new token joins the context
+    padded = seq + [1] * ((graph_rows or len(seq)) - len(seq))
     out = {"ms": decode_graph_ms(seq, heads, kv_heads, head_dim, None),
+           "padded_ms": decode_graph_ms(padded, heads, kv_heads, head_dim, None),
+           "graph_rows": len(padded),
            "reversed_ms": decode_graph_ms(seq[::-1], heads, kv_heads, head_dim, None)}
     for w in WAVES:
         out[f"waves{w}_ms"] = decode_graph_ms(seq, heads, kv_heads, head_dim, w)
@@ -120,8 +127,9 @@ def predicted_ms(cost: CostModel | None, lengths: np.ndarray, chunks: list[tuple
     """The cost model's attention of one layer for these rows (None without a calibration)."""
     if cost is None:
         return None
-    attention = cost.prefill_attention_s(tuple(chunks)) + cost.decode_attention_s(
-        int(lengths.sum()))
+    keys = int(lengths.sum())
+    attention = cost.prefill_attention_s(tuple(chunks)) + (
+        cost.mixed_decode_attention_s(keys) if chunks else cost.decode_attention_s(keys))
     if chunks:  # the longest query and sequence, as sim.cost_model.step_extents finds them
         max_query = max(new for new, _ in chunks)
         max_seq = max([int(n) + 1 for n in lengths] + [new + prefix for new, prefix in chunks])
@@ -157,7 +165,9 @@ def bench_run(folder: Path, calibration: Path | None, decode_steps: int,
             lengths = rows[i]
             assert lengths is not None  # picked among the rebuilt
             chunks = _chunks(run, i, chunks_text)
-            timed = (time_decode(lengths, heads, kv_heads, head_dim) if kind == "decode"
+            timed = (time_decode(lengths, heads, kv_heads, head_dim,
+                                 padded_batch(len(lengths), config.cuda_graph_sizes))
+                     if kind == "decode"
                      else time_mixed(lengths, chunks, heads, kv_heads, head_dim))
             cases.append({
                 "kind": kind, "step": int(i), "decode_rows": len(lengths),
@@ -196,7 +206,7 @@ def print_report(res: dict) -> None:
         print(f"{run['run']} ({run['model']}), rows rebuilt for {run['rebuilt_share']:.1%} of steps")
         print(f"{'kind':>6} {'rows':>5} {'keys':>8} {'longest':>7} {'chunk':>12} {'layer ms':>9} "
               f"{'x layers':>9} {'step ms':>8} {'pred ms':>8} {'err':>6} "
-              + " ".join(f"{f'w{w} ms':>8}" for w in WAVES) + f" {'rev ms':>7}")
+              + " ".join(f"{f'w{w} ms':>8}" for w in WAVES) + f" {'rev ms':>7} {'padded':>7} {'rows':>4}")
         for c in run["cases"]:
             pred = c["predicted_layer_ms"]
             err = f"{pred / c['ms'] - 1:+.0%}" if pred else "-"
@@ -205,7 +215,8 @@ def print_report(res: dict) -> None:
             print(f"{c['kind']:>6} {c['decode_rows']:>5} {c['decode_keys']:>8} {c['longest']:>7} "
                   f"{chunk:>12} {c['ms']:>9.4f} {c['ms'] * c['layers']:>9.2f} "
                   f"{c['measured_step_ms']:>8.2f} {pred or float('nan'):>8.4f} {err:>6} {extra} "
-                  f"{c.get('reversed_ms', float('nan')):>7.4f}")
+                  f"{c.get('reversed_ms', float('nan')):>7.4f} "
+                  f"{c.get('padded_ms', float('nan')):>7.4f} {c.get('graph_rows', 0):>4}")
 
 
 def main() -> None:

@@ -6,7 +6,8 @@ with achieved rates = peak x an efficiency. Operators:
     linear     q/k/v/o and MLP matmuls of all layers: 2 x params x tokens FLOPs, weights read
                once per step (small steps are weight-bandwidth bound, large ones compute bound)
     attention  prefill chunks: causal FLOPs of a chunk of c tokens on a prefix of p,
-               4 x c x (p + c/2) x heads x head_dim per layer; decode: KV bytes read
+               4 x c x (p + c/2) x heads x head_dim per layer; decode: KV bytes read; a
+               decode row beside a chunk: its 128-row tile's FLOPs over its keys (below)
     allreduce  two per layer under TP (after attention and after the MLP), ring algorithm:
                2 (tp-1)/tp x bytes / link bandwidth + a latency per call
     logits     lm_head for the rows that sample (weights read once, 2 x hidden x vocab FLOPs)
@@ -273,6 +274,16 @@ class CostModel:
     def decode_attention_s(self, context_tokens: int) -> float:
         return context_tokens * self._kv_bytes_per_token / self._kv_bytes_s
 
+    def mixed_decode_attention_s(self, context_tokens: int) -> float:
+        """The decode rows of a step with prefill tokens: one launch of 128-row tiles runs
+        the whole step, a decode row's tile too (one query, its GQA group of rows used), so
+        every key of those rows costs a tile's FLOPs per KV head at `attention_compute`, not
+        a read at `kv_memory`. Measured on the H200 (benchmarks/replay_attention.py, the
+        Mooncake replays' own chunk-2,048 steps alone): 18 decode rows of 218k keys beside a
+        2,030-token chunk took 1.37 ms per layer, priced 0.79 as reads (the longest program)."""
+        return (context_tokens * self._kv_heads * self._program_flops_per_key
+                / self._attn_flops_s)
+
     def longest_program_s(self, max_seq_len: np.ndarray | int,
                           num_splits: np.ndarray | int = 1) -> np.ndarray | float:
         """The longest program of a prefill or mixed attention launch, over every layer: the
@@ -346,8 +357,9 @@ class CostModel:
         launch = 0.0
         if eager:  # no decode graph: piecewise graphs where a size holds the step, else eager
             rows, launch = self.eager_step(num_tokens)
-        attention = self.prefill_attention_s(out.prefill_chunks)
-        attention += self.decode_attention_s(out.decode_context_tokens)
+        attention = self.prefill_attention_s(out.prefill_chunks) + (
+            self.mixed_decode_attention_s(out.decode_context_tokens) if out.num_prefill_tokens
+            else self.decode_attention_s(out.decode_context_tokens))
         if out.num_prefill_tokens and (self.eff.split_launch_s or self._program_flops_s):
             max_query, max_seq = step_extents(out)
             splits = self.num_splits(num_tokens, len(out.scheduled), max_query, max_seq)

@@ -101,6 +101,25 @@ def test_tensor_parallel_splits_linear_and_attention_time(cost):
                                                          rel=1e-12)
 
 
+def test_decode_rows_beside_a_chunk_cost_a_tile_of_flops_per_key():
+    # Llama-3.1-8B: 8 KV heads, head_dim 128, 32 layers. Beside a chunk, a decode row runs in
+    # one of the launch's 128-row tiles: per key and KV head QK^T and PV over 128 rows, 2 x 2 x
+    # 128 x 128 FLOPs in each of 32 layers, at attention_compute of the peak.
+    eff = Efficiency(attention_compute=0.25)
+    cost = CostModel(LLAMA_8B, H200, efficiency=eff)
+    flops = 10_000 * 8 * (4 * 128 * 128) * 32
+    assert cost.mixed_decode_attention_s(10_000) == pytest.approx(
+        flops / (H200.peak_bf16_flops * 0.25), rel=1e-12)
+    # a decode-only step reads the same keys instead: 10k keys x 128 KiB of K/V per token
+    assert cost.decode_attention_s(10_000) == pytest.approx(
+        10_000 * 32 * 8 * 128 * 2 * 2 / (H200.memory_bandwidth_bytes_s * eff.kv_memory), rel=1e-12)
+    mixed = output(num_prefill=512, prefill_chunks=((512, 0),), num_decode=4,
+                   decode_context=10_000, num_rows=5, num_seqs=5)
+    alone = output(num_prefill=512, prefill_chunks=((512, 0),), num_rows=1, num_seqs=1)
+    assert cost.step(mixed).attention_s - cost.step(alone).attention_s == pytest.approx(
+        cost.mixed_decode_attention_s(10_000), rel=1e-9)
+
+
 def test_logits_only_for_sampled_rows(cost):
     assert cost.logits_s(0) == 0.0
     assert cost.logits_s(1) == cost.logits_s(8) > 0  # lm_head weight read dominates
@@ -115,7 +134,7 @@ def test_step_is_the_sum_of_its_operators(cost):
     step = cost.step(out)
     assert step.linear_s == cost.linear_s(2126)
     assert step.attention_s == pytest.approx(
-        cost.prefill_attention_s(chunks) + cost.decode_attention_s(45_000), rel=1e-12)
+        cost.prefill_attention_s(chunks) + cost.mixed_decode_attention_s(45_000), rel=1e-12)
     assert step.logits_s == cost.logits_s(31)
     assert step.overhead_s == pytest.approx(cost.eff.step_overhead_s
                                             + 32 * cost.eff.per_seq_overhead_s, rel=1e-12)

@@ -195,11 +195,14 @@ def _per_unique(values: np.ndarray, fn) -> np.ndarray:
 def attention_terms(cost: CostModel, table: StepTable
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per step, as CostModel.step prices them: the attention's total work (prefill pairs and
-    decode KV reads, linear in both), its longest program, and into how many programs a step
-    with prefill tokens split its keys (both 0 and 1 on decode-only steps, or where the
-    table does not know its longest query and sequence)."""
+    decode rows' keys, linear in both: read on a decode-only step, a tile's FLOPs beside a
+    chunk), its longest program, and into how many programs a step with prefill tokens split
+    its keys (both 0 and 1 on decode-only steps, or where the table does not know its longest
+    query and sequence)."""
     per_pair_s = cost.prefill_attention_s(((2, 0),)) / 2.0  # a 2-token chunk is 2 pairs
-    work = table.prefill_pairs * per_pair_s + table.decode_context_tokens * cost.decode_attention_s(1)
+    per_key_s = np.where(table.has_prefill, cost.mixed_decode_attention_s(1),
+                         cost.decode_attention_s(1))
+    work = table.prefill_pairs * per_pair_s + table.decode_context_tokens * per_key_s
     longest, splits = np.zeros(len(table)), np.ones(len(table), dtype=np.int64)
     if table.max_query_len is not None and table.max_seq_len is not None:
         splits = np.where(table.has_prefill, cost.num_splits_array(
