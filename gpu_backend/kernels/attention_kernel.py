@@ -73,8 +73,9 @@ def decode_split_plan_kernel(
     (480 programs) take one. A row of at most one key (a CUDA graph's padding row) takes no
     slot in the count: its program exits at once. Counted, the rows padding 17 sequences to
     a 32-row graph (15 x KV heads programs) pushed Mooncake's 200-250k-key steps into a
-    two-wave plan, 1.4-1.9 ms slower per step than one wave (2026-11-30 replays). Sequence i has seq_shares[i] = ceil(len / split_keys) >= 1
-    shares (the attention kernel cuts it evenly into that many). Its first share is worked
+    two-wave plan, 1.4-1.9 ms slower per step than one wave (2026-11-30 replays).
+    Sequence i has seq_shares[i] = ceil(len / split_keys) >= 1 shares (the attention kernel
+    cuts it evenly into that many). Its first share is worked
     on by program i (as without a plan); its others, share k >= 1, by the "extra" shares
     e = extra_start[i] + k - 1, listed in extra_seq[e] = i, extra_split[e] = k
     (extra_start[num_seqs] = number of extras <= ceil(target_programs / KV heads)).
