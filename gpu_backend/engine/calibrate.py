@@ -108,6 +108,13 @@ def default_grid(quick: bool = False) -> list[StepShape]:
     grid += [StepShape("mixed", ((512, 0),), (2000,) * 20 + (28000,)),
              mixed_shape(2048, 4096, 8, 24000), mixed_shape(1024, 0, 4, 30000),
              mixed_shape(2048, 16384, 16, 12000)]
+    # Several long rows among shorter ones, as the Mooncake replays' mixed steps have them (18
+    # rows, 218k keys, five of ~27k): timed alone those steps ran 1.3-1.7x their longest
+    # program where the one-long-row points above fit it (benchmarks/replay_attention.py),
+    # so the grid needs them to tell how the long programs share the SMs.
+    replay_rows = (27000,) * 5 + (12000,) * 6 + (4000,) * 7
+    grid += [StepShape("mixed", ((2048 - len(replay_rows), 6000),), replay_rows),
+             StepShape("mixed", ((8192 - len(replay_rows), 0),), replay_rows)]
     return grid
 
 
