@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.kernel_bench import time_ms  # noqa: E402
+from gpu_backend.engine.shapes import StepShape, scheduler_output  # noqa: E402
 from gpu_backend.env import device_environment, write_result  # noqa: E402
 from gpu_backend.kernels import paged_attention  # noqa: E402
 from gpu_backend.kernels.attention import plan_decode_splits  # noqa: E402
@@ -95,7 +96,7 @@ def time_decode(lengths: np.ndarray, heads: int, kv_heads: int, head_dim: int,
     """One decode step's attention on its rows, padded as the engine pads it to its decode
     graph's `graph_rows` (rows of one key; None: no graph holds it), at other plan targets,
     and with the rows in reverse order."""
-    seq = [int(n) + 1 for n in lengths]  # the step's new token joins the context
+    seq = [int(n) for n in lengths]  # steps.csv's contexts: the sequence after the step
     padded = seq + [1] * ((graph_rows or len(seq)) - len(seq))
     out = {"ms": decode_graph_ms(seq, heads, kv_heads, head_dim, None),
            "padded_ms": decode_graph_ms(padded, heads, kv_heads, head_dim, None),
@@ -109,7 +110,7 @@ def time_decode(lengths: np.ndarray, heads: int, kv_heads: int, head_dim: int,
 def time_mixed(lengths: np.ndarray, chunks: list[tuple[int, int]], heads: int, kv_heads: int,
                head_dim: int) -> dict:
     """One mixed step's attention: decode rows first, then each chunk, one eager launch."""
-    seq = [int(n) + 1 for n in lengths] + [new + prefix for new, prefix in chunks]
+    seq = [int(n) for n in lengths] + [new + prefix for new, prefix in chunks]
     new_tokens = [1] * len(lengths) + [new for new, _ in chunks]
     layer = Layer(seq, kv_heads, head_dim)
     q = torch.randn(sum(new_tokens), heads, head_dim, device="cuda", dtype=DTYPE)
@@ -124,19 +125,13 @@ def time_mixed(lengths: np.ndarray, chunks: list[tuple[int, int]], heads: int, k
 
 def predicted_ms(cost: CostModel | None, lengths: np.ndarray, chunks: list[tuple[int, int]],
                  layers: int) -> float | None:
-    """The cost model's attention of one layer for these rows (None without a calibration)."""
+    """The cost model's attention of one layer for these rows (None without a calibration):
+    CostModel.step on the step's SchedulerOutput."""
     if cost is None:
         return None
-    keys = int(lengths.sum())
-    attention = cost.prefill_attention_s(tuple(chunks)) + (
-        cost.mixed_decode_attention_s(keys) if chunks else cost.decode_attention_s(keys))
-    if chunks:  # the longest query and sequence, as sim.cost_model.step_extents finds them
-        max_query = max(new for new, _ in chunks)
-        max_seq = max([int(n) + 1 for n in lengths] + [new + prefix for new, prefix in chunks])
-        num_tokens = len(lengths) + sum(new for new, _ in chunks)
-        splits = cost.num_splits(num_tokens, len(lengths) + len(chunks), max_query, max_seq)
-        attention = max(attention, float(cost.longest_program_s(max_seq, splits)))
-    return 1e3 * attention / layers
+    kind = "mixed" if chunks else "decode"
+    out = scheduler_output(StepShape(kind, tuple(chunks), tuple(int(n) for n in lengths)))
+    return 1e3 * cost.step(out).attention_s / layers
 
 
 def bench_run(folder: Path, calibration: Path | None, decode_steps: int,

@@ -33,7 +33,8 @@ def _column(requests: Mapping[str, np.ndarray], name: str) -> np.ndarray:
 
 def decode_rows(steps: StepTable, requests: Mapping[str, np.ndarray]) -> list[np.ndarray | None]:
     """The context of each step's decode rows (as steps.csv's decode_context_tokens counts
-    it: prompt and tokens produced so far), in request order; None where the rebuilt rows do not match the step's num_decode_tokens and
+    it: the sequence after the step, prompt and tokens produced so far), in request order;
+    None where the rebuilt rows do not match the step's num_decode_tokens and
     decode_context_tokens. Needs the steps' start_s (a replay's steps.csv has it)."""
     start = steps.start_s
     if start is None:
@@ -61,7 +62,7 @@ def decode_rows(steps: StepTable, requests: Mapping[str, np.ndarray]) -> list[np
         if len(lengths) != num or int(lengths.sum()) != int(steps.decode_context_tokens[i]):
             rows.append(None)
         else:
-            rows.append(lengths.astype(np.int64))
+            rows.append(lengths)
     return rows
 
 
