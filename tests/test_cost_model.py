@@ -553,6 +553,28 @@ def test_a_chunk_beside_a_long_decode_row_lasts_its_longest_program():
                     CostModel(LLAMA_8B, H200, efficiency=Efficiency()).step(other).attention_s))
 
 
+def test_a_launch_adds_attention_program_serial_of_the_shorter_of_its_work_and_longest_program():
+    """The same chunk beside rows, five of them long (the Mooncake replays' chunk-2,048 steps):
+    attention_program_serial 0 prices the longer of the launch's total work and its longest
+    program, 1 their sum, 0.4 the longer and 0.4 of the shorter; a step no program binds the
+    term into (no attention_program, or decode only) keeps its work."""
+    step = step_of((6000, 2030), *[(27000, 1)] * 5, *[(12000, 1)] * 6, *[(4000, 1)] * 7)
+    work = CostModel(LLAMA_8B, H200, efficiency=Efficiency()).step(step).attention_s
+    longest = 32 * 27001 * 4 * 128 * 128 / (0.3 * 989.4e12 / 132)
+    for serial, expected in ((0.0, max(work, longest)), (1.0, work + longest),
+                             (0.4, max(work, longest) + 0.4 * min(work, longest))):
+        eff = Efficiency(attention_program=0.3, attention_program_serial=serial)
+        assert CostModel(LLAMA_8B, H200, efficiency=eff).step(step).attention_s == pytest.approx(
+            expected)
+    decode = step_of(*[(27000, 1)] * 5, *[(12000, 1)] * 6)
+    for eff, other in ((Efficiency(attention_program_serial=0.9), step),
+                       (Efficiency(attention_program=0.3, attention_program_serial=0.9), decode)):
+        assert CostModel(LLAMA_8B, H200, efficiency=eff).step(other).attention_s == pytest.approx(
+            CostModel(LLAMA_8B, H200, efficiency=Efficiency()).step(other).attention_s)
+    with pytest.raises(ValueError, match="attention_program_serial"):
+        Efficiency(attention_program_serial=1.2)
+
+
 def test_a_split_launchs_longest_program_works_through_its_share_of_the_keys():
     """Qwen2.5-0.5B, 512 new tokens on a 16,384-token prefix: 512 // 18 + 1 = 29 tiles x 2 KV
     heads = 58 programs < 132 SMs, so each tile's keys split min(ceil(264 / 58), ceil(16,896 /

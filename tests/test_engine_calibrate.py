@@ -60,7 +60,28 @@ def test_the_grid_tells_the_longest_attention_programs_speed(name):
     assert num_program_bound(with_term, plain) >= MIN_PROGRAM_STEPS
     fitted, error = fit_efficiency((model, gpu, 1), outputs, with_term)
     assert fitted.attention_program == pytest.approx(0.35, rel=0.02)
+    assert fitted.attention_program_serial == pytest.approx(0.0, abs=1e-3)
     assert error["median_abs_rel"] < 1e-3
+
+
+@pytest.mark.parametrize("name", ["llama-3.1-8b", "llama-3.2-3b"])
+def test_the_grid_tells_how_much_of_the_longest_program_the_work_does_not_hide(name):
+    """Grid steps made with attention_program_serial 0.5 (each chunk beside long decode rows
+    lasts the longer of its work and its longest program and half the shorter): the fit finds
+    both terms again, where one held at 0 misprices those steps."""
+    model, gpu = get_model(name), get_gpu("h200")
+    truth = Efficiency(linear_compute=0.6, memory=0.8, attention_compute=0.4,
+                       step_overhead_s=2e-3, per_seq_overhead_s=1e-5, eager_launch_s=3e-3,
+                       attention_program=0.35, attention_program_serial=0.5)
+    outputs = [scheduler_output(s) for s in default_grid()]
+    measured = np.array([CostModel(model, gpu, 1, truth).step(o).total_s for o in outputs])
+    fitted, error = fit_efficiency((model, gpu, 1), outputs, measured)
+    assert fitted.attention_program == pytest.approx(0.35, rel=0.02)
+    assert fitted.attention_program_serial == pytest.approx(0.5, abs=0.02)
+    assert error["max_abs_rel"] < 1e-3
+    _, held = fit_efficiency((model, gpu, 1), outputs, measured,
+                             hold=("attention_program_serial",))
+    assert held["max_abs_rel"] > 0.02
 
 
 def test_copy_bandwidth_pins_weight_streaming_and_the_step_overhead_takes_the_rest():

@@ -77,7 +77,9 @@ def test_a_run_with_gzipped_csvs_loads_as_the_plain_one(gpu_dir, tmp_path):
 
 
 @pytest.mark.parametrize("eff", [TRUE, replace(TRUE, attention_program=0.2,
-                                                 split_launch_s=1e-3)])
+                                                 split_launch_s=1e-3),
+                                  replace(TRUE, attention_program=0.2,
+                                          attention_program_serial=0.6)])
 def test_step_prediction_equals_the_simulators_step_times(eff):
     """The validation's array pricing of recorded steps is CostModel.step's, the longest
     attention program and the split launch included."""

@@ -229,7 +229,7 @@ def predict_step_times(cost: CostModel, table: StepTable) -> np.ndarray:
     sampled = np.where(eager, table.num_sampled_rows, padded)
     # Prefill attention and decode KV reads are linear in pairs and context tokens.
     attention, longest, splits = attention_terms(cost, table)
-    attention = np.maximum(attention, longest)
+    attention = cost.launch_attention_s(attention, longest)
     launch = np.where(eager & (tokens > 0),
                       np.where(piecewise, cost.eff.piecewise_launch, cost.eff.eager_launch_s), 0.0)
     launch = launch + np.where(splits > 1, cost.eff.split_launch_s, 0.0)  # CostModel.step's
