@@ -24,6 +24,7 @@ import triton
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from gpu_backend.engine.attention_profile import device_ms as time_ms  # noqa: E402
 from gpu_backend.env import (  # noqa: E402
     copy_bandwidth_bytes_s,
     device_environment,
@@ -60,30 +61,6 @@ PREFILL_TILES = [TileConfig(128, 128, 8, 3), TileConfig(128, 64, 8, 3),
                  TileConfig(128, 64, 4, 3), TileConfig(64, 64, 4, 3)]
 TILE_CHUNKS = [512, 2048]
 PLAN_WAVES = [2, 3, 4, 6]  # decode plan targets timed beside the default
-QUEUE_AHEAD_CYCLES = 1_000_000  # ~0.5 ms of GPU sleep before each timed call
-
-
-def time_ms(fn, reps: int = 20, warmup: int = 3) -> float:
-    """Median GPU milliseconds of fn(), timed with CUDA events.
-
-    A GPU-side sleep is queued before each timed launch so the host has enqueued the
-    whole call before the start event fires: the result is device time, free of Python
-    launch overhead (which the engine hides behind the rest of a model step).
-    """
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(QUEUE_AHEAD_CYCLES)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
-
-
 def copy_bandwidth_gbps() -> float:
     return copy_bandwidth_bytes_s() / 1e9
 

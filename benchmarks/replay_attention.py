@@ -26,12 +26,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import triton
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.kernel_bench import time_ms  # noqa: E402
+from gpu_backend.engine.attention_profile import PagedLayer, device_ms, launch_ms  # noqa: E402
 from gpu_backend.engine.shapes import StepShape, scheduler_output  # noqa: E402
 from gpu_backend.env import device_environment, write_result  # noqa: E402
 from gpu_backend.kernels import paged_attention  # noqa: E402
@@ -41,7 +40,6 @@ from validation.decode_rows import decode_rows, rebuilt_share  # noqa: E402
 from validation.runs import engine_config, load_run  # noqa: E402
 from validation.steps import open_csv, parse_chunks  # noqa: E402
 
-BLOCK_SIZE = 16
 DTYPE = torch.bfloat16
 WAVES = (2, 8)  # the plan's programs per SM beside the default (DECODE_TARGET_WAVES, 4)
 
@@ -54,27 +52,11 @@ def spread(indices: np.ndarray, key: np.ndarray, count: int) -> np.ndarray:
     return ordered[np.linspace(0, len(ordered) - 1, count).round().astype(int)]
 
 
-class Layer:
-    """One layer's paged K/V for a set of sequences, blocks shuffled over the pool."""
-
-    def __init__(self, lengths: list[int], num_kv_heads: int, head_dim: int) -> None:
-        blocks = [triton.cdiv(n, BLOCK_SIZE) for n in lengths]
-        total = sum(blocks)
-        self.k = torch.randn(total, BLOCK_SIZE, num_kv_heads, head_dim, device="cuda", dtype=DTYPE)
-        self.v = torch.randn_like(self.k)
-        perm = torch.randperm(total, device="cuda").int()
-        self.tables = torch.zeros(len(blocks), max(blocks), dtype=torch.int32, device="cuda")
-        used = 0
-        for i, n in enumerate(blocks):
-            self.tables[i, :n] = perm[used:used + n]
-            used += n
-
-
 def decode_graph_ms(seq: list[int], heads: int, kv_heads: int, head_dim: int,
                     waves: int | None) -> float:
     """Milliseconds of one decode attention (plan, attention, merge) over rows of `seq`
     keys, replayed as a CUDA graph; `waves`: the plan's programs per SM (None: default)."""
-    layer = Layer(seq, kv_heads, head_dim)
+    layer = PagedLayer(seq, kv_heads, head_dim)
     q = torch.randn(len(seq), heads, head_dim, device="cuda", dtype=DTYPE)
     seq_lens = torch.tensor(seq, dtype=torch.int32, device="cuda")
     qsl = torch.arange(len(seq) + 1, dtype=torch.int32, device="cuda")
@@ -88,7 +70,7 @@ def decode_graph_ms(seq: list[int], heads: int, kv_heads: int, head_dim: int,
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
-    return time_ms(graph.replay, reps=30)
+    return device_ms(graph.replay, reps=30)
 
 
 def time_decode(lengths: np.ndarray, heads: int, kv_heads: int, head_dim: int,
@@ -109,18 +91,10 @@ def time_decode(lengths: np.ndarray, heads: int, kv_heads: int, head_dim: int,
 
 def time_mixed(lengths: np.ndarray, chunks: list[tuple[int, int]], heads: int, kv_heads: int,
                head_dim: int) -> dict:
-    """One mixed step's attention: decode rows first, then each chunk, one eager launch."""
-    seq = [int(n) for n in lengths] + [new + prefix for new, prefix in chunks]
-    new_tokens = [1] * len(lengths) + [new for new, _ in chunks]
-    layer = Layer(seq, kv_heads, head_dim)
-    q = torch.randn(sum(new_tokens), heads, head_dim, device="cuda", dtype=DTYPE)
-    seq_lens = torch.tensor(seq, dtype=torch.int32, device="cuda")
-    qsl = torch.tensor(np.concatenate(([0], np.cumsum(new_tokens))), dtype=torch.int32,
-                       device="cuda")
-    ms = time_ms(lambda: paged_attention(q, layer.k, layer.v, layer.tables, seq_lens, qsl,
-                                         head_dim ** -0.5, max_query_len=max(new_tokens),
-                                         max_seq_len=max(seq)), reps=20)
-    return {"ms": ms}
+    """One mixed step's attention: decode rows first, then each chunk, one eager launch
+    (as the profile times its grid's, gpu_backend.engine.attention_profile.launch_ms)."""
+    shape = StepShape("mixed", tuple(chunks), tuple(int(n) for n in lengths))
+    return {"ms": launch_ms(shape, heads, kv_heads, head_dim)}
 
 
 def predicted_ms(cost: CostModel | None, lengths: np.ndarray, chunks: list[tuple[int, int]],

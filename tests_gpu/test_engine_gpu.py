@@ -247,6 +247,24 @@ def test_quick_profile_in_two_passes(flags, tmp_path):
     assert all(len(m["passes_measured_s"]) == 2 and m["measured_s"] > 0
                for m in data["measurements"])
     assert bool(data["piecewise_sizes"]) == bool(flags)
+    # the attention of every step with prefill tokens, timed alone in both passes too
+    attention = data["attention_measurements"]
+    assert len(attention) == sum(1 for m in data["measurements"] if m["prefills"])
+    assert all(len(m["passes_measured_s"]) == 2 and m["measured_s"] > 0 for m in attention)
+    assert data["attention_fit_error"]["median_abs_rel"] < 0.5
     load_efficiency(out)  # every key known, every value in range
     gc.collect()
+    torch.cuda.empty_cache()
+
+
+def test_an_attention_launch_timed_alone_grows_with_its_work():
+    """The profile's attention timing (attention_profile.launch_ms): a chunk over a long
+    prefix walks more keys than the same chunk alone, and decode rows beside it add theirs."""
+    from gpu_backend.engine.attention_profile import launch_ms
+    from gpu_backend.engine.shapes import StepShape
+
+    alone = launch_ms(StepShape("prefill", ((1024, 0),)), 32, 8, 128)
+    prefix = launch_ms(StepShape("prefill", ((1024, 16384),)), 32, 8, 128)
+    rows = launch_ms(StepShape("mixed", ((1024, 0),), (30000,) * 8), 32, 8, 128)
+    assert 0 < alone < prefix and alone < rows
     torch.cuda.empty_cache()

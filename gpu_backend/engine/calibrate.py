@@ -14,7 +14,10 @@ engine's elastic transitions are timed too (`measure_transitions`).
 
 The fit: the `sim.cost_model.FIT_PARAMETERS` fields of `Efficiency`, by
 `sim.calibration.fit_efficiency` (scipy least squares) on the relative error of
-`CostModel.step(out)` against the measured medians.
+`CostModel.step(out)` against the measured medians. The attention of every grid step with
+prefill tokens is also timed on its own (`attention_profile`, since the ninth session of
+2026-11-30); where a calibration has those timings, the attention's own terms are fitted to
+them first and held in the whole-step fit (`attention_start`).
 
 Weight streaming is pinned, not fitted: on one GPU every decode step reads the same weights,
 so "weights at bandwidth x" and "a fixed cost per step" fit the grid equally well, and a fit
@@ -39,6 +42,14 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import nnls
 
+from gpu_backend.engine.attention_profile import (
+    ATTENTION_PARAMETERS,
+    attention_inputs,
+    attention_records,
+    attention_shapes,
+    fit_attention,
+    time_attention,
+)
 from gpu_backend.engine.hostprobe import probe
 from gpu_backend.engine.hostprobe import summarize as summarize_probes
 from gpu_backend.engine.shapes import (
@@ -331,14 +342,20 @@ def calibrate(config: EngineConfig, *, seed: int = 0, quick: bool = False,
 
     timed = measure_grid(grid, measure, passes)
     measurements = [{**shape.describe(), **timing} for shape, timing in zip(grid, timed)]
+    # the attention of every step with prefill tokens, on its own (attention_profile)
+    launches = attention_shapes(grid)
+    attention = attention_records(launches, measure_grid(
+        launches, lambda shape: time_attention(shape, config.model), passes))
     outputs = [scheduler_output(shape) for shape in grid]
     times = [timing["measured_s"] for timing in timed]
     probes = [timing["host_probe_s"] for timing in timed]
     cost_args = (config.model, config.gpu, 1)
     bandwidth = copy_bandwidth_bytes_s()
-    efficiency, fit_error = fit_efficiency(cost_args, outputs, np.array(times),
+    start, hold, attention_error = attention_start(
+        cost_args, attention_inputs({"attention_measurements": attention}), Efficiency(), ())
+    efficiency, fit_error = fit_efficiency(cost_args, outputs, np.array(times), start=start,
                                            copy_bandwidth_bytes_s=bandwidth,
-                                           token_graph_sizes=token_sizes)
+                                           token_graph_sizes=token_sizes, hold=hold)
     cost = CostModel(*cost_args, efficiency=efficiency, token_graph_sizes=token_sizes)
     for entry, out in zip(measurements, outputs):
         entry["predicted_s"] = cost.step(out).total_s
@@ -356,6 +373,7 @@ def calibrate(config: EngineConfig, *, seed: int = 0, quick: bool = False,
         "piecewise_sizes": engine.setup["piecewise_sizes"],
         "copy_bandwidth_bytes_s": bandwidth,
         "measurements": measurements, "fit_error": fit_error,
+        "attention_measurements": attention, "attention_fit_error": attention_error,
         "vmm": measure_transitions(runner, config, device, num_blocks),
     }
 
@@ -477,14 +495,30 @@ def refit_calibration(data: dict, copy_bandwidth_bytes_s: float | None = None,
         start, hold = replace(start, attention_program=value), ("attention_program",)
         provenance = {"attention_program_from": {"calibration": source, "model": other["model"],
                                                  "attention_program": value}}
+    start, hold, attention_error = attention_start(cost_args, attention_inputs(data), start, hold)
     efficiency, fit_error = fit_efficiency(cost_args, outputs, times, start=start,
                                            copy_bandwidth_bytes_s=bandwidth,
                                            token_graph_sizes=token_sizes, hold=hold)
     cost = CostModel(*cost_args, efficiency=efficiency, token_graph_sizes=token_sizes)
     measurements = [{**m, "predicted_s": cost.step(out).total_s}
                     for m, out in zip(data["measurements"], outputs)]
+    attention = ({"attention_fit_error": attention_error} if attention_error is not None
+                 else {})
     return {**data, "efficiency": asdict(efficiency), "fit_error": fit_error,
-            "copy_bandwidth_bytes_s": bandwidth, "measurements": measurements, **provenance}
+            "copy_bandwidth_bytes_s": bandwidth, "measurements": measurements, **attention,
+            **provenance}
+
+
+def attention_start(cost_args: tuple, attention: tuple[list[StepShape], np.ndarray] | None,
+                    start: Efficiency, hold: tuple[str, ...]
+                    ) -> tuple[Efficiency, tuple[str, ...], dict | None]:
+    """The whole-step fit's start and held terms: with a profile's attention timed alone
+    (`attention`: shapes and seconds), `start` with the attention's own terms fitted to it
+    (those in `hold` kept) and held from then on, and that fit's errors; without, as given."""
+    if attention is None:
+        return start, hold, None
+    fitted, error = fit_attention(cost_args, *attention, start=start, hold=hold)
+    return fitted, (*hold, *ATTENTION_PARAMETERS), error
 
 
 def program_term_of(source: str, other: dict, data: dict) -> float:
@@ -507,6 +541,8 @@ def program_term_of(source: str, other: dict, data: dict) -> float:
 
 
 TIMING_KEYS = ("measured_s", "build_s", "enqueue_s", "device_s", "host_probe_s")
+# a profile's timed records: whole steps, and the attention of those with prefill tokens
+MERGED_RECORDS = ("measurements", "attention_measurements")
 
 
 def merge_profiles(base: dict, others: list[dict], sources: list[str]) -> dict:
@@ -514,26 +550,33 @@ def merge_profiles(base: dict, others: list[dict], sources: list[str]) -> dict:
     same model, GPU, grid and piecewise sizes taken at other times (a drift of the host's speed
     in one weighs less); everything else (memory, VMM costs, versions) stays `base`'s. Refit
     the result (`refit_calibration`). `sources` names the others in errors and provenance."""
-    def shape_keys(data: dict) -> list[tuple]:
+    def shape_keys(data: dict, records: str) -> list[tuple]:
         return [(m["kind"], json.dumps(m["prefills"]), json.dumps(m.get("decode_groups")))
-                for m in data["measurements"]]
+                for m in data.get(records) or ()]
 
     for other, source in zip(others, sources, strict=True):
         for key in ("model", "gpu_preset", "piecewise_sizes"):
             if other.get(key) != base.get(key):
                 raise ValueError(f"{source}: {key} {other.get(key)!r} differs from the base "
                                  f"calibration's {base.get(key)!r}; merge profiles of one setup")
-        if shape_keys(other) != shape_keys(base):
-            raise ValueError(f"{source}: its grid differs from the base calibration's (profiles "
-                             "of two code versions?); merge profiles of the same grid")
-    points = []
-    for index, entry in enumerate(base["measurements"]):
-        profiles = [entry] + [other["measurements"][index] for other in others]
-        merged = {**entry, **{key: statistics.median(p[key] for p in profiles)
-                              for key in TIMING_KEYS if all(key in p for p in profiles)}}
-        merged["profiles_measured_s"] = [p["measured_s"] for p in profiles]
-        points.append(merged)
-    return {**base, "measurements": points, "merged_from": list(sources)}
+        for records in MERGED_RECORDS:
+            if shape_keys(other, records) != shape_keys(base, records):
+                raise ValueError(f"{source}: its grid differs from the base calibration's "
+                                 f"({records}; profiles of two code versions?); merge profiles "
+                                 "of the same grid")
+    merged = {}
+    for records in MERGED_RECORDS:
+        if not base.get(records):
+            continue
+        points = []
+        for index, entry in enumerate(base[records]):
+            profiles = [entry] + [other[records][index] for other in others]
+            point = {**entry, **{key: statistics.median(p[key] for p in profiles)
+                                 for key in TIMING_KEYS if all(key in p for p in profiles)}}
+            point["profiles_measured_s"] = [p["measured_s"] for p in profiles]
+            points.append(point)
+        merged[records] = points
+    return {**base, **merged, "merged_from": list(sources)}
 
 
 def write_calibration(path: Path, result: dict) -> None:
