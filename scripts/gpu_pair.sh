@@ -42,7 +42,11 @@ CUDA_VISIBLE_DEVICES=0 timeout "${GPU_PAIR_SMOKE_S:-150}" "${PYTHON:-python}" -m
   or graph or mixed or fused or rotary or rms or silu}" > "$OUT/kernel_smoke.log" 2>&1
 smoke_rc=$?
 echo "kernel smoke: pytest rc=$smoke_rc" >> "$OUT/status.txt"
-if [ "$smoke_rc" -ne 0 ] && ! grep -q "^FAILED" "$OUT/kernel_smoke.log"; then
+# cut by its limit (rc 124, Triton still compiling) with nothing failed: the kernels stay on
+# (the ninth session's call 1 turned them off on such a cut and replayed another engine)
+if [ "$smoke_rc" -eq 124 ] && ! grep -q "^FAILED" "$OUT/kernel_smoke.log"; then
+  echo "kernel smoke cut by its ${GPU_PAIR_SMOKE_S:-150}s limit, nothing failed: kernels left on" >> "$OUT/status.txt"
+elif [ "$smoke_rc" -ne 0 ] && ! grep -q "^FAILED" "$OUT/kernel_smoke.log"; then
   export GPU_BACKEND_FUSED=0 GPU_BACKEND_DECODE_PLAN=0
   echo "kernel tests did not run: GPU_BACKEND_FUSED=0 GPU_BACKEND_DECODE_PLAN=0" >> "$OUT/status.txt"
 fi

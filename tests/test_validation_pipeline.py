@@ -290,6 +290,15 @@ def test_report_names_the_gpu_and_versions_it_was_measured_with(runs):
         gpu_name="NVIDIA H200", versions={"driver": "590.2", "torch": "2.11"})
     text = markdown(v, [])
     assert "Measured on NVIDIA H200; driver 590.2, torch 2.11 (recorded by the replays)" in text
+    assert "Replayed without" not in text  # no kernel flags recorded: nothing to warn of
+    kernels = {"fused_layers": True, "decode_split_plan": True, "decode_target_waves": 4}
+    v.runs[0].gpu.summary["measured"]["kernels"] = kernels
+    assert "Replayed without" not in markdown(v, [])
+    kernels["decode_split_plan"] = False
+    text = markdown(v, [])
+    assert (f"**Replayed without the decode split plan (GPU_BACKEND_DECODE_PLAN=0) in "
+            f"{v.runs[0].label}: the cost model prices the engine with them") in text
+    assert "fused norm" not in text
 
 
 # ------------------------------------------------------------------ piecewise prefill graphs

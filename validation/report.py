@@ -306,7 +306,31 @@ def _environment(v: Validation) -> str:
     else:
         return f"Measured on {gpu}; driver and library versions not recorded."
     listed = ", ".join(f"{k} {val}" for k, val in versions.items() if val)
-    return f"Measured on {gpu}; {listed} ({source})."
+    return f"Measured on {gpu}; {listed} ({source}).{_kernels_off(v)}"
+
+
+# the engine's kernels a replay records (gpu_backend.engine.replay.kernel_flags) that the cost
+# model's prices assume: each turned off by an environment switch for an A/B or a fallback
+KERNELS = {"fused_layers": "the fused norm, rotary and activation kernels (GPU_BACKEND_FUSED=0)",
+           "decode_split_plan": "the decode split plan (GPU_BACKEND_DECODE_PLAN=0)"}
+
+
+def _kernels_off(v: Validation) -> str:
+    """A warning naming the runs that replayed without a kernel the cost model assumes ("" when
+    every run had them all, or recorded none): without the split plan a decode step of long
+    rows lasts its longest row, which the model does not price (validation/ab/
+    no_fused_no_plan_2026-11-30i: TPOT p50 29-35% off on Mooncake)."""
+    off: dict[str, list[str]] = {}
+    for run in v.runs:
+        flags = run.gpu.summary.get("measured", {}).get("kernels") or {}
+        for name in KERNELS:
+            if flags.get(name) is False:
+                off.setdefault(name, []).append(run.label)
+    if not off:
+        return ""
+    parts = [f"{KERNELS[name]} in {', '.join(labels)}" for name, labels in off.items()]
+    return (" **Replayed without " + "; without ".join(parts) + ": the cost model prices the "
+            "engine with them, so these errors are not the model's on the shipped engine.**")
 
 
 def _nonempty(line: str) -> list[str]:
