@@ -56,3 +56,38 @@ def test_a_folder_without_a_report_is_a_clear_error(tmp_path, capsys):
     (tmp_path / "empty" / "report.json").write_text(json.dumps({"runs": []}))
     with pytest.raises(ValueError, match="no \"runs\""):
         table([tmp_path / "empty"])
+
+
+def gain(run: str, baseline: str, values: dict[str, tuple[float, float]]) -> dict:
+    """A gains entry: metric -> (predicted gain, measured gain), directions as compare gives."""
+    def direction(g: float) -> int:
+        return 0 if abs(g) < 0.01 else (1 if g > 0 else -1)
+    return {"run": run, "baseline": baseline, "metrics": {
+        m: {"predicted_gain": p, "measured_gain": g, "gain_error": p - g,
+            "same_direction": direction(p) == direction(g)} for m, (p, g) in values.items()}}
+
+
+def test_the_gain_table_counts_decisions_at_the_same_chunk_and_over_a_smaller_one(tmp_path):
+    write_report(tmp_path / "a", [0.01])
+    report = json.loads((tmp_path / "a" / "report.json").read_text())
+    report["gains"] = [
+        gain("elastic/chunk=8192", "static/chunk=8192", {
+            "ttft_p50_s": (0.05, 0.04), "tpot_p50_s": (0.0, 0.03),  # agrees; misses an up
+            "throughput_tok_s": (0.002, -0.004), "ttft_p99_s": (-0.02, -0.05),  # both agree
+            "kv_capacity_tokens": (0.0, 0.0), "num_preemptions": (0.5, 0.0)}),  # last: not counted
+        gain("elastic/chunk=8192", "static/chunk=2048", {
+            "ttft_p50_s": (-0.30, -0.44), "tpot_p50_s": (-0.01, -0.015),  # only the first >= 2%
+            "throughput_tok_s": (0.03, -0.05), "ttft_p99_s": (0.0, 0.001)})]
+    (tmp_path / "a" / "report.json").write_text(json.dumps(report))
+    lines = table([tmp_path / "a"]).splitlines()
+    start = lines.index("| elastic over static | metrics | pairs | same decision | "
+                        "median \\|gain error\\| |")
+    same, same_kv, smaller = lines[start + 2], lines[start + 3], lines[start + 4]
+    # |errors| 1, 3, 0.6, 3 pp -> median 2.0; with KV's 0: 0, 0.6, 1, 3, 3 -> 1.0
+    assert same == "| at the same chunk | TTFT p50, p99, TPOT p50, throughput | 4 | 3 of 4 | 2.00 pp |"
+    assert same_kv.endswith("| 5 | 4 of 5 | 1.00 pp |")
+    # measured >= 2%: TTFT p50 (agrees) and throughput (opposite); |errors| 14, 0.5, 8, 0.1
+    assert smaller == ("| over a smaller chunk | TTFT p50, p99, TPOT p50, throughput | "
+                       "4 (2 measured >= 2%) | 1 of 2 | 4.25 pp |")
+    write_report(tmp_path / "b", [0.01])
+    assert "Gains, predicted" not in table([tmp_path / "b"])  # no gains: no table

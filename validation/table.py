@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
 from validation.compare import TARGETS, check_targets, format_target_value
 from validation.repeats import REPEAT_METRICS, median_abs_errors, median_deviation
 
@@ -87,7 +89,48 @@ def table(folders: list[Path]) -> str:
         out += _repeat_table(repeats)
     if vs_median:
         out += _median_table(vs_median)
+    gains = [g for folder in folders for g in read_report(folder).get("gains") or ()]
+    if gains:
+        out += gain_table(gains)
     return out
+
+
+# the gains a user decides on, without and with KV capacity (elastic's gain at one chunk is
+# none there by design, so it agrees by construction and flatters the count)
+GAIN_METRICS = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "throughput_tok_s")
+DECIDED_GAIN = 0.02  # a smaller chunk's gain counted only where the measured one is this large
+
+
+def _chunk(label: str) -> int:
+    """The chunk of a gains entry's run label ("elastic/chunk=2048")."""
+    return int(label.rpartition("chunk=")[2])
+
+
+def gain_table(gains: list[dict]) -> str:
+    """Markdown: how often the predicted gain of elastic over static takes the measured one's
+    decision (up, down, or under compare.NO_CHANGE_BELOW: no change), and the median |gain
+    error| in percentage points, at the same chunk and over a smaller chunk (there only pairs
+    whose measured gain is at least DECIDED_GAIN count towards the decisions)."""
+    header = r"| elastic over static | metrics | pairs | same decision | median \|gain error\| |"
+    lines = ["", "Gains, predicted against measured, over these reports (each report's gains "
+             "table):", "", header, "|---|---|---|---|---|"]
+    for name, same_chunk in (("at the same chunk", True), ("over a smaller chunk", False)):
+        for metrics, label in ((GAIN_METRICS, "TTFT p50, p99, TPOT p50, throughput"),
+                               ((*GAIN_METRICS, "kv_capacity_tokens"), "the same and KV capacity")):
+            pairs = [v for g in gains if (_chunk(g["run"]) == _chunk(g["baseline"])) == same_chunk
+                     for m, v in g["metrics"].items() if m in metrics
+                     and v.get("predicted_gain") is not None and v.get("measured_gain") is not None]
+            if not pairs:
+                continue
+            decided = pairs if same_chunk else [
+                v for v in pairs if abs(v["measured_gain"]) >= DECIDED_GAIN]
+            error = 100 * float(np.median([abs(v["gain_error"]) for v in pairs]))
+            counted = (f"{len(pairs)}" if same_chunk else
+                       f"{len(pairs)} ({len(decided)} measured >= {DECIDED_GAIN:.0%})")
+            lines.append(f"| {name} | {label} | {counted} | "
+                         f"{sum(bool(v['same_direction']) for v in decided)} of {len(decided)} | "
+                         f"{error:.2f} pp |")
+    return "\n".join(lines) + "\n"
 
 
 def _repeat_table(repeats: list[tuple[str, list[dict]]]) -> str:
