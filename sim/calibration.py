@@ -134,6 +134,5 @@ def fit_with_program_term(start: Efficiency, relative_errors: Callable[[Efficien
                 return fitted, solution
         fixed = (*fixed, "attention_program")
     # the share of the longest program not hidden under the work: told by the same steps only
-    fixed = (*fixed, *(() if "attention_program_serial" in fixed
-                       else ("attention_program_serial",)))
+    fixed = (*fixed, "attention_program_serial")
     return fit_efficiency(start, relative_errors, fixed, **least_squares_options)

@@ -352,7 +352,7 @@ def calibrate(config: EngineConfig, *, seed: int = 0, quick: bool = False,
     cost_args = (config.model, config.gpu, 1)
     bandwidth = copy_bandwidth_bytes_s()
     start, hold, attention_error = attention_start(
-        cost_args, attention_inputs({"attention_measurements": attention}), Efficiency(), ())
+        cost_args, (launches, np.array([a["measured_s"] for a in attention])), Efficiency(), ())
     efficiency, fit_error = fit_efficiency(cost_args, outputs, np.array(times), start=start,
                                            copy_bandwidth_bytes_s=bandwidth,
                                            token_graph_sizes=token_sizes, hold=hold)
