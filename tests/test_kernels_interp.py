@@ -205,7 +205,29 @@ def _main() -> None:
     results["model_mixed_split"] = _run_model_case(mixed_split=True)
     results["plans"] = [_plan_violations(*case) for case in PLAN_CASES]
     results["plan_choices"] = [_plan_shares(*case) for case, _ in PLAN_CHOICES]
+    results["attention_launch"] = _run_attention_launch_case()
     print(json.dumps(results))
+
+
+def _run_attention_launch_case() -> dict:
+    """The profile's attention timing path (attention_profile.launch_ms) on a mixed step: the
+    launch it builds (rows first, then the chunk over its prefix) runs, its output the shape
+    of the step's tokens x heads, every value finite."""
+    import torch
+
+    from gpu_backend.engine.attention_profile import launch_ms
+    from gpu_backend.engine.shapes import StepShape
+
+    seen = {}
+
+    def run_once(fn, reps: int) -> float:
+        out = fn()
+        seen.update(shape=list(out.shape), finite=bool(torch.isfinite(out).all()), reps=reps)
+        return 1.0
+
+    ms = launch_ms(StepShape("mixed", ((40, 70),), (90, 300, 5)), 8, 2, 64, reps=3,
+                   device="cpu", dtype=torch.float32, timer=run_once)
+    return {"ms": ms, **seen}
 
 
 @pytest.fixture(scope="module")
@@ -240,6 +262,12 @@ def test_decode_split_plan_covers_every_sequence(interp_results: dict, case: int
 def test_decode_split_plan_scores_waves(interp_results: dict, case: int) -> None:
     """The share size is the one whose programs best fill the slots, not simply the smallest."""
     assert interp_results["plan_choices"][case] == PLAN_CHOICES[case][1], PLAN_CHOICES[case][0]
+
+
+def test_the_profiles_attention_launch_runs_the_steps_tokens(interp_results: dict) -> None:
+    """3 decode rows and a 40-token chunk: 43 tokens x 8 heads x 64 dims, all finite."""
+    assert interp_results["attention_launch"] == {"ms": 1.0, "shape": [43, 8, 64],
+                                                  "finite": True, "reps": 3}
 
 
 def test_store_kvcache_matches_reference(interp_results: dict[str, float]) -> None:

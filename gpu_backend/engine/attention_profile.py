@@ -61,17 +61,17 @@ class PagedLayer:
     (random values: the kernel's time does not depend on them)."""
 
     def __init__(self, lengths: Sequence[int], num_kv_heads: int, head_dim: int,
-                 dtype=None, block_size: int = BLOCK_SIZE) -> None:
+                 dtype=None, block_size: int = BLOCK_SIZE, device: str = "cuda") -> None:
         import torch
 
         dtype = dtype or torch.bfloat16
         blocks = [-(-int(n) // block_size) for n in lengths]
         total = sum(blocks)
-        self.k = torch.randn(total, block_size, num_kv_heads, head_dim, device="cuda",
+        self.k = torch.randn(total, block_size, num_kv_heads, head_dim, device=device,
                              dtype=dtype)
         self.v = torch.randn_like(self.k)
-        perm = torch.randperm(total, device="cuda").int()
-        self.tables = torch.zeros(len(blocks), max(blocks), dtype=torch.int32, device="cuda")
+        perm = torch.randperm(total, device=device).int()
+        self.tables = torch.zeros(len(blocks), max(blocks), dtype=torch.int32, device=device)
         used = 0
         for i, n in enumerate(blocks):
             self.tables[i, :n] = perm[used:used + n]
@@ -79,24 +79,26 @@ class PagedLayer:
 
 
 def launch_ms(shape: StepShape, num_heads: int, num_kv_heads: int, head_dim: int,
-              reps: int = 20) -> float:
+              reps: int = 20, device: str = "cuda", dtype=None,
+              timer: Callable[..., float] = device_ms) -> float:
     """Device milliseconds of one layer's attention of `shape`: decode rows first, then each
-    chunk over its prefix, one eager launch (and its combine kernel where it splits)."""
+    chunk over its prefix, one eager launch (and its combine kernel where it splits).
+    `timer(fn, reps=...)` times the launch (`device`, `dtype` and `timer` other than the
+    defaults: the CPU check of this path under Triton's interpreter)."""
     import torch
 
     from gpu_backend.kernels import paged_attention
 
     seq = [int(n) for n in shape.decodes] + [new + prefix for new, prefix in shape.prefills]
     new_tokens = [1] * len(shape.decodes) + [new for new, _ in shape.prefills]
-    layer = PagedLayer(seq, num_kv_heads, head_dim)
-    q = torch.randn(sum(new_tokens), num_heads, head_dim, device="cuda", dtype=layer.k.dtype)
-    seq_lens = torch.tensor(seq, dtype=torch.int32, device="cuda")
+    layer = PagedLayer(seq, num_kv_heads, head_dim, dtype, device=device)
+    q = torch.randn(sum(new_tokens), num_heads, head_dim, device=device, dtype=layer.k.dtype)
+    seq_lens = torch.tensor(seq, dtype=torch.int32, device=device)
     qsl = torch.tensor(np.concatenate(([0], np.cumsum(new_tokens))), dtype=torch.int32,
-                       device="cuda")
-    ms = device_ms(lambda: paged_attention(q, layer.k, layer.v, layer.tables, seq_lens, qsl,
-                                           head_dim ** -0.5, max_query_len=max(new_tokens),
-                                           max_seq_len=max(seq)), reps=reps)
-    return ms  # the layer's K/V go back to torch's cache for the next shape
+                       device=device)
+    return timer(lambda: paged_attention(q, layer.k, layer.v, layer.tables, seq_lens, qsl,
+                                         head_dim ** -0.5, max_query_len=max(new_tokens),
+                                         max_seq_len=max(seq)), reps=reps)
 
 
 def time_attention(shape: StepShape, model, reps: int = 20) -> dict[str, float]:
