@@ -59,13 +59,16 @@ def test_the_attention_profile_times_every_grid_step_with_prefill_tokens():
 
 
 def test_fit_attention_finds_the_attention_terms_and_leaves_the_rest():
+    """Attention times with a fixed 0.3 ms per launch on top (a kernel's start over 32 layers,
+    which the whole-step fit prices per step): the fit finds the rates and that floor."""
     shapes = attention_shapes(default_grid())
     start = replace(Efficiency(), linear_compute=0.5)
-    fitted, error = fit_attention(ARGS, shapes, attention_times(TRUE, shapes), start)
+    fitted, error = fit_attention(ARGS, shapes, attention_times(TRUE, shapes) + 3e-4, start)
     for name in ATTENTION_PARAMETERS:
         assert getattr(fitted, name) == pytest.approx(getattr(TRUE, name), rel=0.02), name
     assert fitted.linear_compute == 0.5 and fitted.step_overhead_s == start.step_overhead_s
     assert error["max_abs_rel"] < 1e-3
+    assert error["launch_floor_s"] == pytest.approx(3e-4, rel=0.02)
     held, _ = fit_attention(ARGS, shapes, attention_times(TRUE, shapes),
                             replace(start, attention_program=0.2), hold=("attention_program",))
     assert held.attention_program == 0.2

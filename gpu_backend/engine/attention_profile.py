@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import numpy as np
+from scipy.optimize import minimize_scalar
 
 from gpu_backend.engine.shapes import StepShape, scheduler_output
 from sim.calibration import fit_with_program_term, num_program_bound
@@ -114,7 +115,8 @@ def fit_attention(cost_args: tuple, shapes: Sequence[StepShape], measured_s: np.
     """`start` with ATTENTION_PARAMETERS fitted to the attention times `measured_s` of
     `shapes` (CostModel.step's attention_s against them, least squares on relative error;
     the program's terms only where the steps tell them, `fit_with_program_term`), and the
-    fit's errors. `hold`: terms kept at `start`'s values (attention_program taken from
+    fit's errors and the launch's fixed device time fitted beside them (`launch_floor_s`, not a
+    cost-model term). `hold`: terms kept at `start`'s values (attention_program taken from
     another profile, `python -m gpu_backend refit --program-from`)."""
     start = start or Efficiency()
     outputs = [scheduler_output(s) for s in shapes]
@@ -131,12 +133,24 @@ def fit_attention(cost_args: tuple, shapes: Sequence[StepShape], measured_s: np.
 
     fixed = (*(name for name, _, _ in FIT_PARAMETERS if name not in ATTENTION_PARAMETERS),
              *hold)
-    fitted, _ = fit_with_program_term(start, lambda e: times(e) / measured_s - 1.0, num_bound,
-                                      fixed, x_scale="jac")
-    after = times(fitted) / measured_s - 1.0
+
+    def fit_at(floor: float) -> tuple[Efficiency, np.ndarray]:
+        fitted, _ = fit_with_program_term(
+            start, lambda e: (times(e) + floor) / measured_s - 1.0, num_bound, fixed,
+            x_scale="jac")
+        return fitted, (times(fitted) + floor) / measured_s - 1.0
+
+    # A launch's fixed device time (kernel start, the combine, over all layers): the whole-step
+    # fit prices it in its per-step terms; fitted here beside the rates, or the smallest
+    # launches (16-token prefills: a few us of work, tens of us timed) would set them.
+    best = minimize_scalar(lambda floor: float(np.sum(fit_at(floor)[1] ** 2)),
+                           bounds=(0.0, float(measured_s.min())), method="bounded",
+                           options={"xatol": 1e-4 * float(measured_s.min())})
+    floor = float(best.x)
+    fitted, after = fit_at(floor)
     return fitted, {"median_abs_rel": float(np.median(np.abs(after))),
                     "max_abs_rel": float(np.max(np.abs(after))),
-                    "per_point_rel": [float(r) for r in after]}
+                    "launch_floor_s": floor, "per_point_rel": [float(r) for r in after]}
 
 
 def attention_records(shapes: Sequence[StepShape], timed: Sequence[dict]) -> list[dict]:
