@@ -305,3 +305,19 @@ def test_slowest_transition_line_names_its_phases():
             "map 0.4 ms; 0.50 GiB of torch's cache freed)") in line
     assert "static" not in line
     assert slowest_transition_line([("static/chunk=8192", None)]) == ""
+
+
+def test_a_repeat_kept_as_its_summary_alone_still_counts(tmp_path):
+    """Older repeats keep summary.json only (validation/gpu_runs/repeats/README.md): the
+    repeat tables read nothing else, while a compared replay still needs its steps."""
+    from validation.runs import load_run, load_summary
+
+    write_replay(tmp_path / "now" / "static", "static", 0.200, 0.020)
+    write_replay(tmp_path / "old" / "static", "static", 0.240, 0.020)
+    (tmp_path / "old" / "static" / "steps.csv").unlink()
+    old = load_summary(tmp_path / "old" / "static")
+    assert old.label == "static/chunk=8192"
+    rows = repeat_rows(load_runs(tmp_path / "now"), [("old", [old])])
+    assert rows_by(rows, "static/chunk=8192", "ttft_p50_s")["max_deviation"] == pytest.approx(0.2)
+    with pytest.raises(ValueError, match="no steps.csv"):
+        load_run(tmp_path / "old" / "static")

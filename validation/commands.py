@@ -20,6 +20,7 @@ from validation.runs import (
     engine_config,
     find_runs,
     load_run,
+    load_summary,
 )
 
 
@@ -62,7 +63,8 @@ def compare(args: argparse.Namespace) -> int:
         calibration = json.loads(args.calibration.read_text())
         v.calibration_versions = calibration.get("versions")
         v.profile_host_probe = calibration.get("host_probe")
-    v.repeats = repeat_rows(runs, [(d.name, load_runs(d)) for d in args.repeat_dir or ()])
+    v.repeats = repeat_rows(runs, [(d.name, [load_summary(f) for f in find_runs(d)])
+                                   for d in args.repeat_dir or ()])
     paths = write_report(args.out, v, plots=not args.no_plots)
     print_targets(v.targets)
     if v.repeats:

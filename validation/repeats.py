@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from validation.compare import metric_values, relative_error
-from validation.runs import GpuRun
+from validation.runs import RunSummary
 
 REPEAT_METRICS = ("ttft_p50_s", "tpot_p50_s", "throughput_tok_s", "ttft_p99_s")
 # What a repeat must share with the replay it repeats (summary.json keys).
@@ -32,7 +32,7 @@ SAME_CONFIGURATION = ("model", "gpu", "policy", "chunk", "drain", "tensor_parall
                       "window_s", "rate_scale", "seed", "num_requests", "enable_prefix_caching")
 
 
-def check_same_configuration(run: GpuRun, repeat: GpuRun) -> None:
+def check_same_configuration(run: RunSummary, repeat: RunSummary) -> None:
     for key in SAME_CONFIGURATION:
         a, b = run.summary.get(key), repeat.summary.get(key)
         if a != b:
@@ -42,7 +42,8 @@ def check_same_configuration(run: GpuRun, repeat: GpuRun) -> None:
                 f"configuration and trace slice (pass only such folders to --repeat-dir)")
 
 
-def repeat_rows(runs: Sequence[GpuRun], repeats: Sequence[tuple[str, Sequence[GpuRun]]]
+def repeat_rows(runs: Sequence[RunSummary],
+                repeats: Sequence[tuple[str, Sequence[RunSummary]]]
                 ) -> list[dict]:
     """One row per run and metric: the compared replay's value, each repeat's, and the largest
     |repeat / replay - 1|. `repeats`: (name, runs) per repeat folder; a repeat without a run

@@ -19,7 +19,7 @@ from __future__ import annotations
 import csv
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -70,15 +70,11 @@ class TraceSlice:
 
 
 @dataclass
-class GpuRun:
+class RunSummary:
+    """A GPU run's summary.json alone: its configuration and measured metrics (what a repeat
+    of a compared replay needs, `validation.repeats`)."""
     path: Path
     summary: dict
-    steps: StepTable
-    timeline: dict[str, np.ndarray] | None
-    requests: dict[str, np.ndarray] | None
-    # transitions.csv: every elastic transition with its phases (ElasticExecutor.Transition);
-    # None for replays from before it
-    transitions: dict[str, np.ndarray] | None = None
 
     @property
     def policy(self) -> str:
@@ -106,6 +102,17 @@ class GpuRun:
         return None
 
 
+@dataclass
+class GpuRun(RunSummary):
+    """A GPU run in full: its summary and the per-step, per-request and transition records."""
+    steps: StepTable = field(kw_only=True)
+    timeline: dict[str, np.ndarray] | None = field(kw_only=True)
+    requests: dict[str, np.ndarray] | None = field(kw_only=True)
+    # transitions.csv: every elastic transition with its phases (ElasticExecutor.Transition);
+    # None for replays from before it
+    transitions: dict[str, np.ndarray] | None = field(default=None, kw_only=True)
+
+
 def find_runs(gpu_dir: Path) -> list[Path]:
     """Every folder under `gpu_dir` (itself included) that holds a summary.json."""
     folders = sorted({p.parent for p in gpu_dir.rglob("summary.json")})
@@ -115,7 +122,9 @@ def find_runs(gpu_dir: Path) -> list[Path]:
     return folders
 
 
-def load_run(folder: Path) -> GpuRun:
+def load_summary(folder: Path) -> RunSummary:
+    """A run folder's summary.json (one run), checked as load_run checks it; its CSVs are not
+    read (a repeat's, kept as summary.json alone: validation/gpu_runs/repeats/README.md)."""
     data = json.loads((folder / "summary.json").read_text())
     summary = dict(data)
     if isinstance(data.get("runs"), list):
@@ -127,14 +136,19 @@ def load_run(folder: Path) -> GpuRun:
         raise ValueError(f"{folder}/summary.json has no 'chunk': the run's config is missing")
     for key in MEASURED_SIZES:
         measured_sizes(summary, key, folder / "summary.json")  # malformed: named with its path
+    return RunSummary(folder, summary)
+
+
+def load_run(folder: Path) -> GpuRun:
+    run = load_summary(folder)
     steps_path = _first(folder, "steps.csv")
     if steps_path is None:
         raise ValueError(f"{folder}: no steps.csv (per-step measured times)")
     steps = read_steps_csv(steps_path)
     timeline = _read_numeric_csv(_first(folder, "timeline*.csv"))
-    return GpuRun(folder, summary, _with_timeline(steps, timeline), timeline,
-                  _read_csv_columns(_first(folder, "requests*.csv")),
-                  _read_csv_columns(_first(folder, "transitions.csv")))
+    return GpuRun(folder, run.summary, steps=_with_timeline(steps, timeline), timeline=timeline,
+                  requests=_read_csv_columns(_first(folder, "requests*.csv")),
+                  transitions=_read_csv_columns(_first(folder, "transitions.csv")))
 
 
 def _with_timeline(steps: StepTable, timeline: dict[str, np.ndarray] | None) -> StepTable:
