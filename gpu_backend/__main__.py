@@ -100,6 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "memory with blocks scattered")
     add_piecewise_arguments(pp, "time steps with prefill tokens through piecewise CUDA graphs, "
                                 "as a replay with --piecewise-graphs runs them")
+    pp.add_argument("--no-attention-profile", action="store_true",
+                    help="skip timing each prefill launch's attention on its own (the attention's "
+                         "terms are then fitted on the whole steps, as before 2026-11-30's ninth "
+                         "session)")
     pp.add_argument("--out", type=Path, default=None)
     fp = sub.add_parser("refit", help="fit a calibration's stored measurements again (no GPU)")
     fp.add_argument("calibration", type=Path)
@@ -227,7 +231,8 @@ def run_profile(args: argparse.Namespace) -> int:
     config = engine_config(args, Policy.STATIC)
     result = calibrate(config, seed=args.seed, quick=args.quick, replay_setup=args.replay_setup,
                        passes=args.passes, piecewise=args.piecewise_graphs,
-                       piecewise_max_tokens=piecewise_cap(args))
+                       piecewise_max_tokens=piecewise_cap(args),
+                       attention=not args.no_attention_profile)
     out = args.out or Path(f"calibration_{config.model.name}.json")
     write_calibration(out, result)
     print(json.dumps({"efficiency": result["efficiency"], "fit_error": result["fit_error"]},

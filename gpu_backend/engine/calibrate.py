@@ -322,7 +322,9 @@ def profile_engine(config: EngineConfig, grid: list[StepShape], seed: int = 0,
 def calibrate(config: EngineConfig, *, seed: int = 0, quick: bool = False,
               warmup: int = 2, repeat: int = 5, replay_setup: bool = False,
               piecewise: bool = False, passes: int = 2,
-              piecewise_max_tokens: int | None = None) -> dict:
+              piecewise_max_tokens: int | None = None, attention: bool = True) -> dict:
+    """Profile `config`'s engine on the step grid and fit the cost model (module docstring);
+    `attention`: also time each prefill launch's attention alone (attention_profile)."""
     import torch
 
     from gpu_backend.env import copy_bandwidth_bytes_s
@@ -343,16 +345,17 @@ def calibrate(config: EngineConfig, *, seed: int = 0, quick: bool = False,
     timed = measure_grid(grid, measure, passes)
     measurements = [{**shape.describe(), **timing} for shape, timing in zip(grid, timed)]
     # the attention of every step with prefill tokens, on its own (attention_profile)
-    launches = attention_shapes(grid)
-    attention = attention_records(launches, measure_grid(
-        launches, lambda shape: time_attention(shape, config.model), passes))
+    launches = attention_shapes(grid) if attention else []
+    records = attention_records(launches, measure_grid(
+        launches, lambda shape: time_attention(shape, config.model), passes)) if launches else []
     outputs = [scheduler_output(shape) for shape in grid]
     times = [timing["measured_s"] for timing in timed]
     probes = [timing["host_probe_s"] for timing in timed]
     cost_args = (config.model, config.gpu, 1)
     bandwidth = copy_bandwidth_bytes_s()
     start, hold, attention_error = attention_start(
-        cost_args, (launches, np.array([a["measured_s"] for a in attention])), Efficiency(), ())
+        cost_args, (launches, np.array([r["measured_s"] for r in records])) if records else None,
+        Efficiency(), ())
     efficiency, fit_error = fit_efficiency(cost_args, outputs, np.array(times), start=start,
                                            copy_bandwidth_bytes_s=bandwidth,
                                            token_graph_sizes=token_sizes, hold=hold)
@@ -373,7 +376,7 @@ def calibrate(config: EngineConfig, *, seed: int = 0, quick: bool = False,
         "piecewise_sizes": engine.setup["piecewise_sizes"],
         "copy_bandwidth_bytes_s": bandwidth,
         "measurements": measurements, "fit_error": fit_error,
-        "attention_measurements": attention, "attention_fit_error": attention_error,
+        "attention_measurements": records, "attention_fit_error": attention_error,
         "vmm": measure_transitions(runner, config, device, num_blocks),
     }
 
