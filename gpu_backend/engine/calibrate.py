@@ -344,18 +344,18 @@ def calibrate(config: EngineConfig, *, seed: int = 0, quick: bool = False,
 
     timed = measure_grid(grid, measure, passes)
     measurements = [{**shape.describe(), **timing} for shape, timing in zip(grid, timed)]
-    # the attention of every step with prefill tokens, on its own (attention_profile)
-    launches = attention_shapes(grid) if attention else []
-    records = attention_records(launches, measure_grid(
-        launches, lambda shape: time_attention(shape, config.model), passes)) if launches else []
+    records: list[dict] = []  # the attention of every step with prefill tokens, on its own
+    if attention:
+        launches = attention_shapes(grid)
+        records = attention_records(launches, measure_grid(
+            launches, lambda shape: time_attention(shape, config.model), passes))
     outputs = [scheduler_output(shape) for shape in grid]
     times = [timing["measured_s"] for timing in timed]
     probes = [timing["host_probe_s"] for timing in timed]
     cost_args = (config.model, config.gpu, 1)
     bandwidth = copy_bandwidth_bytes_s()
     start, hold, attention_error = attention_start(
-        cost_args, (launches, np.array([r["measured_s"] for r in records])) if records else None,
-        Efficiency(), ())
+        cost_args, attention_inputs({"attention_measurements": records}), Efficiency(), ())
     efficiency, fit_error = fit_efficiency(cost_args, outputs, np.array(times), start=start,
                                            copy_bandwidth_bytes_s=bandwidth,
                                            token_graph_sizes=token_sizes, hold=hold)
