@@ -27,10 +27,10 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from sim.core.catalog import GIB, get_gpu, get_model, with_dtype  # noqa: E402
+from sim.core.cost_model import CostModel  # noqa: E402
 from sim.core.elastic import Policy  # noqa: E402
 from sim.core.engine_config import EngineConfig  # noqa: E402
-from sim.cost_model import CostModel  # noqa: E402
-from sim.metrics import TIMELINE_COLUMNS, timeline_array  # noqa: E402
+from sim.recording.metrics import TIMELINE_COLUMNS, timeline_array  # noqa: E402
 from sim.runner import RunResult, RunSpec, simulate  # noqa: E402
 from traces import Trace  # noqa: E402
 

@@ -148,27 +148,17 @@ def read_json(path: Path) -> dict:
     return data
 
 
-def replay_fields(args: argparse.Namespace, config: EngineConfig) -> dict:
-    """What `python -m validation compare` needs to simulate the same run."""
-    return {
-        "trace_path": args.trace, "trace_format": args.format, "limit": args.limit,
-        "window_s": list(args.window) if args.window else None, "rate_scale": args.rate_scale,
-        "seed": args.seed, "gpu_memory_utilization": config.gpu_memory_utilization,
-        "max_model_len": config.max_model_len, "reclaim": config.reclaim,
-        "enable_prefix_caching": config.enable_prefix_caching,
-    }
-
-
-def print_headline(summary: dict) -> None:
-    print(json.dumps({k: summary[k] for k in ("num_finished", "num_requests", "throughput_tok_s",
-                                              "num_preemptions", "num_oom", "num_attach")}))
-
-
 def run_replay(args: argparse.Namespace) -> int:
     import torch
 
     from gpu_backend.engine.hostprobe import HostProbe
-    from gpu_backend.engine.replay import engine_summary, replay, write_outputs
+    from gpu_backend.engine.replay import (
+        engine_summary,
+        print_headline,
+        replay,
+        replay_fields,
+        write_outputs,
+    )
     from gpu_backend.engine.setup import build_gpu_engine
     from gpu_backend.env import versions
 

@@ -26,7 +26,7 @@ from gpu_backend.kernels import (
 from gpu_backend.kernels.attention import decode_config, plan_decode_splits, uses_split_plan
 
 if TYPE_CHECKING:
-    from gpu_backend.model import ForwardBatch
+    from gpu_backend.batch import ForwardBatch
 
 AttentionBackend = Literal["triton", "torch"]
 ATTENTION_BACKENDS = ("triton", "torch")

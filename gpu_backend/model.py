@@ -13,16 +13,15 @@ in CUDA graphs around it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from gpu_backend.batch import ForwardBatch
 from gpu_backend.kernels import add_rms_norm, rotary_store_kv
 from gpu_backend.kernels import silu_and_mul as fused_silu_and_mul
-from gpu_backend.kernels.attention import DecodePlan
 from gpu_backend.layers import (
     AttentionBackend,
     PagedAttention,
@@ -44,26 +43,6 @@ class ModelShape(Protocol):
     head_dim: int
     vocab_size: int
     tie_word_embeddings: bool
-
-
-@dataclass
-class ForwardBatch:
-    """One engine step, flattened over sequences (built from the scheduler's output)."""
-
-    input_ids: Tensor  # [T] int64
-    positions: Tensor  # [T] int64
-    slot_mapping: Tensor  # [T] int64 cache slot of each token (block_id * block_size + off)
-    block_tables: Tensor  # [S, max_blocks] int32
-    seq_lens: Tensor  # [S] int32 context length after this step
-    query_start_loc: Tensor  # [S+1] int32 offsets of each sequence's tokens in T
-    logits_indices: Tensor  # [R] int64 rows of T that sample
-    max_query_len: int
-    max_seq_len: int
-    # leading sequences with one new token each (decode rows, first in a mixed batch): their
-    # attention runs apart from the prefill rows' (see PagedAttention.prepare)
-    num_decodes: int = 0
-    decode_plan: DecodePlan | None = None  # made by Model.compute_logits (decode rows)
-    prefill_query_start_loc: Tensor | None = None  # [S - num_decodes + 1], mixed steps only
 
 
 class DecoderLayer(nn.Module):

@@ -13,19 +13,19 @@ from dataclasses import fields, replace
 from pathlib import Path
 
 from sim.core.catalog import MIB, get_gpu, get_model
-from sim.core.elastic import DrainStrategy, VmmCosts
-from sim.core.engine_config import EngineConfig
-from sim.core.memory_plan import ActivationProfile
-from sim.cost_model import (
+from sim.core.cost_model import (
     Efficiency,
     host_slower,
     load_efficiency,
     piecewise_sizes_for,
     timed_launch_kinds,
 )
-from sim.metrics import Slo
-from sim.outputs import parse_int_list, parse_policies
+from sim.core.elastic import DrainStrategy, VmmCosts
+from sim.core.engine_config import EngineConfig
+from sim.core.memory_plan import ActivationProfile
 from sim.progress import progress_bar
+from sim.recording.metrics import Slo
+from sim.recording.outputs import parse_int_list, parse_policies
 from sim.report import print_comparison, write_outputs
 from sim.runner import RunResult, RunSpec, simulate
 from traces import TraceError, add_trace_arguments, trace_from_args

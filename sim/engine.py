@@ -18,11 +18,11 @@ import numpy as np
 import simpy
 from simpy.core import URGENT
 
+from sim.core.cost_model import CostModel
 from sim.core.engine_config import EngineCore
 from sim.core.request import RequestState
 from sim.core.step import SchedulerOutput
-from sim.cost_model import CostModel
-from sim.metrics import ReplicaRecorder
+from sim.recording.metrics import ReplicaRecorder
 from traces import Request
 
 

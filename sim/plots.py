@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from sim.core.request import RequestStatus  # noqa: E402
-from sim.metrics import TIMELINE_COLUMNS, request_table, timeline_array  # noqa: E402
+from sim.recording.metrics import TIMELINE_COLUMNS, request_table, timeline_array  # noqa: E402
 
 
 def _cdf(ax, values: np.ndarray, label: str) -> None:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
-from sim.outputs import slug, write_request_csv, write_timeline_csv
+from sim.recording.outputs import slug, write_request_csv, write_timeline_csv
 from traces import Trace
 
 if TYPE_CHECKING:

@@ -8,13 +8,13 @@ from dataclasses import dataclass, field
 
 import simpy
 
+from sim.core.cost_model import CostModel, Efficiency
 from sim.core.elastic import VmmCosts
 from sim.core.engine_config import EngineConfig, EngineCore, build_core
 from sim.core.memory_plan import ActivationProfile
-from sim.cost_model import CostModel, Efficiency
 from sim.engine import Fleet, Replica
-from sim.metrics import ReplicaRecorder, Slo, summarize
-from sim.outputs import config_fields, run_label
+from sim.recording.metrics import ReplicaRecorder, Slo, summarize
+from sim.recording.outputs import config_fields, run_label
 from traces import Trace
 
 ProgressFn = Callable[[float, int], None]

@@ -19,7 +19,7 @@ from gpu_backend.engine.attention_profile import (
 from gpu_backend.engine.calibrate import default_grid, refit_calibration
 from gpu_backend.engine.shapes import scheduler_output
 from sim.core.catalog import get_gpu, get_model
-from sim.cost_model import CostModel, Efficiency
+from sim.core.cost_model import CostModel, Efficiency
 
 LLAMA_8B, H200 = get_model("llama-3.1-8b"), get_gpu("h200")
 ARGS = (LLAMA_8B, H200, 1)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from sim.core.catalog import get_gpu, get_model
+from sim.core.cost_model import CostModel, Efficiency, efficiency_dict, load_efficiency
 from sim.core.step import ScheduledRequest, SchedulerOutput
-from sim.cost_model import CostModel, Efficiency, efficiency_dict, load_efficiency
 
 LLAMA_8B = get_model("llama-3.1-8b")
 H200 = get_gpu("h200")
@@ -216,7 +216,7 @@ def test_missing_calibration_file_is_a_value_error(tmp_path):
 def test_slower_stretches_every_step_by_the_factor(tp):
     """A what-if 'every step 5% longer' must be exactly that for prefill, decode and mixed
     steps, eager or not, with and without tensor parallelism; factors below 1 are refused."""
-    from sim.cost_model import slower
+    from sim.core.cost_model import slower
 
     eff = Efficiency(eager_launch_s=0.02, linear_serial_fraction=0.4, per_seq_overhead_s=5e-6)
     base = CostModel(get_model("llama-3.1-8b"), get_gpu("h200"), tp, eff)
@@ -282,7 +282,7 @@ def test_decode_rows_of_many_steps_match_one_at_a_time():
 
 
 def test_host_slower_scales_only_the_host_terms():
-    from sim.cost_model import host_slower
+    from sim.core.cost_model import host_slower
 
     eff = Efficiency(eager_launch_s=0.02, per_seq_overhead_s=5e-6, step_overhead_s=1e-3)
     base = CostModel(LLAMA_8B, H200, efficiency=eff)
@@ -301,7 +301,7 @@ def test_host_slower_scales_only_the_host_terms():
 
 # ------------------------------------------------------------ piecewise CUDA graph token sizes
 def test_piecewise_capture_sizes_follow_the_grid_up_to_the_step_budget():
-    from sim.cost_model import piecewise_capture_sizes
+    from sim.core.cost_model import piecewise_capture_sizes
 
     sizes = piecewise_capture_sizes(8192)
     # 16..256 by 16 (16 sizes), 320..1024 by 64 (12), 1280..8192 by 256 (28)
@@ -390,7 +390,7 @@ def test_a_decode_step_beyond_every_decode_graph_runs_the_piecewise_graphs():
 
 
 def test_eager_steps_of_many_steps_match_one_at_a_time():
-    from sim.cost_model import piecewise_capture_sizes
+    from sim.core.cost_model import piecewise_capture_sizes
 
     eff = Efficiency(eager_launch_s=0.02, piecewise_launch_s=0.003)
     padded = CostModel(LLAMA_8B, H200, efficiency=eff,
@@ -412,7 +412,7 @@ def test_a_capped_engine_prices_steps_past_its_largest_piecewise_graph_as_eager(
     prefill runs the 320-token pieces with the piecewise launch time, a 2,000-token one runs
     fully eager with the eager launch time; where piecewise_launch_s is unset (a calibration
     from before it), both take eager_launch_s."""
-    from sim.cost_model import piecewise_capture_sizes
+    from sim.core.cost_model import piecewise_capture_sizes
 
     eff = replace(NO_PER_SEQ, eager_launch_s=0.02, piecewise_launch_s=0.003)
     capped = CostModel(LLAMA_8B, H200, efficiency=eff,
@@ -480,12 +480,12 @@ def test_decode_only_steps_never_pay_the_split_launch():
 
 
 def test_the_split_rule_is_the_kernels():
-    """sim.cost_model.attention_num_splits against gpu_backend's choose_num_splits (the CPU
+    """sim.core.cost_model.attention_num_splits against gpu_backend's choose_num_splits (the CPU
     stands in for a GPU of 4 SMs there) over prefill and mixed shapes of two GQA groups."""
     import torch
 
     from gpu_backend.kernels.attention import choose_num_splits, prefill_config
-    from sim.cost_model import attention_num_splits, attention_num_splits_array
+    from sim.core.cost_model import attention_num_splits, attention_num_splits_array
 
     cpu, sms = torch.device("cpu"), 4
     cases = []

@@ -23,11 +23,11 @@ from gpu_backend.engine.runner import ModelRunner, StepPhases
 from gpu_backend.engine.setup import plain_store
 from gpu_backend.engine.shapes import host_batch, mixed_shape, scheduler_output
 from gpu_backend.model import build_model
-from sim.calibration import MIN_PROGRAM_STEPS, num_program_bound
+from sim.core.calibration import MIN_PROGRAM_STEPS, num_program_bound
 from sim.core.catalog import GIB, MIB, get_gpu, get_model
+from sim.core.cost_model import CostModel, Efficiency
 from sim.core.engine_config import EngineConfig
 from sim.core.memory_plan import ActivationProfile
-from sim.cost_model import CostModel, Efficiency
 
 
 def test_fit_recovers_known_efficiencies():
@@ -193,7 +193,7 @@ def test_refit_recovers_efficiencies_from_stored_measurements():
     from gpu_backend.engine.calibrate import default_grid, refit_calibration
     from gpu_backend.engine.shapes import scheduler_output
     from sim.core.catalog import get_gpu, get_model
-    from sim.cost_model import CostModel, Efficiency
+    from sim.core.cost_model import CostModel, Efficiency
 
     true = Efficiency(linear_compute=0.66, memory=0.61, kv_memory=0.83, attention_compute=0.35,
                       step_overhead_s=2e-3, per_seq_overhead_s=1e-5, eager_launch_s=0.03)
@@ -309,11 +309,11 @@ def test_time_step_reports_the_median_of_each_phase():
 
 
 def test_split_launch_is_fitted_where_the_grid_splits_and_held_where_it_barely_does():
-    """The grid's steps whose attention splits its keys (sim.cost_model.attention_num_splits):
+    """The grid's steps whose attention splits its keys (sim.core.cost_model.attention_num_splits):
     enough of them for both models, so a known split launch comes back; with only one such
     step (the grid before 2026-11-30's fifth session, for Llama-3.1-8B) it stays at 0."""
-    from sim.calibration import MIN_SPLIT_STEPS
-    from sim.cost_model import step_extents
+    from sim.core.calibration import MIN_SPLIT_STEPS
+    from sim.core.cost_model import step_extents
 
     gpu = get_gpu("h200")
     # launch times as measured: Qwen with piecewise graphs, Llama eager (its short steps are
@@ -345,7 +345,7 @@ def test_a_capped_grid_fits_both_launch_terms_and_an_uncapped_one_holds_the_eage
     largest step (no cap): no step ran fully eager, so eager_launch_s keeps its start (0,
     not measured) and the piecewise term is fitted; an eager grid leaves the piecewise
     term unset."""
-    from sim.cost_model import piecewise_capture_sizes, piecewise_sizes_for
+    from sim.core.cost_model import piecewise_capture_sizes, piecewise_sizes_for
 
     gpu, model = get_gpu("h200"), get_model("qwen2.5-0.5b")
     truth = Efficiency(linear_compute=0.5, memory=0.85, attention_compute=0.35,
@@ -421,7 +421,7 @@ def test_profiles_of_one_grid_merge_to_the_median_of_each_point(tmp_path, capsys
     from gpu_backend.engine.calibrate import default_grid
     from gpu_backend.engine.shapes import scheduler_output
     from sim.core.catalog import get_gpu, get_model
-    from sim.cost_model import CostModel, Efficiency
+    from sim.core.cost_model import CostModel, Efficiency
 
     true = Efficiency(linear_compute=0.66, memory=0.61, kv_memory=0.83, attention_compute=0.35,
                       step_overhead_s=2e-3, per_seq_overhead_s=1e-5, eager_launch_s=0.03)

@@ -11,15 +11,16 @@ import pytest
 import torch
 from test_engine_helpers import TINY, TickTimer, toy_config, toy_core
 
+from gpu_backend.batch import ForwardBatch
 from gpu_backend.engine.engine import STEP_COLUMNS
 from gpu_backend.engine.memory import kv_caches_of
 from gpu_backend.engine.piecewise import PiecewiseGraphs
 from gpu_backend.engine.replay import engine_summary, replay, write_outputs
 from gpu_backend.engine.runner import DecodeGraphs
 from gpu_backend.engine.setup import assemble_engine, plain_store
-from gpu_backend.model import ForwardBatch, build_model
+from gpu_backend.model import build_model
 from sim.core.elastic import DrainStrategy, Policy
-from sim.metrics import TIMELINE_COLUMNS
+from sim.recording.metrics import TIMELINE_COLUMNS
 from traces import Request
 
 REQUESTS = [Request(i, 0.5 * i, 12 + 9 * (i % 4), 6 + 4 * (i % 3)) for i in range(10)]

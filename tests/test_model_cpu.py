@@ -14,9 +14,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from gpu_backend.batch import ForwardBatch
 from gpu_backend.engine.inputs import leading_decodes
 from gpu_backend.layers import silu_and_mul
-from gpu_backend.model import ForwardBatch, Model, build_model
+from gpu_backend.model import Model, build_model
 
 BLOCK_SIZE = 16
 TINY = SimpleNamespace(num_layers=2, hidden_size=64, intermediate_size=128,

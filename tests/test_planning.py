@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from sim.metrics import Slo
 from sim.planning import (
     Case,
     EngineOptions,
@@ -25,6 +24,7 @@ from sim.planning import (
 )
 from sim.planning.reserve import reserve_rows
 from sim.planning.sweep import WALL_CLOCK_COLUMNS, missing_metrics
+from sim.recording.metrics import Slo
 from traces import LengthDist
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "sweep.yaml"

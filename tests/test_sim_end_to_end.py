@@ -13,12 +13,12 @@ import simpy
 from core_helpers import make_scheduler, request
 
 from sim.core.catalog import get_gpu, get_model
+from sim.core.cost_model import CostModel
 from sim.core.elastic import Policy
 from sim.core.engine_config import EngineConfig, build_core
 from sim.core.request import RequestStatus
-from sim.cost_model import CostModel
 from sim.engine import Fleet, Replica
-from sim.metrics import TIMELINE_COLUMNS, ReplicaRecorder, timeline_array
+from sim.recording.metrics import TIMELINE_COLUMNS, ReplicaRecorder, timeline_array
 from sim.runner import RunSpec, simulate
 from traces import Trace, load_trace
 

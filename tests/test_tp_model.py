@@ -10,7 +10,8 @@ import pytest
 import torch
 from test_engine_helpers import TINY
 
-from gpu_backend.model import ForwardBatch, build_model
+from gpu_backend.batch import ForwardBatch
+from gpu_backend.model import build_model
 from gpu_backend.tp.group import TpGroup, spawn_ranks
 from gpu_backend.tp.shard import build_tp_model, kv_head_range, shard_spec
 

@@ -237,7 +237,7 @@ def padded_steps(tmp_path, rows: str):
 
 
 def test_measured_steps_are_priced_as_the_engine_ran_them_padded(tmp_path):
-    from sim.cost_model import CostModel, Efficiency
+    from sim.core.cost_model import CostModel, Efficiency
     from validation.steps import predict_step_times
 
     # a prefill, decodes of 20 rows (32-row graph) and 40 (eager)
@@ -296,7 +296,7 @@ def test_step_classes_report_the_median_phases_when_recorded(tmp_path):
 
 # ------------------------------------------------------------------ piecewise prefill graphs
 def test_measured_prefill_steps_are_priced_at_their_piecewise_size(tmp_path):
-    from sim.cost_model import CostModel, Efficiency
+    from sim.core.cost_model import CostModel, Efficiency
     from validation.steps import predict_step_times
 
     # a 300-token prefill, a 250 + 50 mixed step, a decode step, an empty step
@@ -395,7 +395,7 @@ def test_a_calibration_is_refused_for_replays_run_the_other_way(tmp_path):
 
 
 def test_replays_pool_into_one_fit_when_their_token_sizes_nest():
-    from sim.cost_model import piecewise_capture_sizes
+    from sim.core.cost_model import piecewise_capture_sizes
     from validation.calibrate import pooled_token_sizes
 
     small, large = piecewise_capture_sizes(2048), piecewise_capture_sizes(8192)

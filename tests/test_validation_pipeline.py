@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from sim.core.catalog import get_gpu, get_model
+from sim.core.cost_model import CostModel, Efficiency
 from sim.core.elastic import Policy, VmmCostModel, VmmCosts
 from sim.core.engine_config import EngineConfig
-from sim.cost_model import CostModel, Efficiency
 from sim.runner import RunSpec
 from traces import load_trace
 from validation.calibrate import FIT_PARAMETERS, calibrate, concat, split_tail, usable_steps
@@ -304,7 +304,7 @@ def test_report_names_the_gpu_and_versions_it_was_measured_with(runs):
 # ------------------------------------------------------------------ piecewise prefill graphs
 def piecewise_config(policy: Policy, chunk: int) -> EngineConfig:
     """`config` with prefill steps padded as `gpu_backend replay --piecewise-graphs` pads them."""
-    from sim.cost_model import piecewise_capture_sizes
+    from sim.core.cost_model import piecewise_capture_sizes
 
     return config(policy, chunk).with_(piecewise_graph_sizes=piecewise_capture_sizes(chunk))
 
@@ -325,7 +325,7 @@ def test_step_prediction_equals_the_simulators_piecewise_step_times():
 
 
 def test_cli_fit_of_piecewise_replays_takes_a_piecewise_calibration_only(tmp_path, capsys):
-    from sim.cost_model import piecewise_capture_sizes
+    from sim.core.cost_model import piecewise_capture_sizes
     from validation.runs import check_calibration_graphs
 
     gpu_dir = tmp_path / "gpu"
@@ -357,7 +357,7 @@ def test_capped_piecewise_replays_need_a_profile_that_timed_fully_eager_steps(tm
     a calibration whose grid ran every step through its graphs did not measure the launch
     time of those, and is refused; one profiled with the same cap pairs with them. The
     simulator prices such replays step by step as the engine ran them."""
-    from sim.cost_model import piecewise_sizes_for
+    from sim.core.cost_model import piecewise_sizes_for
     from validation.runs import check_calibration_graphs
 
     capped = replace(config(Policy.STATIC, 4096),
@@ -391,7 +391,7 @@ def test_capped_piecewise_replays_need_a_profile_that_timed_fully_eager_steps(tm
 
 # ------------------------------------------------------------------ attention key splits
 def test_step_prediction_prices_the_split_launch_as_the_simulator(tmp_path):
-    """A small model whose short prefills split their attention keys (sim.cost_model's
+    """A small model whose short prefills split their attention keys (sim.core.cost_model's
     split_launch_s): the vectorised prediction equals the simulator's step times, from its
     own step log and from the GPU-style steps.csv written and read back."""
     qwen = get_model("qwen2.5-0.5b")

@@ -163,9 +163,9 @@ def test_run_with_repeats_replays_each_round_and_reports_the_spread(tmp_path, mo
     import subprocess
 
     from sim.core.catalog import get_gpu, get_model
+    from sim.core.cost_model import Efficiency, slower
     from sim.core.elastic import Policy
     from sim.core.engine_config import EngineConfig
-    from sim.cost_model import Efficiency, slower
     from sim.runner import RunSpec
     from validation import commands
     from validation.cli import main
@@ -208,9 +208,9 @@ def test_run_with_profile_profiles_first_and_compares_with_it(tmp_path, monkeypa
     import subprocess
 
     from sim.core.catalog import get_gpu, get_model
+    from sim.core.cost_model import Efficiency, piecewise_capture_sizes
     from sim.core.elastic import Policy
     from sim.core.engine_config import EngineConfig
-    from sim.cost_model import Efficiency, piecewise_capture_sizes
     from sim.runner import RunSpec
     from validation import commands
     from validation.cli import main

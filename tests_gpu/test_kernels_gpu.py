@@ -61,7 +61,7 @@ def test_mixed_step_runs_decode_rows_apart(shape: str, monkeypatch) -> None:
     from gpu_backend.layers import PagedAttention
 
     monkeypatch.setattr(attention, "MIXED_SPLIT", True)
-    from gpu_backend.model import ForwardBatch
+    from gpu_backend.batch import ForwardBatch
 
     heads, kv_heads, head_dim = SHAPES[shape]
     pb = make_problem([1] * 33 + [700, 64], [2048] * 32 + [15000, 0, 2000], heads, kv_heads,
@@ -151,7 +151,8 @@ def test_model_decode_graph_matches_eager() -> None:
     """A tiny bf16 model: prefill, then a decode step replayed from a CUDA graph."""
     from types import SimpleNamespace
 
-    from gpu_backend.model import ForwardBatch, build_model
+    from gpu_backend.batch import ForwardBatch
+    from gpu_backend.model import build_model
 
     spec = SimpleNamespace(num_layers=2, hidden_size=256, intermediate_size=512,
                            num_attention_heads=8, num_kv_heads=2, head_dim=32, vocab_size=1000,
@@ -216,7 +217,8 @@ def test_fused_model_matches_unfused_bf16() -> None:
     rounding over a prefill and a decode step."""
     from types import SimpleNamespace
 
-    from gpu_backend.model import ForwardBatch, build_model, set_fused
+    from gpu_backend.batch import ForwardBatch
+    from gpu_backend.model import build_model, set_fused
 
     spec = SimpleNamespace(num_layers=4, hidden_size=512, intermediate_size=1024,
                            num_attention_heads=8, num_kv_heads=2, head_dim=64, vocab_size=1000,

@@ -2,8 +2,8 @@
 
 The fit minimises the relative error of `predict_step_times` against `measured_s` over the
 fit steps with `scipy.optimize.least_squares` (soft-L1 loss, so a few outliers such as a
-first-step warm-up do not steer it), through `sim.calibration.fit_efficiency`. The
-`Efficiency` fields in `sim.cost_model.FIT_PARAMETERS` are free; interconnect and all-reduce
+first-step warm-up do not steer it), through `sim.core.calibration.fit_efficiency`. The
+`Efficiency` fields in `sim.core.cost_model.FIT_PARAMETERS` are free; interconnect and all-reduce
 latency stay as given (a TP-1 run cannot see them). Held out by default: the
 second half of every run's steps, so the report's error is on steps the fit never saw.
 """
@@ -17,11 +17,16 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.calibration import fit_with_program_term, launch_terms, num_program_bound, split_term_fixed
+from sim.core.calibration import (
+    fit_with_program_term,
+    launch_terms,
+    num_program_bound,
+    split_term_fixed,
+)
 from sim.core.catalog import GpuSpec, ModelSpec
+from sim.core.cost_model import FIT_PARAMETERS, CostModel, Efficiency
 from sim.core.elastic import VmmCosts
 from sim.core.memory_plan import ActivationProfile
-from sim.cost_model import FIT_PARAMETERS, CostModel, Efficiency
 from validation.steps import (
     StepTable,
     attention_terms,

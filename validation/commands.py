@@ -10,8 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sim.cost_model import HOST_TERMS
-from sim.outputs import parse_int_list, parse_policies
+from sim.core.cost_model import HOST_TERMS
+from sim.recording.outputs import parse_int_list, parse_policies
 from validation.compare import format_target_value
 from validation.runs import (
     GpuRun,
@@ -178,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
 
 # The per-step terms a profile's grid cannot see the same way a replay does (host work between
 # and inside steps); `fit --free host` fits only these and keeps the grid's device efficiencies.
-HOST_PARAMETERS = HOST_TERMS  # sim.cost_model: the same terms host_slower scales
+HOST_PARAMETERS = HOST_TERMS  # sim.core.cost_model: the same terms host_slower scales
 
 
 def fit(args: argparse.Namespace) -> int:
@@ -242,7 +242,7 @@ def table(args: argparse.Namespace) -> int:
 def parse_efficiency(text: str):
     from dataclasses import fields
 
-    from sim.cost_model import Efficiency
+    from sim.core.cost_model import Efficiency
 
     known = {f.name for f in fields(Efficiency)}
     values = {}

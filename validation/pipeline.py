@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sim.core.cost_model import CostModel, Efficiency, host_slower, slower
 from sim.core.elastic import VmmCosts
 from sim.core.memory_plan import ActivationProfile
-from sim.cost_model import CostModel, Efficiency, host_slower, slower
 from sim.runner import RunResult, RunSpec
 from validation.attribution import tpot_attribution
 from validation.calibrate import (
@@ -59,7 +59,7 @@ class RunComparison:
     # predicted metrics when every step takes SENSITIVITY_FACTOR times as long, relative to
     # the prediction: how much a metric amplifies a step-time error (None: not computed)
     sensitivity: dict[str, float | None] | None = None
-    # the same with the host terms HOST_SENSITIVITY_FACTOR times as long (sim.cost_model.host_slower)
+    # the same with the host terms HOST_SENSITIVITY_FACTOR times as long (sim.core.cost_model.host_slower)
     host_sensitivity: dict[str, float | None] | None = None
 
     @property

@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from sim.core.request import RequestStatus  # noqa: E402
-from sim.metrics import request_table  # noqa: E402
+from sim.recording.metrics import request_table  # noqa: E402
 from validation.pipeline import RunComparison  # noqa: E402
 from validation.steps import relative_errors  # noqa: E402
 

@@ -434,7 +434,7 @@ def markdown(v: Validation, images: list[str]) -> str:
            "requests whose decode windows do and do not hold a long prefill step) cannot be "
            "predicted to 5% unless the step times are right to a fraction of that. The second "
            "row scales only the per-step host terms (step overhead, per-sequence time, eager "
-           "launch; `sim.cost_model.host_slower`): how much of the prediction rides on the "
+           "launch; `sim.core.cost_model.host_slower`): how much of the prediction rides on the "
            "host's speed, which moved up to 2x between sessions on the lent H200 (an upper "
            "bound for decode graph steps, whose fitted step overhead also holds device "
            "time).", "",

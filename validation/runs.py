@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 
 from sim.core.catalog import GPUS, get_gpu, get_model
+from sim.core.cost_model import timed_launch_kinds
 from sim.core.elastic import DrainStrategy, Policy
 from sim.core.engine_config import EngineConfig
-from sim.cost_model import timed_launch_kinds
 from traces import Trace, load_trace
 from traces.bundled import BUNDLED
 from validation.steps import StepTable, open_csv, read_steps_csv

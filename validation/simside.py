@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from sim.core.cost_model import step_extents
 from sim.core.step import SchedulerOutput
-from sim.cost_model import step_extents
-from sim.metrics import ReplicaRecorder
+from sim.recording.metrics import ReplicaRecorder
 from sim.runner import RunResult, RunSpec, simulate
 from traces import Trace
 from validation.steps import StepTable, chunk_pairs, format_chunks

@@ -3,7 +3,7 @@
 A `StepTable` holds one row per engine step (never a fast-forwarded run of steps): what the
 step computed (prefill tokens and chunks, decode rows and their context) and how long it took,
 measured on the GPU (`steps.csv`) or predicted by the simulator. `predict_step_times` prices
-every row with `sim.cost_model.CostModel`, vectorised so a calibration fit can call it
+every row with `sim.core.cost_model.CostModel`, vectorised so a calibration fit can call it
 thousands of times; it equals `CostModel.step(out).total_s` for the same composition.
 
 steps.csv columns read (GPU engine; extra columns are ignored):
@@ -30,7 +30,7 @@ from typing import TextIO
 
 import numpy as np
 
-from sim.cost_model import CostModel
+from sim.core.cost_model import CostModel
 
 REQUIRED_COLUMNS = ("num_prefill_tokens", "num_decode_tokens", "decode_context_tokens",
                     "num_seqs")

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
+from sim.core.cost_model import Efficiency
 from sim.core.memory_plan import ActivationProfile
-from sim.cost_model import Efficiency
-from sim.outputs import slug, write_request_csv, write_timeline_csv
+from sim.recording.outputs import slug, write_request_csv, write_timeline_csv
 from sim.runner import RunSpec
 from validation.runs import TraceSlice
 from validation.simside import simulate_logged

@@ -20,8 +20,8 @@ import numpy as np
 from scipy.optimize import minimize_scalar
 
 from gpu_backend.engine.shapes import StepShape, scheduler_output
-from sim.calibration import fit_with_program_term, num_program_bound
-from sim.cost_model import FIT_PARAMETERS, CostModel, Efficiency
+from sim.core.calibration import fit_with_program_term, num_program_bound
+from sim.core.cost_model import FIT_PARAMETERS, CostModel, Efficiency
 
 # What one launch's attention time tells: its work rate, the speed of one program (the
 # longest binds a chunk beside long decode rows) and how much of the shorter of the two the

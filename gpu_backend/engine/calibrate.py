@@ -12,8 +12,8 @@ steps.csv does (`build_s`, `enqueue_s`, `device_s`: ModelRunner.phases), which s
 it is host time. `--replay-setup` times the grid on a replay's setup (profile_engine). The
 engine's elastic transitions are timed too (`measure_transitions`).
 
-The fit: the `sim.cost_model.FIT_PARAMETERS` fields of `Efficiency`, by
-`sim.calibration.fit_efficiency` (scipy least squares) on the relative error of
+The fit: the `sim.core.cost_model.FIT_PARAMETERS` fields of `Efficiency`, by
+`sim.core.calibration.fit_efficiency` (scipy least squares) on the relative error of
 `CostModel.step(out)` against the measured medians. The attention of every grid step with
 prefill tokens is also timed on its own (`attention_profile`, since the ninth session of
 2026-11-30); where a calibration has those timings, the attention's own terms are fitted to
@@ -66,11 +66,16 @@ from gpu_backend.engine.shapes import (
     spread_decode_shape,
 )
 from gpu_backend.env import versions
-from sim.calibration import fit_with_program_term, launch_terms, num_program_bound, split_term_fixed
+from sim.core.calibration import (
+    fit_with_program_term,
+    launch_terms,
+    num_program_bound,
+    split_term_fixed,
+)
 from sim.core.catalog import get_gpu, get_model
+from sim.core.cost_model import CostModel, Efficiency, piecewise_sizes_for, step_extents
 from sim.core.elastic import Policy
 from sim.core.engine_config import EngineConfig
-from sim.cost_model import CostModel, Efficiency, piecewise_sizes_for, step_extents
 
 
 def default_grid(quick: bool = False) -> list[StepShape]:
@@ -101,7 +106,7 @@ def default_grid(quick: bool = False) -> list[StepShape]:
     # prompts, or a small chunk beside a decode batch): what the per-sequence terms fit on.
     grid += [StepShape("prefill", ((128, 0),) * 4), mixed_shape(128, 0, 32, 1024),
              mixed_shape(64, 512, 8, 2048)]
-    # Eager steps whose attention splits its keys (sim.cost_model.attention_num_splits) beside
+    # Eager steps whose attention splits its keys (sim.core.cost_model.attention_num_splits) beside
     # ones that do not, for every GQA shape: a split launches a combine kernel per layer
     # (split_launch_s), which a fit holds at 0 unless 3 or more grid steps split. A chunk of
     # about a thousand tokens beside a dozen decodes: the Azure-conv replays' usual mixed step.

@@ -25,7 +25,7 @@ from gpu_backend.engine.inputs import BlockTableError, RequestMirror
 from sim.core.engine_config import EngineCore
 from sim.core.request import RequestState
 from sim.core.step import OutOfMemory, SchedulerOutput
-from sim.metrics import ReplicaRecorder
+from sim.recording.metrics import ReplicaRecorder
 
 STEP_COLUMNS = ("step_id", "start_s", "num_prefill_tokens", "num_decode_tokens",
                 "decode_context_tokens", "num_seqs", "measured_s", "graph", "lent_blocks",

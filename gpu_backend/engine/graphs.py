@@ -15,7 +15,7 @@ from dataclasses import replace
 import numpy as np
 
 from gpu_backend.engine.inputs import SCRATCH_BLOCK_ID, HostBatch
-from sim.cost_model import padded_batch
+from sim.core.cost_model import padded_batch
 
 BASE_CAPTURE_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128)
 

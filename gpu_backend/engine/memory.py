@@ -20,8 +20,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from gpu_backend.batch import ForwardBatch
 from gpu_backend.engine.kv_store import PlainKVStore
-from gpu_backend.model import ForwardBatch
 from gpu_backend.vmm.layout import KVLayout, base_block_quantum
 from sim.core.catalog import ModelSpec
 from sim.core.engine_config import EngineConfig

@@ -11,7 +11,7 @@ attention, whose launch depends on the step's sequences, runs eagerly between th
 A step of T tokens replays the graphs of the smallest captured size n >= T: the linear layers
 compute n rows, of which the last n - T are padding (slot -1, so they write no K/V; their
 rows are never read: attention and sampling see the first T rows only). The sizes come from
-`sim.cost_model.piecewise_capture_sizes`, the rule the simulator prices.
+`sim.core.cost_model.piecewise_capture_sizes`, the rule the simulator prices.
 
 Inputs and the layer-boundary tensors live in static buffers of the largest size; the graphs
 read and write their first n rows. Without CUDA (tests) the pieces run eagerly over the same
@@ -26,8 +26,9 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from gpu_backend.model import ForwardBatch, KVCaches, Model
-from sim.cost_model import padded_batch, piecewise_capture_sizes
+from gpu_backend.batch import ForwardBatch
+from gpu_backend.model import KVCaches, Model
+from sim.core.cost_model import padded_batch, piecewise_capture_sizes
 
 Piece = Callable[[], None]
 

@@ -11,6 +11,7 @@ per engine step for the validation layer's step-by-step comparison.
 
 from __future__ import annotations
 
+import argparse
 import csv
 import gc
 import json
@@ -23,9 +24,16 @@ import numpy as np
 from gpu_backend.engine.elastic import TRANSITION_COLUMNS
 from gpu_backend.engine.engine import STEP_COLUMNS, GpuEngine, VirtualClock, WallClock
 from gpu_backend.engine.hostprobe import HostProbe
+from sim.core.engine_config import EngineConfig
 from sim.core.request import RequestState
-from sim.metrics import Slo, summarize
-from sim.outputs import config_fields, run_label, slug, write_request_csv, write_timeline_csv
+from sim.recording.metrics import Slo, summarize
+from sim.recording.outputs import (
+    config_fields,
+    run_label,
+    slug,
+    write_request_csv,
+    write_timeline_csv,
+)
 from traces import Request
 
 ProgressFn = Callable[[float, int, int], None]  # (now_s, num_submitted, num_steps)
@@ -148,3 +156,17 @@ def write_outputs(out_dir: Path, engine: GpuEngine, summary: dict, trace_source:
             writer.writerows(astuple(t) for t in engine.elastic.transitions)
 
 
+def replay_fields(args: argparse.Namespace, config: EngineConfig) -> dict:
+    """What `python -m validation compare` needs to simulate the same run."""
+    return {
+        "trace_path": args.trace, "trace_format": args.format, "limit": args.limit,
+        "window_s": list(args.window) if args.window else None, "rate_scale": args.rate_scale,
+        "seed": args.seed, "gpu_memory_utilization": config.gpu_memory_utilization,
+        "max_model_len": config.max_model_len, "reclaim": config.reclaim,
+        "enable_prefix_caching": config.enable_prefix_caching,
+    }
+
+
+def print_headline(summary: dict) -> None:
+    print(json.dumps({k: summary[k] for k in ("num_finished", "num_requests", "throughput_tok_s",
+                                              "num_preemptions", "num_oom", "num_attach")}))

@@ -18,10 +18,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from gpu_backend.batch import ForwardBatch
 from gpu_backend.engine.graphs import bucket_for, capture_sizes, pad_decode
 from gpu_backend.engine.inputs import SCRATCH_BLOCK_ID, HostBatch
 from gpu_backend.engine.piecewise import PiecewiseGraphs
-from gpu_backend.model import ForwardBatch, KVCaches
+from gpu_backend.model import KVCaches
 
 # (field, dtype) in packing order; int64 fields first keeps every segment 8-byte aligned.
 FIELDS = (("input_ids", torch.int64), ("positions", torch.int64), ("slot_mapping", torch.int64),

@@ -40,11 +40,11 @@ from gpu_backend.engine.piecewise import PiecewiseGraphs
 from gpu_backend.engine.runner import DecodeGraphs, ModelRunner
 from gpu_backend.model import build_model
 from gpu_backend.vmm import ElasticKVPool
+from sim.core.cost_model import piecewise_sizes_for
 from sim.core.elastic import Policy
 from sim.core.engine_config import EngineConfig, EngineCore, build_core
 from sim.core.memory_plan import ActivationProfile
-from sim.cost_model import piecewise_sizes_for
-from sim.metrics import ReplicaRecorder
+from sim.recording.metrics import ReplicaRecorder
 
 TORCH_CAP_SLACK_BYTES = 256 * 2**20  # allocator rounding and fragmentation above the peak
 
@@ -138,7 +138,7 @@ def build_gpu_engine(config: EngineConfig, *, device: torch.device | None = None
                      max_kv_blocks: int | None = None, piecewise: bool = False,
                      piecewise_max_tokens: int | None = None) -> EngineSetup:
     """`piecewise`: steps with prefill tokens replay piecewise graphs (engine/piecewise.py)
-    captured at `sim.cost_model.piecewise_capture_sizes` of the chunk, or of
+    captured at `sim.core.cost_model.piecewise_capture_sizes` of the chunk, or of
     `piecewise_max_tokens` when that is smaller (a longer step runs fully eager); needs
     `use_graphs`."""
     if piecewise and not use_graphs:

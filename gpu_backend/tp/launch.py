@@ -17,7 +17,13 @@ from pathlib import Path
 
 import torch
 
-from gpu_backend.engine.replay import engine_summary, replay, write_outputs
+from gpu_backend.engine.replay import (
+    engine_summary,
+    print_headline,
+    replay,
+    replay_fields,
+    write_outputs,
+)
 from gpu_backend.env import versions
 from gpu_backend.tp.engine import TpEngine
 from gpu_backend.tp.group import TpGroup, spawn_ranks
@@ -79,8 +85,6 @@ def finish_rank(group: TpGroup, engine: TpEngine, rank_memory: dict, measured: d
                 args: argparse.Namespace, config: EngineConfig, source: str,
                 num_requests: int) -> dict | None:
     """Gather every rank's memory record; rank 0 prints and writes the outputs."""
-    from gpu_backend.__main__ import print_headline, replay_fields
-
     ranks = group.gather_objects({**rank_memory, "num_real_oom": engine.num_real_oom})
     if not group.is_first:
         return None

@@ -9,14 +9,29 @@ and how much the KV pool has left unlent, which is how overcommit's OOM is detec
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
 from sim.core.block_pool import BlockPool, ElasticState
 from sim.core.elastic import ActivationFn, DrainStrategy, Policy, ReserveLayout, VmmCostModel
+from sim.core.request import RequestState
 from sim.core.step import ElasticAction, ElasticActionKind
 
-if TYPE_CHECKING:
-    from sim.core.scheduler import Scheduler
+
+class SchedulerView(Protocol):
+    """What the controller reads of the scheduler and may ask of it (the scheduler satisfies
+    this; naming it here keeps the controller from importing the scheduler)."""
+
+    pool: BlockPool
+
+    @property
+    def running(self) -> Sequence[RequestState]: ...
+
+    def has_prefill_running(self) -> bool: ...
+
+    def head_chunk_blocks(self) -> int | None: ...
+
+    def preempt(self, req: RequestState) -> None: ...
 
 
 class ElasticController:
@@ -64,7 +79,7 @@ class ElasticController:
         """A step ran with `activation_bytes` of activations: the allocator keeps the largest."""
         self.cached_bytes = max(self.cached_bytes, activation_bytes)
 
-    def prefill_wanted(self, sched: Scheduler) -> bool:
+    def prefill_wanted(self, sched: SchedulerView) -> bool:
         """Would the next step run a prefill if the elastic region were drained and detached?"""
         if sched.has_prefill_running():
             return True
@@ -77,7 +92,7 @@ class ElasticController:
         return needed <= free_base
 
     # ------------------------------------------------------------- actions
-    def before_step(self, sched: Scheduler) -> ElasticAction | None:
+    def before_step(self, sched: SchedulerView) -> ElasticAction | None:
         if self.policy is not Policy.ELASTIC or self.layout.num_elastic_blocks == 0:
             return None
         pool = sched.pool
@@ -116,7 +131,7 @@ class ElasticController:
         self.cached_bytes = 0  # handed back
         return ElasticAction(ElasticActionKind.ATTACH, self.lent_handles, duration_s)
 
-    def _drain_and_detach(self, sched: Scheduler) -> ElasticAction:
+    def _drain_and_detach(self, sched: SchedulerView) -> ElasticAction:
         pool = sched.pool
         pool.start_draining()  # allocations from here on land in base blocks only
         preempted: list[int] = []

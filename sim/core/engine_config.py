@@ -62,7 +62,7 @@ class EngineConfig:
     cuda_graph_sizes: tuple[int, ...] = ()
     # Piecewise CUDA graph token counts for steps with prefill tokens: such a step's linear
     # layers run padded to the next one up (CostModel's token_graph_sizes; the engine captures
-    # sim.cost_model.piecewise_capture_sizes(chunk)). Empty: prefill steps run fully eager.
+    # sim.core.cost_model.piecewise_capture_sizes(chunk)). Empty: prefill steps run fully eager.
     piecewise_graph_sizes: tuple[int, ...] = ()
 
     @property

@@ -18,8 +18,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from sim.metrics import Slo
 from sim.planning.cases import Case, build_trace
+from sim.recording.metrics import Slo
 from sim.runner import simulate
 
 

@@ -11,11 +11,11 @@ import functools
 from dataclasses import dataclass, field
 
 from sim.core.catalog import MIB, get_gpu, get_model
+from sim.core.cost_model import Efficiency, piecewise_sizes_for
 from sim.core.elastic import DrainStrategy, Policy, VmmCosts
 from sim.core.engine_config import EngineConfig
 from sim.core.memory_plan import ActivationProfile
-from sim.cost_model import Efficiency, piecewise_sizes_for
-from sim.metrics import Slo
+from sim.recording.metrics import Slo
 from sim.runner import RunSpec
 from traces import LengthDist, Trace, load_trace, synthetic
 from traces.lengths import FixedLength, LognormalLength, UniformLength
@@ -117,7 +117,7 @@ class EngineOptions:
     enable_prefix_caching: bool = False
     cuda_graph_sizes: tuple[int, ...] = ()  # EngineConfig.cuda_graph_sizes
     piecewise_graphs: bool = False  # EngineConfig.piecewise_graph_sizes, at the case's chunk
-    piecewise_max_tokens: int | None = None  # ... or up to this cap (sim.cost_model.piecewise_sizes_for)
+    piecewise_max_tokens: int | None = None  # ... or up to this cap (sim.core.cost_model.piecewise_sizes_for)
 
 
 @dataclass(frozen=True)

@@ -17,14 +17,14 @@ from dataclasses import replace
 from pathlib import Path
 
 from sim.cli import add_engine_arguments, load_calibration
-from sim.metrics import Slo
-from sim.outputs import parse_int_list, parse_policies
 from sim.planning import gain_map, plan, report, reserve
 from sim.planning.cases import EngineOptions, TraceSpec
 from sim.planning.map_figure import plot_map
 from sim.planning.parallel import Executor
 from sim.planning.spec import SweepSpec, load_sweep
 from sim.planning.sweep import run_sweep, write_table
+from sim.recording.metrics import Slo
+from sim.recording.outputs import parse_int_list, parse_policies
 from traces import TraceError, add_trace_arguments
 
 

@@ -17,13 +17,13 @@ import itertools
 from dataclasses import dataclass, field
 
 from sim.core.catalog import get_gpu, get_model
+from sim.core.cost_model import CostModel
 from sim.core.memory_plan import plan_memory
-from sim.cost_model import CostModel
-from sim.metrics import Slo
 from sim.planning.cases import Case, EngineOptions, SyntheticSpec, TraceSpec
 from sim.planning.parallel import Executor, run_parallel
 from sim.planning.plan import pick
 from sim.planning.sweep import fit_error, fit_status, run_case
+from sim.recording.metrics import Slo
 from traces import LengthDist
 
 DEFAULT_MODELS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "qwen2.5-14b", "qwen2.5-32b",

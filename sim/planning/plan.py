@@ -15,11 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from sim.core.memory_plan import DEFAULT_MAX_MODEL_LEN
-from sim.metrics import Slo
 from sim.planning.capacity import MaxRate, RateSearch, Sustain, search_task
 from sim.planning.cases import Case, EngineOptions, TraceSpec, build_trace
 from sim.planning.parallel import Executor, run_parallel
 from sim.planning.sweep import run_case
+from sim.recording.metrics import Slo
 
 DEFAULT_CHUNKS = tuple(2**k for k in range(9, 16))  # 512 .. 32768
 PICK_RULE = ("largest goodput; rows within {tie_pct:g}% of the best goodput tie and the lowest "

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import yaml
 
-from sim.metrics import Slo
 from sim.planning.cases import Case, EngineOptions, SyntheticSpec, TraceSpec, parse_length
+from sim.recording.metrics import Slo
 
 GRID_KEYS = ("model", "gpu", "tp", "chunk", "policy", "rate_scale", "trace")
 TOP_KEYS = ("grid", "engine", "slo", "num_replicas", "calibration", "workers", "out", "trace")

@@ -1,6 +1,6 @@
 """Output pieces shared by the simulator, the GPU engine and validation (imports no simpy).
 
-Both executors record with `sim.metrics.ReplicaRecorder`; these helpers turn a run into the
+Both executors record with `sim.recording.metrics.ReplicaRecorder`; these helpers turn a run into the
 same labels, configuration fields and CSV files whichever executor produced it.
 """
 
@@ -16,7 +16,7 @@ import numpy as np
 from sim.core.elastic import Policy
 from sim.core.engine_config import EngineConfig, EngineCore
 from sim.core.request import RequestState
-from sim.metrics import TIMELINE_COLUMNS, ReplicaRecorder, request_table, timeline_array
+from sim.recording.metrics import TIMELINE_COLUMNS, ReplicaRecorder, request_table, timeline_array
 
 
 def run_label(config: EngineConfig) -> str:

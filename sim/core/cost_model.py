@@ -417,11 +417,11 @@ class CostModel:
         if eager:  # beyond every decode graph: as CostModel.step prices it
             rows, launch = self.eager_step(batch_size)
             sampled = batch_size
-        device = self.linear_s(rows) + self.allreduce_s(rows) + self.logits_s(sampled)
+        fixed_s = self.linear_s(rows) + self.allreduce_s(rows) + self.logits_s(sampled)
         contexts = context_tokens + batch_size * np.arange(num_steps, dtype=np.float64)
         attention = contexts * (self._kv_bytes_per_token / self._kv_bytes_s)
         overhead = self.eff.step_overhead_s + self.eff.per_seq_overhead_s * batch_size
-        device = device + attention
+        device = fixed_s + attention
         return (np.maximum(device, launch) + self.eff.launch_serial_fraction
                 * np.minimum(device, launch) + overhead)
 

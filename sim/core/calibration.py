@@ -1,7 +1,7 @@
 """Fit the cost model's efficiencies to measured step times (scipy least squares).
 
 Both the GPU engine's `profile` (a synthetic step grid) and `validation` (replayed steps) fit
-the `FIT_PARAMETERS` of `sim.cost_model.Efficiency`; they differ only in which steps they price
+the `FIT_PARAMETERS` of `sim.core.cost_model.Efficiency`; they differ only in which steps they price
 and in the loss they choose, so the parameter handling lives here once.
 """
 
@@ -13,7 +13,7 @@ from dataclasses import replace
 import numpy as np
 from scipy.optimize import OptimizeResult, least_squares
 
-from sim.cost_model import FIT_PARAMETERS, MIN_LAUNCH_STEPS, Efficiency
+from sim.core.cost_model import FIT_PARAMETERS, MIN_LAUNCH_STEPS, Efficiency
 
 
 def fit_efficiency(start: Efficiency, relative_errors: Callable[[Efficiency], np.ndarray],

@@ -1,0 +1,30 @@
+"""One engine step as the model sees it: plain tensors flattened over the step's sequences,
+built from the scheduler's output (`gpu_backend.engine.inputs`) and read by every layer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from gpu_backend.kernels.attention import DecodePlan
+
+
+@dataclass
+class ForwardBatch:
+    """One engine step, flattened over sequences (built from the scheduler's output)."""
+
+    input_ids: Tensor  # [T] int64
+    positions: Tensor  # [T] int64
+    slot_mapping: Tensor  # [T] int64 cache slot of each token (block_id * block_size + off)
+    block_tables: Tensor  # [S, max_blocks] int32
+    seq_lens: Tensor  # [S] int32 context length after this step
+    query_start_loc: Tensor  # [S+1] int32 offsets of each sequence's tokens in T
+    logits_indices: Tensor  # [R] int64 rows of T that sample
+    max_query_len: int
+    max_seq_len: int
+    # leading sequences with one new token each (decode rows, first in a mixed batch): their
+    # attention runs apart from the prefill rows' (see PagedAttention.prepare)
+    num_decodes: int = 0
+    decode_plan: DecodePlan | None = None  # made by Model.compute_logits (decode rows)
+    prefill_query_start_loc: Tensor | None = None  # [S - num_decodes + 1], mixed steps only
