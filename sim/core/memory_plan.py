@@ -18,9 +18,15 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from sim.core.activation import ActivationProfile, activation_bytes
 from sim.core.catalog import GIB, MIB, GpuSpec, ModelSpec
 
-DEFAULT_MAX_MODEL_LEN = 32768  # used when max_model_len is None (model defaults reach 128k+)
+__all__ = ["ActivationProfile", "MemoryConfig", "MemoryPlan", "activation_bytes", "plan_memory",
+           "plan_summary"]
+
+# max_model_len when None, capped at the model's max_position_embeddings (model defaults
+# reach 128k+)
+DEFAULT_MAX_MODEL_LEN = 32768
 BLOCK_SIZES = (8, 16, 32, 64, 128)  # vLLM's --block-size choices
 
 # Non-torch memory vLLM subtracts (its "non-torch memory" log line plus the CUDA graph estimate).
@@ -40,16 +46,6 @@ CUDA_GRAPH_POOL_BYTES = int(0.5 * GIB)
 # (llm-d logs). Reported, not subtracted from the KV pool (see module docstring).
 CUDA_CONTEXT_BYTES = int(0.6 * GIB)
 
-# Bytes the profiled forward holds per token outside the layer temporaries: input ids (int32),
-# positions (int64) and the slot mapping (int64) of vLLM's model runner.
-INPUT_BUFFER_BYTES_PER_TOKEN = 4 + 8 + 8
-# Sampler temporaries per logit in vLLM v1's dummy sampler run (temperature, top-k and top-p
-# all on): fp32 upcast 4, sort values 4 + int64 indices 8, two bool masks 2, softmax of the
-# sorted logits 4, scattered-back logits 4, final softmax 4, exponential noise 4 = 34 bytes.
-# With the model-dtype logits (2) that is 36 B per logit; vLLM's logged peaks (4.76 GiB for
-# Llama-3.1-8B, 5.56 GiB for Qwen3-0.6B at 8192 tokens and 1024 rows on H100) imply ~38.
-SAMPLER_FP32_BYTES_PER_LOGIT = 34
-
 
 @dataclass(frozen=True)
 class MemoryConfig:
@@ -59,7 +55,7 @@ class MemoryConfig:
     max_num_batched_tokens: int = 8192
     gpu_memory_utilization: float = 0.9
     max_num_seqs: int = 256
-    max_model_len: int | None = None  # None -> DEFAULT_MAX_MODEL_LEN (32768)
+    max_model_len: int | None = None  # None: DEFAULT_MAX_MODEL_LEN or the model's context
     block_size: int = 16
     vmm_handle_bytes: int = 512 * MIB  # the elastic reserve is attached in handles of this size
 
@@ -81,6 +77,11 @@ class MemoryConfig:
                 f"tensor_parallel_size {tp} and the {model.num_kv_heads} KV heads "
                 f"of {model.name} must divide one another"
             )
+        if model.moe is not None and model.moe.moe_intermediate_size % tp:
+            raise ValueError(
+                f"tensor_parallel_size {tp} must divide the expert width "
+                f"{model.moe.moe_intermediate_size} of {model.name} (experts split by TP)"
+            )
         if self.max_num_batched_tokens < 1:
             raise ValueError("max_num_batched_tokens (chunk size) must be >= 1")
         if self.max_num_seqs < 1:
@@ -98,83 +99,14 @@ class MemoryConfig:
 
     @property
     def effective_max_model_len(self) -> int:
-        return self.max_model_len if self.max_model_len is not None else DEFAULT_MAX_MODEL_LEN
+        if self.max_model_len is not None:
+            return self.max_model_len
+        return min(DEFAULT_MAX_MODEL_LEN, self.model.max_position_embeddings)
 
     @property
     def num_sample_rows(self) -> int:
         """Logit rows in vLLM's dummy sampler run: one per dummy request."""
         return min(self.max_num_batched_tokens, self.max_num_seqs)
-
-
-@dataclass(frozen=True)
-class ActivationProfile:
-    """Calibration measured on a GPU; replaces the analytic activation formula.
-
-    ``fixed_bytes`` covers everything that does not scale with tokens (sampler included).
-    ``non_torch_bytes``, when given, replaces the non-torch constants.
-    """
-
-    bytes_per_token: float
-    fixed_bytes: int
-    non_torch_bytes: int | None = None
-
-
-def _forward_peak_bytes(model: ModelSpec, num_tokens: int, tp: int) -> int:
-    """Peak of the dummy forward. Layers run one after another and free their temporaries,
-    so the peak is the persistent tensors plus the largest single-layer block."""
-    d, h, hd = model.dtype_bytes, model.hidden_size, model.head_dim
-    q_width = model.num_attention_heads * hd // tp
-    kv_width = model.kv_heads_per_gpu(tp) * hd
-    inter = model.intermediate_size // tp
-    # hidden_states + residual: [T, H] each (vLLM's fused add-RMSNorm works in place on them).
-    persistent = 2 * h
-    # Attention block: qkv output [T, q + 2 kv], attention output [T, q], o_proj output [T, H]
-    # (row-parallel output is full width on every rank before the all-reduce).
-    attention = (q_width + 2 * kv_width) + q_width + h
-    # MLP block: gate_up output [T, 2I/tp] (still referenced while down_proj runs), SiLU-and-mul
-    # output [T, I/tp], down_proj output [T, H].
-    mlp = 2 * inter + inter + h
-    per_token = (persistent + max(attention, mlp)) * d + INPUT_BUFFER_BYTES_PER_TOKEN
-    return num_tokens * per_token
-
-
-def _sampler_peak_bytes(model: ModelSpec, num_tokens: int, tp: int, num_rows: int) -> int:
-    """Peak of the dummy sampler run after the forward: the final hidden states [T, H] are
-    still alive; lm_head gives [rows, V/tp] per rank, all-gathered to the full vocabulary
-    [rows, V] on every rank (vLLM v1 all-gathers logits), then the sampler's fp32 temporaries."""
-    d, vocab = model.dtype_bytes, model.vocab_size
-    hidden = num_tokens * model.hidden_size * d
-    if num_rows == 0:
-        return hidden
-    local_logits = num_rows * model.padded_vocab_size(tp) * d
-    gathered_logits = num_rows * vocab * d if tp > 1 else 0
-    temporaries = num_rows * vocab * SAMPLER_FP32_BYTES_PER_LOGIT
-    return hidden + local_logits + gathered_logits + temporaries
-
-
-def activation_bytes(
-    model: ModelSpec,
-    num_tokens: int,
-    *,
-    tp: int = 1,
-    num_sample_rows: int = 0,
-    profile: ActivationProfile | None = None,
-) -> int:
-    """Peak activation bytes on one rank for a step of ``num_tokens`` tokens, as torch's
-    caching allocator would record it in vLLM's profile_run.
-
-    The forward peak is linear in tokens and dominated by the MLP intermediate; the sampler
-    peak (``num_sample_rows`` logit rows) is flat in tokens and does not shrink with tp. The
-    result is the larger of the two, so it is piecewise linear in ``num_tokens``.
-    """
-    if num_tokens < 0 or num_sample_rows < 0:
-        raise ValueError("num_tokens and num_sample_rows must be >= 0")
-    if profile is not None:
-        return int(profile.fixed_bytes + profile.bytes_per_token * num_tokens)
-    return max(
-        _forward_peak_bytes(model, num_tokens, tp),
-        _sampler_peak_bytes(model, num_tokens, tp, num_sample_rows),
-    )
 
 
 def non_torch_bytes(tp: int) -> int:
