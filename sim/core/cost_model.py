@@ -251,7 +251,9 @@ class CostModel:
         h, vocab = model.hidden_size, model.padded_vocab_size(tp)
         self._lm_head_flops_per_row = 2.0 * h * vocab
         self._layer_flops_per_token = model.linear_flops_per_token(tp) - 2.0 * h * model.vocab_size / tp
-        self._layer_weight_bytes = self._layer_flops_per_token / 2.0 * model.dtype_bytes
+        # decoder weights a one-token step reads (every dense weight; an MoE model's active
+        # experts); linear_s asks the model for a larger MoE step's expected experts
+        self._layer_weight_bytes = model.layer_weight_bytes_read(1, tp)
         self._lm_head_bytes = float(h * vocab * model.dtype_bytes)
         self._flops_s = gpu.peak_bf16_flops * self.eff.linear_compute
         self._attn_flops_s = gpu.peak_bf16_flops * self.eff.attention_compute
@@ -271,7 +273,9 @@ class CostModel:
     # ------------------------------------------------------------- operators
     def linear_s(self, num_tokens: int) -> float:
         compute = num_tokens * self._layer_flops_per_token / self._flops_s
-        weights = self._layer_weight_bytes / self._bytes_s
+        weight_bytes = (self._layer_weight_bytes if self.model.moe is None
+                        else self.model.layer_weight_bytes_read(num_tokens, self.tp))
+        weights = weight_bytes / self._bytes_s
         return max(compute, weights) + self.eff.linear_serial_fraction * min(compute, weights)
 
     def prefill_attention_s(self, chunks: tuple[tuple[int, int], ...]) -> float:
