@@ -1,11 +1,20 @@
 """Catalog presets, TP sharding and HF config loading, checked against hand arithmetic."""
 
+import os
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from sim.core.catalog import GPUS, MODELS, get_gpu, get_model, model_from_hf_config, with_dtype
+from sim.core.catalog import (
+    GPUS,
+    MODELS,
+    apply_dtypes,
+    get_gpu,
+    get_model,
+    model_from_hf_config,
+    with_dtype,
+)
 
 FIXTURES = Path(__file__).parent / "data" / "hf_configs"
 
@@ -132,3 +141,93 @@ def test_with_dtype():
 def test_model_validation():
     with pytest.raises(ValueError, match="multiple of num_kv_heads"):
         replace(get_model("llama-3.1-8b"), num_kv_heads=7)
+
+
+@pytest.mark.parametrize("name, positions", [
+    ("llama-3.2-1b", 131072), ("llama-3.2-3b", 131072), ("llama-3.1-8b", 131072),
+    ("llama-3.1-70b", 131072), ("qwen2.5-0.5b", 32768), ("qwen2.5-7b", 32768),
+    ("qwen2.5-72b", 32768), ("mistral-7b", 32768), ("mixtral-8x7b", 32768),
+    ("qwen1.5-moe-a2.7b", 32768), ("qwen3-30b-a3b", 40960), ("deepseek-v2-lite", 163840),
+])
+def test_presets_carry_their_context(name, positions):
+    assert get_model(name).max_position_embeddings == positions
+
+
+def test_context_read_from_config_or_the_model_types_default():
+    assert get_model(str(FIXTURES / "mixtral-8x7b")).max_position_embeddings == 32768
+    # neither fixture sets it: transformers' defaults for llama (2,048) and qwen2 (32,768)
+    assert get_model(str(FIXTURES / "tiny-llama")).max_position_embeddings == 2048
+    assert model_from_hf_config(FIXTURES / "tiny-qwen2").max_position_embeddings == 32768
+
+
+@pytest.fixture
+def hf_cache(tmp_path, monkeypatch):
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    return tmp_path / "hub"
+
+
+def test_repo_id_without_cache_falls_back_to_the_preset(hf_cache):
+    assert get_model("meta-llama/Llama-3.1-8B-Instruct") is MODELS["llama-3.1-8b"]
+    assert get_model("meta-llama/Meta-Llama-3.1-70B-Instruct") is MODELS["llama-3.1-70b"]
+    assert get_model("Qwen/Qwen2.5-7B-Instruct") is MODELS["qwen2.5-7b"]
+    assert get_model("mistralai/Mixtral-8x7B-Instruct-v0.1") is MODELS["mixtral-8x7b"]
+    assert get_model("deepseek-ai/DeepSeek-V2-Lite-Chat") is MODELS["deepseek-v2-lite"]
+    with pytest.raises(ValueError, match=r"not in the local Hugging Face cache.*llama-3\.1-8b"):
+        get_model("acme/Unknown-7B")
+
+
+def test_repo_id_reads_the_cached_snapshot(hf_cache):
+    repo = hf_cache / "models--acme--Tiny-Llama"
+    pinned, newer = repo / "snapshots" / "abc123", repo / "snapshots" / "def456"
+    for folder, layers in ((pinned, 4), (newer, 6)):
+        folder.mkdir(parents=True)
+        text = (FIXTURES / "tiny-llama" / "config.json").read_text()
+        (folder / "config.json").write_text(text.replace('"num_hidden_layers": 4',
+                                                         f'"num_hidden_layers": {layers}'))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123\n")
+    m = get_model("acme/Tiny-Llama")
+    assert (m.name, m.num_layers) == ("acme/Tiny-Llama", 4)  # refs/main's snapshot
+    (repo / "refs" / "main").unlink()
+    os.utime(pinned / "config.json", (1_000_000, 1_000_000))
+    assert get_model("acme/Tiny-Llama").num_layers == 6  # the newest snapshot
+
+
+def test_apply_dtypes():
+    m = get_model("llama-3.1-8b")
+    assert apply_dtypes(m) == m
+    assert apply_dtypes(m, dtype="float32").weight_bytes() == 4 * m.num_params()
+    fp8_kv = apply_dtypes(m, kv_cache_dtype="fp8")
+    assert (fp8_kv.kv_bytes_per_token(), fp8_kv.weight_bytes()) == (65536, m.weight_bytes())
+    # fp8 weights: 32 * 218,103,808 linear params at 1 B; norms 266,240 and embed + lm_head
+    # 1,050,673,152 stay bf16
+    fp8 = apply_dtypes(m, quantization="fp8")
+    assert fp8.weight_bytes() == 6_979_321_856 + 2 * (266_240 + 1_050_673_152)
+    assert fp8.kv_bytes_per_token() == 131072
+    for bad, match in ((dict(dtype="int4"), "dtype 'int4'; known: auto, bfloat16"),
+                       (dict(kv_cache_dtype="int8"), "kv_cache_dtype 'int8'; known: auto, fp8"),
+                       (dict(quantization="awq"), "quantization 'awq'; known: None")):
+        with pytest.raises(ValueError, match=match):
+            apply_dtypes(m, **bad)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (('"num_attention_heads": 8', '"num_attention_heads": 0'),
+     r"line 7, key 'num_attention_heads'.*>= 1, got 0"),
+    (('"hidden_size": 256', '"hidden_size": "256"'), r"key 'hidden_size'.*integer, got '256'"),
+    (('"num_hidden_layers": 4', '"num_hidden_layers": 4.5'), "num_hidden_layers.*integer"),
+    (('"tie_word_embeddings": false', '"tie_word_embeddings": "no"'), "true or false"),
+    (('"torch_dtype": "bfloat16"', '"torch_dtype": "int3"'), "unsupported dtype 'int3'"),
+    (('"num_key_value_heads": 2', '"num_key_value_heads": 3'), "multiple of num_kv_heads"),
+    (('"model_type": "llama",', '"model_type": "mystery",'), "missing key 'max_position_emb"),
+    (('"vocab_size": 1000,', '"vocab_size": 1000'), r"line \d+: not valid JSON"),
+])
+def test_config_errors_name_file_line_and_key(tmp_path, edit, match):
+    text = (FIXTURES / "tiny-llama" / "config.json").read_text()
+    assert edit[0] in text
+    bad = tmp_path / "config.json"
+    bad.write_text(text.replace(*edit))
+    with pytest.raises(ValueError, match=match) as info:
+        model_from_hf_config(bad)
+    assert str(bad) in str(info.value)

@@ -1,10 +1,11 @@
 """Memory plan: activation reserve, KV pool and lendable blocks, against hand arithmetic."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
-from sim.core.catalog import GIB, MIB, ModelSpec, get_gpu, get_model
+from sim.core.catalog import GIB, MIB, ModelSpec, apply_dtypes, get_gpu, get_model
 from sim.core.memory_plan import (
     CUDA_GRAPH_POOL_BYTES,
     NON_TORCH_BASE_BYTES,
@@ -140,6 +141,24 @@ def test_does_not_fit_says_by_how_much():
         plan_memory(MemoryConfig(get_model("llama-3.1-70b"), H100, tensor_parallel_size=2))
     with pytest.raises(ValueError, match="CUDA context"):
         plan_memory(MemoryConfig(QWEN_7B, H100, gpu_memory_utilization=1.0))
+
+
+def test_unset_max_model_len_is_capped_at_the_models_context():
+    short = replace(LLAMA_8B, max_position_embeddings=4096)
+    assert MemoryConfig(short, H100).effective_max_model_len == 4096
+    assert MemoryConfig(LLAMA_8B, H100).effective_max_model_len == 32768
+    assert MemoryConfig(short, H100, max_model_len=8192).effective_max_model_len == 8192
+
+
+def test_fp8_kv_cache_and_weights_grow_the_pool():
+    base = plan_memory(MemoryConfig(LLAMA_8B, H100))
+    fp8 = plan_memory(MemoryConfig(apply_dtypes(LLAMA_8B, kv_cache_dtype="fp8",
+                                                quantization="fp8"), H100))
+    assert fp8.kv_bytes_per_token == 65536 and fp8.block_bytes == 16 * 65536
+    # 6,979,321,856 linear weights at one byte instead of two; activations stay bf16
+    assert base.weights_bytes - fp8.weights_bytes == 6_979_321_856
+    assert fp8.activation_reserve_bytes == base.activation_reserve_bytes
+    assert fp8.kv_pool_bytes == base.kv_pool_bytes + 6_979_321_856
 
 
 def test_cli_json(capsys):

@@ -121,7 +121,8 @@ def gpu_from_file(path: Path) -> GpuSpec:
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ValueError(f"{path} is not valid {path.suffix[1:].upper()}: {exc}") from exc
+        kind = "JSON" if path.suffix == ".json" else "YAML"
+        raise ValueError(f"{path} is not valid {kind}: {exc}") from exc
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping of GpuSpec fields")
     known = {f.name for f in fields(GpuSpec)}
