@@ -129,6 +129,8 @@ def test_hf_config_errors_name_file_and_field():
         model_from_hf_config(FIXTURES / "missing_layers.json")
     with pytest.raises(ValueError, match="cannot read"):
         model_from_hf_config(FIXTURES / "nowhere")
+    with pytest.raises(ValueError, match=r"cannot read model config .*nowhere/config\.json"):
+        get_model("nowhere/config.json")
 
 
 def test_with_dtype():

@@ -12,6 +12,7 @@ import json
 import math
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -132,7 +133,7 @@ def gpu_from_file(path: Path) -> GpuSpec:
     missing = [key for key in _REQUIRED_GPU_KEYS if key not in data]
     if missing:
         raise ValueError(f"{path}: missing key(s) {missing}")
-    values = {key: _gpu_value(path, key, value) for key, value in data.items()}
+    values: dict[str, Any] = {key: _gpu_value(path, key, value) for key, value in data.items()}
     try:
         return GpuSpec(**values)
     except ValueError as exc:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from sim.core.catalog.dtypes import DTYPE_BYTES
 from sim.core.catalog.model_spec import MlaSpec, ModelSpec, MoeSpec
@@ -109,7 +110,7 @@ def model_from_hf_config(path: str | Path, name: str | None = None) -> ModelSpec
         raise ValueError(f"{cfg.file}: missing key 'max_position_embeddings' (model_type "
                          f"{model_type!r} has no default we know)")
     file = cfg.file
-    fields = dict(
+    fields: dict[str, Any] = dict(
         name=name or (file.parent.name if file.name == "config.json" else file.stem),
         num_layers=cfg.get_int("num_hidden_layers"),
         hidden_size=hidden,

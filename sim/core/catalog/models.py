@@ -12,12 +12,13 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 from sim.core.catalog.hf_config import model_from_hf_config
 from sim.core.catalog.model_spec import MlaSpec, ModelSpec, MoeSpec
 
-_QWEN_SMALL = dict(tie_word_embeddings=True, attention_bias=True, max_position_embeddings=32768)
-_QWEN = dict(attention_bias=True, max_position_embeddings=32768)
+_QWEN: dict[str, Any] = {"attention_bias": True, "max_position_embeddings": 32768}
+_QWEN_SMALL: dict[str, Any] = {**_QWEN, "tie_word_embeddings": True}
 MODELS: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in (
@@ -71,8 +72,8 @@ def get_model(name_or_path_or_repo_id: str | Path) -> ModelSpec:
     cache when it holds the config, else the matching preset."""
     text = str(name_or_path_or_repo_id).strip()
     path = Path(text).expanduser()
-    if path.is_dir() or path.is_file():
-        return model_from_hf_config(path)
+    if path.is_dir() or path.is_file() or text.lower().endswith(".json"):
+        return model_from_hf_config(path)  # a missing .json file: "cannot read" names it
     key = text.lower()
     key = MODEL_ALIASES.get(key, key)
     if key in MODELS:
