@@ -13,6 +13,10 @@ Tensor-parallel (TP) accounting follows vLLM:
 
 fp8 quantization (``linear_dtype_bytes=1``) stores the decoder's linear weights in one byte;
 embeddings, lm_head, norms, biases and MoE routers keep the model dtype, as vLLM's fp8 does.
+
+Not modelled: expert parallelism; skewed routing (decode reads assume uniform routing); MLA's
+absorbed decode attention and its prefill up-projection of a prefix's latents (``head_dim``
+stands for both the QK^T and PV widths); fp8 scales (a few bytes per tensor or channel).
 """
 
 from __future__ import annotations
