@@ -308,7 +308,7 @@ def test_slowest_transition_line_names_its_phases():
 
 
 def test_a_repeat_kept_as_its_summary_alone_still_counts(tmp_path):
-    """Older repeats keep summary.json only (validation/gpu_runs/repeats/README.md): the
+    """Repeats keep summary.json only (validation/evidence/README.md): the
     repeat tables read nothing else, while a compared replay still needs its steps."""
     from validation.runs import load_run, load_summary
 

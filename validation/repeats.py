@@ -1,10 +1,10 @@
 """The same replay measured again: how far the measurement itself moves.
 
-A replay's latencies depend on the machine's state as well as on its configuration. On the
-lent H200 the host CPU ran a fixed pure-Python loop in 7 ms in one session and 14 ms in
-another (`benchmarks/host_noise.py`), and every launch-bound step moved with it: two replays
-of one slice fifteen minutes apart differed by 16% in TPOT p50 (Llama-3.1-8B, Azure code) and
-by 41% in TTFT p50 (Qwen2.5-0.5B, Azure conv). A model error is only meaningful beside that.
+A replay's latencies depend on the machine's state as well as on its configuration. On two
+H200 machines the host CPU ran a fixed pure-Python loop in 7 ms and in 9-14 ms
+(`benchmarks/host_noise.py`), and every launch-bound step moves with it: replays of one run
+differ by up to 9% in TPOT p50 (Llama-3.1-8B, Azure code) and 18% in TTFT p50 (Qwen2.5-0.5B,
+Azure conv) in validation/evidence/. A model error is only meaningful beside that.
 
 `python -m validation compare --repeat-dir DIR` (repeatable) reads other replays of the same
 runs: every run of DIR whose policy and chunk match a compared run must have replayed the same

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -21,9 +23,22 @@ from validation.repeats import errors_against_median, median_deviation
 REFERENCES = ("Vidur reports ~9% latency error; LLMServingSim 2.0 reports 2-14%.")
 
 
-def run_dict(run: RunComparison) -> dict:
+# the plots a report links to (validation.plots.plot_all writes them beside the report)
+PLOT_NAMES = ("ttft_cdf.png", "step_time.png", "kv_usage.png")
+
+
+def _folder(path: Path, report_dir: Path | None) -> str:
+    """A run folder as the report names it: relative to the report's own folder when given (so
+    a report reads the same wherever its folders sit), else as given."""
+    if report_dir is None:
+        return str(path)
+    return Path(os.path.relpath(path.resolve(), report_dir.resolve())).as_posix()
+
+
+def run_dict(run: RunComparison, report_dir: Path | None = None) -> dict:
     return {
-        "label": run.label, "gpu_folder": str(run.gpu.path), "policy": run.gpu.policy,
+        "label": run.label, "gpu_folder": _folder(run.gpu.path, report_dir),
+        "policy": run.gpu.policy,
         "chunk": run.gpu.chunk, "trace_slice": run.trace_slice.to_dict(),
         "config": {k: run.sim.summary.get(k) for k in (
             "model", "gpu", "tensor_parallel_size", "max_num_seqs", "block_size", "drain",
@@ -37,34 +52,52 @@ def run_dict(run: RunComparison) -> dict:
     }
 
 
-def report_dict(v: Validation) -> dict:
+def report_dict(v: Validation, report_dir: Path | None = None,
+                provenance: dict | None = None) -> dict:
+    """Every number of the report; `provenance` (when and how the replays were measured, what
+    the report was built from) is added as given."""
     data = {
         "calibration": v.calibration_source, "efficiency": asdict(v.efficiency),
         "vmm_costs": asdict(v.vmm_costs) if v.vmm_costs else None,
         "environment": _environment(v),
-        "runs": [run_dict(r) for r in v.runs], "targets": v.targets, "gains": v.gains,
+        "runs": [run_dict(r, report_dir) for r in v.runs], "targets": v.targets,
+        "gains": v.gains,
         "fit": v.fit.to_dict() if v.fit else None, "fit_note": v.fit_note,
         "repeats": v.repeats, "profile_host_probe": v.profile_host_probe,
         "repeat_deviation": median_deviation(v.repeats) if v.repeats else None,
         "vs_replay_median": _vs_median(v),
     }
     if v.refit_runs:
-        data["after_fit"] = {"runs": [run_dict(r) for r in v.refit_runs],
+        data["after_fit"] = {"runs": [run_dict(r, report_dir) for r in v.refit_runs],
                              "targets": v.refit_targets}
+    if provenance is not None:
+        data["provenance"] = provenance
     return data
 
 
-def write_report(out_dir: Path, v: Validation, *, plots: bool = True) -> list[Path]:
+def render_report(v: Validation, report_dir: Path, *, plot_links: bool = True,
+                  notes: Sequence[str] = (), provenance: dict | None = None) -> dict[str, str]:
+    """report.json and report.md as text (file name -> text), the same bytes for the same
+    inputs: run folders relative to `report_dir`, no clock, no absolute path. `notes`: lines
+    under the report's header (where the replays came from)."""
+    data = _finite(report_dict(v, report_dir, provenance))
+    return {"report.json": json.dumps(data, indent=2) + "\n",
+            "report.md": markdown(v, list(PLOT_NAMES) if plot_links else [], notes)}
+
+
+def write_report(out_dir: Path, v: Validation, *, plots: bool = True,
+                 notes: Sequence[str] = (), provenance: dict | None = None) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / "report.json", out_dir / "report.md"]
-    paths[0].write_text(json.dumps(_finite(report_dict(v)), indent=2))
-    images = []
+    texts = render_report(v, out_dir, plot_links=plots, notes=notes, provenance=provenance)
+    paths = []
+    for name, text in texts.items():
+        (out_dir / name).write_text(text)
+        paths.append(out_dir / name)
     if plots:
         from validation.plots import plot_all
 
-        images = plot_all(out_dir, v.runs)
-    paths[1].write_text(markdown(v, [p.name for p in images]))
-    return paths + images
+        paths += plot_all(out_dir, v.runs)
+    return paths
 
 
 def _finite(value):
@@ -125,8 +158,8 @@ def _repeat_lines(v: Validation) -> list[str]:
     assert vs_median is not None
     errors = {(e["run"], e["metric"]): e["relative_error"] for e in vs_median["rows"]}
     lines = ["## The same replays measured again", "",
-             "Other replays of these runs (same configuration and trace slice, another process or "
-             "session): how far the measurement itself moves. Median over runs of the largest "
+             "Other replays of these runs (same configuration and trace slice, replayed again in "
+             "another process): how far the measurement itself moves. Median over runs of the largest "
              "deviation: " + ", ".join(f"{m} {_abs(x)}" for m, x in spread.items()) + ". "
              "The model against the median of every replay of a run (a measured value with "
              "less of the host's noise in it; the targets above stay judged against this "
@@ -318,8 +351,9 @@ KERNELS = {"fused_layers": "the fused norm, rotary and activation kernels (GPU_B
 def _kernels_off(v: Validation) -> str:
     """A warning naming the runs that replayed without a kernel the cost model assumes ("" when
     every run had them all, or recorded none): without the split plan a decode step of long
-    rows lasts its longest row, which the model does not price (validation/ab/
-    no_fused_no_plan_2026-11-30i: TPOT p50 29-35% off on Mooncake)."""
+    rows lasts its longest row, which the model does not price (on Mooncake replays of
+    Llama-3.1-8B and Llama-3.2-3B without the fused kernels and the split plan, TPOT p50 was
+    29-35% off)."""
     off: dict[str, list[str]] = {}
     for run in v.runs:
         flags = run.gpu.summary.get("measured", {}).get("kernels") or {}
@@ -340,7 +374,7 @@ def _nonempty(line: str) -> list[str]:
 def transition_line(runs: list[tuple[str, dict]]) -> str:
     """The replays' elastic transitions one by one (measured.attach_latency_s /
     detach_latency_s: count, p50, max): the model prices each at a fixed cost, and a rare
-    stall of tens of milliseconds (seen on the lent H200) lands in TTFT p99. "" without any."""
+    stall of tens of milliseconds (seen on the H200) lands in TTFT p99. "" without any."""
     parts = []
     for label, summary in runs:
         measured = summary.get("measured") or {}
@@ -398,7 +432,7 @@ def host_speed_line(profile_probe: dict | None, runs: list[tuple[str, dict]]) ->
             + "; ".join(parts) + ".")
 
 
-def markdown(v: Validation, images: list[str]) -> str:
+def markdown(v: Validation, images: list[str], notes: Sequence[str] = ()) -> str:
     first = v.runs[0]
     ts = first.trace_slice
     out = ["# Simulator vs GPU: validation report", "",
@@ -406,7 +440,8 @@ def markdown(v: Validation, images: list[str]) -> str:
            f"{first.sim.summary['tensor_parallel_size']}; trace {ts.trace} (limit {ts.limit}, "
            f"window {ts.window_s}, rate x{ts.rate_scale:g}); cost model efficiencies: "
            f"{v.calibration_source}; elastic transition costs: {_vmm_source(v)}.", "",
-           _environment(v), "", *_nonempty(host_speed_line(
+           _environment(v), "", *(line for note in notes for line in (note, "")),
+           *_nonempty(host_speed_line(
                v.profile_host_probe, [(r.label, r.gpu.summary) for r in v.runs])),
            "## Targets", "", *_targets_table(v.targets), "",
            f"Reference: {REFERENCES}", "", *_repeat_lines(v),
@@ -435,9 +470,9 @@ def markdown(v: Validation, images: list[str]) -> str:
            "predicted to 5% unless the step times are right to a fraction of that. The second "
            "row scales only the per-step host terms (step overhead, per-sequence time, eager "
            "launch; `sim.core.cost_model.host_slower`): how much of the prediction rides on the "
-           "host's speed, which moved up to 2x between sessions on the lent H200 (an upper "
-           "bound for decode graph steps, whose fitted step overhead also holds device "
-           "time).", "",
+           "host's speed, which moved up to 2x between H200 hosts and on one host over time "
+           "(`benchmarks/host_noise.py`; an upper bound for decode graph steps, whose fitted "
+           "step overhead also holds device time).", "",
            *_sensitivity_table(v.runs), "", *_nonempty(steepness_line(v.runs)),
            "## Calibration (held-out steps only)", "", *_fit_lines(v), ""]
     if v.refit_runs:

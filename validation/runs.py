@@ -124,7 +124,7 @@ def find_runs(gpu_dir: Path) -> list[Path]:
 
 def load_summary(folder: Path) -> RunSummary:
     """A run folder's summary.json (one run), checked as load_run checks it; its CSVs are not
-    read (a repeat's, kept as summary.json alone: validation/gpu_runs/repeats/README.md)."""
+    read (a repeat's, kept as summary.json alone: validation/evidence/README.md)."""
     data = json.loads((folder / "summary.json").read_text())
     summary = dict(data)
     if isinstance(data.get("runs"), list):

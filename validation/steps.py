@@ -115,7 +115,7 @@ def format_chunks(chunks: list[tuple[int, int]]) -> str:
 
 def open_csv(path: Path) -> TextIO:
     """A CSV for reading, gzip-compressed when its name ends in .gz (the committed replays
-    under validation/gpu_runs are kept compressed: `gzip -n` of the engine's CSVs)."""
+    under validation/evidence are kept compressed: `gzip -n` of the engine's CSVs)."""
     if path.suffix == ".gz":
         return gzip.open(path, "rt", newline="")
     return path.open(newline="")

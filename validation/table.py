@@ -4,8 +4,8 @@ Each report folder's `report.json` gives one row (its targets over its own runs)
 pools every run of the listed reports, which is how the validation targets read ("median
 absolute error over the configurations"). When the reports hold more than one model, a row per
 model pools that model's runs first: a pooled median over two models can pass while one of
-them misses. Markdown, for a report index such as
-validation/reports/README.md.
+them misses. Markdown, for a report index such as validation/evidence/README.md, whose
+tables `python -m validation rebuild` writes with these functions.
 """
 
 from __future__ import annotations
@@ -178,3 +178,28 @@ def _median_table(reports: list[tuple[str, str | None, list[dict]]]) -> str:
         lines += [row(f"all {model} runs", group) for model, group in models.items()]
     lines.append(row("all of the above", [(name, rows) for name, _, rows in reports]))
     return "\n".join(lines) + "\n"
+
+
+def summary_table(groups: list[tuple[str, list[Path]]]) -> str:
+    """Markdown: one row per report, with the engine it ran (`groups`: engine, report folders),
+    then each model's runs per engine pooled. The compact table of the project README."""
+    header = ["slice", "engine", "runs", *(COLUMNS[t.metric] for t in TARGETS)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    pooled: list[tuple[str, list[dict]]] = []
+    for engine, folders in groups:
+        by_model: dict[str, list[dict]] = {}
+        for folder in folders:
+            report = read_report(folder)
+            metrics = [run["metrics"] for run in report["runs"]]
+            model = (report["runs"][0].get("config") or {}).get("model") or "?"
+            by_model.setdefault(model, []).extend(metrics)
+            lines.append(f"| {folder.name} | {engine} | {len(metrics)} | "
+                         + " | ".join(_cells(check_targets(metrics))) + " |")
+        pooled += [(f"all {model} runs, {engine}", m) for model, m in by_model.items()]
+    for name, metrics in pooled:
+        lines.append(f"| {name} | | {len(metrics)} | "
+                     + " | ".join(_cells(check_targets(metrics))) + " |")
+    limits = ", ".join(f"{COLUMNS[t.metric]} {t.aggregate} <= "
+                       f"{format_target_value(t.limit, t.measure)}" for t in TARGETS)
+    return ("\n".join(lines) + f"\n\n|error| of the prediction over each row's runs; targets: "
+            f"{limits}. Bold: missed.\n")
