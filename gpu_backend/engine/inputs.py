@@ -9,10 +9,17 @@ of every running request's block table and token ids:
     preempted      drop the table, keep the tokens (recompute prefills them again)
     finished/OOM   drop both
 
+A request admitted with prefix-cache hits arrives with `num_computed_tokens` > 0 and a table
+whose first blocks another request wrote. Their KV is right only if both requests have the
+same token ids there, so prompt ids follow the trace's block hashes (`prompt_token_ids`): the
+ids under a hash depend on that hash alone, the rest on the request. Shared blocks need no
+care here beyond that: the pool counts their references, and a table only names them.
+
 Core block ids are shifted by `block_id_offset` on the device: the executor's pool keeps its
 first block(s) as a scratch block that padded rows of a CUDA-graph batch write into, so the
 scheduler never hands it out. `check_usable` refuses any table that points at or beyond the
-scheduler pool's usable blocks (a detached elastic range must never be touched).
+scheduler pool's usable blocks (`SchedulerStats.num_usable_blocks`: a detached elastic range
+must never be touched).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from typing import TypeVar
 
 import numpy as np
 
+from gpu_backend.engine.prompts import PromptError, PromptSpec, prompt_token_ids
 from sim.core.step import SchedulerOutput
 
 T = TypeVar("T")
@@ -182,10 +190,17 @@ class RequestMirror:
         self.tokens: dict[int, list[int]] = {}  # prompt then sampled ids
         self.keep_outputs = keep_outputs
         self.outputs: dict[int, list[int]] = {}  # finished requests' prompt + sampled ids
+        self._prompts: dict[int, PromptSpec] = {}  # added, not yet scheduled
 
     # ------------------------------------------------------------------ updates
+    def add_prompt(self, request_id: int, spec: PromptSpec) -> None:
+        """Fix a request's prompt before it is scheduled (needed for prefix hashes)."""
+        self._prompts[request_id] = spec
+
     def apply(self, out: SchedulerOutput, prompt_len: dict[int, int]) -> None:
-        """Bring the tables up to the state `out` describes (before its forward runs)."""
+        """Bring the tables up to the state `out` describes (before its forward runs).
+
+        A request's prompt comes from `add_prompt`, else from `prompt_len` (no hashes)."""
         if out.elastic is not None and out.elastic.migrations:
             self._migrate(dict(out.elastic.migrations))
         for request_id in out.preempted_ids:
@@ -198,15 +213,22 @@ class RequestMirror:
             else:
                 self.tables.extend(item.request_id, item.new_block_ids)
             if item.request_id not in self.tokens:
-                self.tokens[item.request_id] = self._prompt(item.request_id,
-                                                            prompt_len[item.request_id])
+                self.tokens[item.request_id] = self._first_prompt(item, prompt_len)
+
+    def _first_prompt(self, item, prompt_len: dict[int, int]) -> list[int]:
+        spec = self._prompts.pop(item.request_id, None)
+        if spec is None:
+            spec = PromptSpec(prompt_len[item.request_id])
+        if item.num_computed_tokens and not spec.block_hashes:
+            raise PromptError(
+                f"request {item.request_id} was admitted with {item.num_computed_tokens} "
+                "prefix-cached tokens, but its prompt ids were not derived from its block "
+                "hashes, so the cached KV belongs to other tokens: give the mirror its "
+                "PromptSpec (add_prompt) before it is scheduled")
+        return prompt_token_ids(spec, item.request_id, self.vocab_size, self.seed)
 
     def _migrate(self, moves: dict[int, int]) -> None:
         self.tables.remap(moves)
-
-    def _prompt(self, request_id: int, num_tokens: int) -> list[int]:
-        rng = np.random.default_rng((self.seed, request_id))
-        return rng.integers(0, self.vocab_size, num_tokens).tolist()
 
     def append_sampled(self, request_ids: list[int], token_ids: Iterable[int]) -> None:
         for request_id, token_id in zip(request_ids, token_ids, strict=True):
@@ -225,6 +247,7 @@ class RequestMirror:
         for request_id in request_ids:
             self.tables.pop(request_id, None)
             self.tokens.pop(request_id, None)
+            self._prompts.pop(request_id, None)
 
     # ------------------------------------------------------------------- checks
     def check_usable(self, request_ids: Iterable[int], num_usable_blocks: int) -> None:
@@ -238,11 +261,12 @@ class RequestMirror:
                     "beyond is detached); running it would touch unmapped memory")
 
     # ------------------------------------------------------------------- batch
-    def build(self, out: SchedulerOutput) -> HostBatch:
-        """Host arrays of `out`'s forward pass (one step; decode runs are not executed)."""
+    def build(self, out: SchedulerOutput, num_usable_blocks: int) -> HostBatch:
+        """Host arrays of `out`'s forward pass (one step; decode runs are not executed).
+        `num_usable_blocks`: the pool's usable blocks at this step (`SchedulerStats`)."""
         if out.num_steps != 1:
             raise ValueError("the GPU executor runs one step per schedule(); got a decode run")
-        self.check_usable((s.request_id for s in out.scheduled), out.num_usable_blocks)
+        self.check_usable((s.request_id for s in out.scheduled), num_usable_blocks)
         # decode rows (one new token) first, as the attention of a mixed step expects
         items = decode_rows_first(out.scheduled, lambda s: s.num_new_tokens)
         lens = np.array([s.num_new_tokens for s in items], dtype=np.int64)  # [S]
