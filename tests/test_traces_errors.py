@@ -25,7 +25,7 @@ def error_for(tmp_path, text: str, name: str = "bad.csv", **kwargs) -> TraceErro
         ("2023-11-16 18:17:05.0,12,-3\n", "GeneratedTokens", "negative"),
         ("2023-11-16 18:17:05.0,0,3\n", "ContextTokens", "zero-length prompt"),
         ("2023-11-16 18:17:05.0,12,0\n", "GeneratedTokens", "zero output"),
-        ("2023-11-16 18:17:05.0,12.5,3\n", "ContextTokens", "non-numeric"),
+        ("2023-11-16 18:17:05.0,12.5,3\n", "ContextTokens", "not a whole number"),
         ("2023-11-16 25:17:05.0,12,3\n", "TIMESTAMP", "unparseable timestamp"),
         ("2023-02-30 10:17:05.0,12,3\n", "TIMESTAMP", "unparseable timestamp"),
         ("16/11/2023 18:17:05,12,3\n", "TIMESTAMP", "unparseable timestamp"),
@@ -103,3 +103,94 @@ def test_invalid_json_line_is_named(tmp_path):
     good = '{"timestamp": 3, "input_length": 10, "output_length": 2}\n'
     message = str(error_for(tmp_path, good + good + '{"timestamp": 4, "input_len\n', name="b.jsonl"))
     assert "b.jsonl" in message and "line 3" in message and "invalid JSON" in message
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("9223372036854775808", "out of range"),  # 2**63: past int64
+        ("123456789012345678901234567890", "out of range"),
+        ("1e30", "out of range"),
+        ("-1e30", "out of range"),
+        ("1000000000", "out of range"),  # a billion tokens: no real request
+        ("nan", "non-numeric"),
+        ("inf", "not finite"),
+    ],
+)
+def test_token_counts_are_range_checked(tmp_path, value, words):
+    error = error_for(tmp_path, AZURE_HEADER + GOOD_ROW + f"2023-11-16 18:17:05.0,{value},3\n")
+    assert (error.line, error.field) == (3, "ContextTokens") and words in str(error)
+
+
+@pytest.mark.parametrize(
+    ("value", "field", "words"),
+    [
+        ("9223372036854775808", "input_length", "out of range"),
+        ("1" + "0" * 400, "input_length", "out of range"),
+        ("1" + "0" * 400, "timestamp", "out of range"),
+        ("1e400", "timestamp", "not a finite number"),
+        ("NaN", "output_length", "not a finite whole number"),
+        ("-5", "output_length", "negative"),
+        ("1e15", "timestamp", "not a real arrival"),
+    ],
+)
+def test_mooncake_numbers_are_range_checked(tmp_path, value, field, words):
+    values = {"timestamp": "4", "input_length": "10", "output_length": "2", field: value}
+    line = "{" + ", ".join(f'"{name}": {text}' for name, text in values.items()) + "}\n"
+    good = '{"timestamp": 3, "input_length": 10, "output_length": 2}\n'
+    error = error_for(tmp_path, good + line, name="n.jsonl")
+    assert (error.line, error.field) == (2, field) and words in str(error)
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "1e300", "-1e12"])
+def test_non_finite_or_absurd_arrival_times_are_refused(tmp_path, value):
+    text = "arrived_at,num_prefill_tokens,num_decode_tokens\n0,1,1\n" + f"{value},1,1\n"
+    error = error_for(tmp_path, text, name="v.csv")
+    assert (error.line, error.field) == (3, "arrived_at")
+
+
+def test_deeply_nested_json_names_its_line(tmp_path):
+    good = '{"timestamp": 3, "input_length": 10, "output_length": 2}\n'
+    error = error_for(tmp_path, good + "[" * 100_000 + "]" * 100_000 + "\n", name="d.jsonl")
+    assert error.line == 2 and "nested too deeply" in str(error)
+
+
+MOON = '{{"timestamp": {t}, "input_length": 600, "output_length": 2{extra}}}\n'
+
+
+@pytest.mark.parametrize(
+    ("second_extra", "words"),
+    [
+        (', "hash_ids": [[1], 2]', "must hold integers, found [1]"),
+        (', "hash_ids": [1, "2"]', "must hold integers, found '2'"),
+        (', "hash_ids": [1, 2.0]', "must hold integers, found 2.0"),
+        (', "hash_ids": [1, true]', "must hold integers, found True"),
+        (', "hash_ids": [9223372036854775808]', "does not fit in 64 bits"),
+        ("", "no 'hash_ids' here, but line 1 has one"),
+    ],
+)
+def test_hash_ids_are_lists_of_integers_on_every_line(tmp_path, second_extra, words):
+    text = MOON.format(t=1, extra=', "hash_ids": [1, 2]') + MOON.format(t=2, extra=second_extra)
+    error = error_for(tmp_path, text, name="h.jsonl")
+    assert (error.line, error.field) == (2, "hash_ids") and words in str(error)
+
+
+def test_hash_ids_after_a_first_line_without_them_are_an_error(tmp_path):
+    text = MOON.format(t=1, extra="") + "\n" + MOON.format(t=2, extra=', "hash_ids": [1, 2]')
+    error = error_for(tmp_path, text, name="h.jsonl")
+    assert (error.line, error.field) == (3, "hash_ids") and "line 1 has none" in str(error)
+
+
+def test_window_or_limit_that_empties_the_trace_is_an_error_naming_the_flag():
+    with pytest.raises(TraceError, match=r"--window 5000:6000.*span 0 to 3501\.7"):
+        load_trace("azure-conv", window_s=(5000.0, 6000.0))
+    with pytest.raises(TraceError, match="--limit 0"):
+        load_trace("azure-conv", limit=0)
+
+
+def test_describe_command_fails_on_an_emptying_window(capsys):
+    from traces.cli import main
+
+    assert main(["describe", "azure-code", "--window", "9000:9100"]) == 2
+    assert "--window 9000:9100" in capsys.readouterr().err
+    assert main(["describe", "azure-code", "--limit", "0"]) == 2

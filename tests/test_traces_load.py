@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from traces import BUNDLED, Request, TraceError, bundled, load_trace
+from traces import BUNDLED, Request, Trace, TraceError, bundled, load_trace
+from traces.hashes import BlockHashes
 
 AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 BURST_HEADER = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
@@ -124,7 +125,7 @@ def test_sort_reorders_mooncake_hashes_with_their_rows(tmp_path):
                  '{"timestamp": 2000, "input_length": 600, "output_length": 1, "hash_ids": [7, 8]}\n'
                  '{"timestamp": 1000, "input_length": 100, "output_length": 2, "hash_ids": [9]}\n')
     trace = load_trace(path, sort=True)
-    assert trace.block_hashes == [(9,), (7, 8)] and trace.output_tokens.tolist() == [2, 1]
+    assert list(trace.block_hashes) == [(9,), (7, 8)] and trace.output_tokens.tolist() == [2, 1]
 
 
 def test_window_limit_and_rate_scale():
@@ -148,3 +149,17 @@ def test_describe_reports_counts_and_lengths():
     assert summary["span_s"] == pytest.approx(3435.948, abs=1e-3)
     assert summary["prompt_tokens_max"] == 7_437
     assert summary["output_tokens_p50"] <= summary["output_tokens_p99"]
+
+
+def test_block_hashes_rows_select_and_reorder():
+    hashes = BlockHashes.from_rows([(5, 6), (), (7,), (8, 9, 10)])
+    assert len(hashes) == 4 and hashes[0] == (5, 6) and hashes[1] == () and hashes[-1] == (8, 9, 10)
+    assert list(hashes) == [(5, 6), (), (7,), (8, 9, 10)]
+    assert list(hashes.take(np.array([3, 0, 2]))) == [(8, 9, 10), (5, 6), (7,)]
+    assert list(hashes[1:3]) == [(), (7,)]
+    with pytest.raises(IndexError):
+        hashes[4]
+    trace = Trace(arrival_s=np.arange(4.0), prompt_tokens=np.ones(4, np.int64),
+                  output_tokens=np.ones(4, np.int64), block_hashes=[(5, 6), (), (7,), (8, 9, 10)])
+    assert [request.block_hashes for request in trace.head(2).requests()] == [(5, 6), ()]
+    assert list(trace.window(2.0, 4.0).block_hashes) == [(7,), (8, 9, 10)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 
 import numpy as np
 import pytest
@@ -97,3 +98,14 @@ def test_describe_command_prints_a_table(capsys):
     assert "prompt_tokens_p99" in out and "100" in out
     assert main(["describe", "no-such-trace"]) == 2
     assert "not found" in capsys.readouterr().err
+    assert main(["describe", "synthetic", "--synthetic-requests", "40", "--limit", "7"]) == 0
+    assert re.search(r"count\W+7\W", capsys.readouterr().out)
+
+
+def test_synthetic_trace_emptied_by_window_is_an_error():
+    parser = argparse.ArgumentParser()
+    add_trace_arguments(parser)
+    args = parser.parse_args(["--trace", "synthetic", "--synthetic-requests", "10",
+                              "--window", "1000:2000"])
+    with pytest.raises(TraceError, match="--window 1000:2000"):
+        trace_from_args(args)

@@ -1,4 +1,4 @@
-"""Command-line pieces shared by every command that takes a trace, and ``describe``.
+"""``python -m traces describe``: summarise a trace as a table.
 
     python -m traces describe azure-conv
     python -m traces describe my.csv --format burstgpt --window 0:600
@@ -10,59 +10,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from traces.bundled import BUNDLED
 from traces.errors import TraceError
-from traces.loader import FORMATS, load_trace
-from traces.synthetic_cli import SYNTHETIC, add_synthetic_arguments, synthetic_from_args
+from traces.options import add_loading_options, parse_window, trace_from_args
+from traces.synthetic_options import add_synthetic_arguments
 from traces.trace import Trace
 
-
-def add_trace_arguments(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
-    """Add ``--trace`` and the options ``trace_from_args`` reads."""
-    parser.add_argument(
-        "--trace", required=required, metavar="FILE_OR_BUNDLED_NAME",
-        help=f"trace file, a bundled trace ({', '.join(sorted(BUNDLED))}), or 'synthetic'",
-    )
-    _add_loading_options(parser)
-    add_synthetic_arguments(parser)
-
-
-def trace_from_args(args: argparse.Namespace) -> Trace:
-    """Load the trace named by ``--trace`` with the loading options.
-
-    With ``add_trace_arguments(required=False)`` check ``args.trace`` first: a missing
-    trace raises ``TraceError``.
-    """
-    if args.trace is None:
-        raise TraceError(None, "no trace given", fix="pass --trace FILE_OR_BUNDLED_NAME")
-    if args.trace == SYNTHETIC:
-        trace = synthetic_from_args(args)
-        if args.window is not None:
-            trace = trace.window(*args.window)
-        if args.limit is not None:
-            trace = trace.head(args.limit)
-        return trace.scaled(args.rate_scale) if args.rate_scale != 1.0 else trace
-    return load_trace(
-        args.trace,
-        args.format,
-        sort=args.sort,
-        window_s=args.window,
-        limit=args.limit,
-        rate_scale=args.rate_scale,
-    )
-
-
-def parse_window(text: str) -> tuple[float, float]:
-    """``START:END`` in seconds, e.g. ``0:600``; an empty END means no end."""
-    start_text, sep, end_text = text.partition(":")
-    try:
-        start_s = float(start_text) if start_text else 0.0
-        end_s = float(end_text) if end_text else float("inf")
-    except ValueError:
-        start_s = end_s = float("nan")
-    if not sep or not end_s > start_s:
-        raise argparse.ArgumentTypeError(f"window must be START:END seconds with END > START, got '{text}'")
-    return start_s, end_s
+__all__ = ["main", "parse_window", "print_description"]  # parse_window: for scripts' --window
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,7 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     describe = commands.add_parser("describe", help="summarise a trace as a table")
     describe.add_argument("trace", metavar="FILE_OR_BUNDLED_NAME")
-    _add_loading_options(describe)
+    add_loading_options(describe)
+    add_synthetic_arguments(describe)  # "describe synthetic --synthetic-rate 4 ..." works too
     args = parser.parse_args(argv)
     try:
         trace = trace_from_args(args)
@@ -94,16 +48,3 @@ def print_description(trace: Trace) -> None:
     console.print(table)
     for note in trace.notes:
         console.print(f"note: {note}", highlight=False)
-
-
-def _add_loading_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--format", choices=FORMATS, default=None,
-                        help="trace format (default: detect from the header)")
-    parser.add_argument("--sort", action="store_true",
-                        help="sort out-of-order requests by arrival instead of failing")
-    parser.add_argument("--window", type=parse_window, default=None, metavar="START:END",
-                        help="keep requests arriving in [START, END) seconds, re-based to START")
-    parser.add_argument("--limit", type=int, default=None, metavar="N",
-                        help="keep only the first N requests (after --window)")
-    parser.add_argument("--rate-scale", type=float, default=1.0, metavar="X",
-                        help="multiply the request rate by X (arrival times divided by X)")

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from traces.hashes import BlockHashes
+
 
 @dataclass(frozen=True, eq=False)
 class RawColumns:
@@ -23,7 +25,30 @@ class RawColumns:
     time_field: str
     prompt_field: str
     output_field: str
-    block_hashes: list[tuple[int, ...]] | None = None
+    block_hashes: BlockHashes | None = None
     hash_block_tokens: int | None = None
     zero_output_means_failed: bool = False
     notes: list[str] = field(default_factory=list)
+
+
+class ColumnParts:
+    """Per-chunk arrays gathered while a file streams, each column joined once at the end.
+
+    Joining one column at a time and dropping its parts right away keeps the peak at the
+    parts plus a single joined column, not twice the whole table.
+    """
+
+    def __init__(self) -> None:
+        self._parts: dict[str, list[np.ndarray]] = {}
+
+    def add(self, **arrays: np.ndarray) -> None:
+        for name, array in arrays.items():
+            self._parts.setdefault(name, []).append(array)
+
+    def join(self, name: str, dtype: type) -> np.ndarray:
+        parts = self._parts.pop(name, [])
+        if not parts:
+            return np.empty(0, dtype=dtype)
+        joined = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        parts.clear()
+        return joined.astype(dtype, copy=False)

@@ -6,19 +6,22 @@ into an ``[N, C-1]`` matrix and field ``j`` of row ``i`` is the byte span betwee
 Numbers are then parsed by ``traces.numbers`` straight from those spans. A million rows
 take well under a second.
 
-Quoted CSV (a comma inside a quoted text field) is rare in traces; when a file holds any
-double quote the rows go through the ``csv`` module once and are rewritten unquoted.
+The file arrives as text chunks (``traces.source``), each scanned on its own. Quoted CSV
+(a comma inside a quoted text field) is rare in traces; from the first chunk holding a
+double quote on, rows go through the ``csv`` module and are rewritten unquoted.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
-from traces.errors import TraceError
+from traces.errors import TraceError, excerpt
+from traces.source import TextChunk, prepended
 
 NEWLINE = 10
 COMMA = 44
@@ -39,25 +42,6 @@ class CsvTable:
     def __len__(self) -> int:
         return int(self.line_starts.shape[0])
 
-    def column_index(self, name: str) -> int | None:
-        """Position of column ``name``, matched exactly, then case-insensitively."""
-        if name in self.columns:
-            return self.columns.index(name)
-        folded = [column.casefold() for column in self.columns]
-        return folded.index(name.casefold()) if name.casefold() in folded else None
-
-    def require(self, name: str, fmt: str) -> int:
-        index = self.column_index(name)
-        if index is None:
-            raise TraceError(
-                self.path,
-                f"missing column '{name}' for format '{fmt}'; columns found: {self.columns}",
-                line=1,
-                field=name,
-                fix=f"add the column to the header, or pass the right format (found {self.columns})",
-            )
-        return index
-
     def spans(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         """Start and end byte offsets of column ``index`` in every row."""
         last = self.commas.shape[1]
@@ -70,46 +54,71 @@ class CsvTable:
         return self.data[starts[row] : ends[row]].tobytes().decode("utf-8", "replace")
 
 
-def header_columns(raw: bytes) -> list[str]:
-    """Column names of the first line of ``raw``."""
-    first_line = _normalise_newlines(raw).split(b"\n", 1)[0].decode("utf-8", "replace")
-    return [name.strip().strip('"') for name in next(csv.reader([first_line]), [])]
+def header_columns(line: bytes) -> list[str]:
+    """Column names of a header line."""
+    text = line.split(b"\n", 1)[0].decode("utf-8", "replace")
+    return [name.strip().strip('"') for name in next(csv.reader([text]), [])]
 
 
-def scan_csv(path: str, raw: bytes) -> CsvTable:
-    """Split ``raw`` (a whole CSV file) into rows and fields; raise on ragged rows."""
-    raw = _normalise_newlines(raw)
-    line_numbers = None
-    if b'"' in raw:
-        raw, line_numbers = _unquote(raw)
-    columns = header_columns(raw)
-    header_end = raw.find(b"\n")
-    body_start = len(raw) if header_end < 0 else header_end + 1
+def require_column(path: str, columns: list[str], name: str, fmt: str, header_line: int) -> int:
+    """Position of column ``name``, matched exactly, then case-insensitively."""
+    if name in columns:
+        return columns.index(name)
+    folded = [column.casefold() for column in columns]
+    if name.casefold() in folded:
+        return folded.index(name.casefold())
+    found = excerpt(columns)
+    raise TraceError(
+        path, f"missing column '{name}' for format '{fmt}'; columns found: {found}",
+        line=header_line, field=name,
+        fix=f"add the column to the header, or pass the right format (found {found})",
+    )
+
+
+def csv_tables(path: str, chunks: Iterator[TextChunk], columns: list[str]) -> Iterator[CsvTable]:
+    """The body chunks as tables; chunks run through ``csv`` from the first double quote on.
+
+    A quoted field may span lines and chunks, so once a quote appears the rest of the
+    file goes through one ``csv`` reader, which carries its state from chunk to chunk.
+    """
+    for chunk in chunks:
+        if b'"' in chunk.data:
+            flush_bytes = max(len(chunk.data), 1)
+            yield from _quoted_tables(path, prepended([chunk], chunks), columns,
+                                      flush_bytes=flush_bytes)
+            return
+        table = scan_rows(path, chunk.data, columns, _line_numbers(chunk))
+        del chunk  # the table holds the bytes it needs
+        if table is not None:
+            yield table
+        del table
+
+
+def scan_rows(path: str, raw: bytes, columns: list[str], line_numbers: np.ndarray) -> CsvTable | None:
+    """Split ``raw`` (``\n``-separated rows, line ``line_numbers[i]`` for line ``i``) into
+    fields; None when every line is empty; raise on ragged rows."""
     data = np.frombuffer(raw, dtype=np.uint8)
-    starts, ends = _line_spans(data, body_start)
-    if line_numbers is None:
-        line_numbers = np.arange(2, starts.size + 2, dtype=np.int64)
+    starts, ends = _line_spans(data)
     nonempty = ends > starts
-    starts, ends, line_numbers = starts[nonempty], ends[nonempty], line_numbers[nonempty]
+    starts, ends, line_numbers = starts[nonempty], ends[nonempty], line_numbers[: nonempty.size][nonempty]
     if starts.size == 0:
-        raise TraceError(path, "no data rows (the file is empty or holds only a header)",
-                         fix="point at a trace file with at least one request row")
+        return None
     commas = _comma_matrix(path, data, columns, starts, ends, line_numbers)
     return CsvTable(path, data, columns, line_numbers, starts, ends, commas)
 
 
-def _normalise_newlines(raw: bytes) -> bytes:
-    raw = raw.removeprefix(b"\xef\xbb\xbf")
-    return raw.replace(b"\r\n", b"\n") if b"\r" in raw else raw
+def _line_numbers(chunk: TextChunk) -> np.ndarray:
+    num_lines = chunk.data.count(b"\n") + (not chunk.data.endswith(b"\n"))
+    return np.arange(chunk.first_line, chunk.first_line + num_lines, dtype=np.int64)
 
 
-def _line_spans(data: np.ndarray, body_start: int) -> tuple[np.ndarray, np.ndarray]:
-    ends = np.flatnonzero(data[body_start:] == NEWLINE) + body_start
-    if data.size > body_start and (ends.size == 0 or ends[-1] != data.size - 1):
+def _line_spans(data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    ends = np.flatnonzero(data == NEWLINE)
+    if data.size and (ends.size == 0 or ends[-1] != data.size - 1):
         ends = np.append(ends, data.size)  # last line without a trailing newline
     starts = np.empty_like(ends)
     if ends.size:
-        starts[0] = body_start
+        starts[0] = 0
         starts[1:] = ends[:-1] + 1
     return starts, ends
 
@@ -123,7 +132,7 @@ def _comma_matrix(path, data, columns, starts, ends, line_numbers) -> np.ndarray
         row = int(bad[0])
         raise TraceError(
             path,
-            f"expected {expected + 1} comma-separated fields ({','.join(columns)}), "
+            f"expected {expected + 1} comma-separated fields ({excerpt(','.join(columns))}), "
             f"found {int(per_row[row]) + 1}",
             line=int(line_numbers[row]),
             fix="give every row one value per header column",
@@ -132,12 +141,55 @@ def _comma_matrix(path, data, columns, starts, ends, line_numbers) -> np.ndarray
     return body.reshape(starts.size, expected)
 
 
-def _unquote(raw: bytes) -> tuple[bytes, np.ndarray]:
-    """Rewrite a quoted CSV without quotes; commas inside fields become semicolons."""
-    reader = csv.reader(io.StringIO(raw.decode("utf-8", "replace")))
-    out_lines, line_numbers = [], []
-    for row in reader:
-        out_lines.append(",".join(field.replace(",", ";").replace("\n", " ") for field in row))
-        line_numbers.append(reader.line_num)
-    text = "\n".join(out_lines) + "\n"
-    return text.encode(), np.asarray(line_numbers[1:], dtype=np.int64)
+def _quoted_tables(path, chunks, columns, *, flush_bytes: int) -> Iterator[CsvTable]:
+    """Rows parsed by ``csv`` and rewritten unquoted (commas inside fields become ';',
+    newlines ' '), handed on as tables of about ``flush_bytes``."""
+    chunks = iter(chunks)
+    first = next(chunks)
+    reader = csv.reader(_text_lines(prepended([first], chunks)), strict=True)
+    rows: list[str] = []
+    numbers: list[int] = []
+    size = 0
+    for line, row in _rows_with_lines(path, reader, first.first_line):
+        rows.append(",".join(field.replace(",", ";").replace("\n", " ") for field in row))
+        numbers.append(line)
+        size += len(rows[-1]) + 1
+        if size >= flush_bytes:
+            yield _unquoted_table(path, rows, numbers, columns)
+            rows, numbers, size = [], [], 0
+    if rows:
+        yield _unquoted_table(path, rows, numbers, columns)
+
+
+def _rows_with_lines(path, reader, first_line: int) -> Iterator[tuple[int, list[str]]]:
+    """(file line where the record starts, fields) for every non-blank record."""
+    while True:
+        line = first_line + reader.line_num
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as error:
+            raise _csv_error(path, error, line) from None
+        if row:
+            yield line, row
+
+
+def _csv_error(path: str, error: csv.Error, line: int) -> TraceError:
+    if "field limit" in str(error):
+        return TraceError(path, f"a field longer than {csv.field_size_limit():,} characters",
+                          line=line, fix="a trace field holds a number or a short text; check "
+                                         "that this is a trace file")
+    return TraceError(path, f"malformed quoted CSV ({error}) in the record starting here",
+                      line=line, fix='quote a field as "..." with any " inside doubled as ""')
+
+
+def _text_lines(chunks: Iterator[TextChunk]) -> Iterator[str]:
+    for chunk in chunks:
+        yield from io.StringIO(chunk.data.decode("utf-8"))
+
+
+def _unquoted_table(path, rows: list[str], numbers: list[int], columns) -> CsvTable:
+    table = scan_rows(path, "\n".join(rows).encode(), columns, np.asarray(numbers, dtype=np.int64))
+    assert table is not None  # every row is non-blank
+    return table

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+MAX_QUOTED_CHARS = 80
+
 
 class TraceError(ValueError):
     """A trace file cannot be used as given.
@@ -46,3 +48,14 @@ class TraceError(ValueError):
         if self.fix:
             text += f". Fix: {self.fix}"
         return text
+
+
+def excerpt(value: object, max_chars: int = MAX_QUOTED_CHARS) -> str:
+    """``repr(value)`` cut to about ``max_chars``: a 50 MB field must not fill a terminal."""
+    if isinstance(value, (str, bytes)):
+        value = value[: 2 * max_chars]  # repr of a huge string would copy it whole
+    try:
+        text = repr(value)
+    except RecursionError:
+        return "(a value nested too deeply to show)"
+    return text if len(text) <= max_chars else f"{text[:max_chars]}... (cut)"

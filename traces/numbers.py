@@ -13,7 +13,8 @@ import math
 import numpy as np
 
 from traces.csvscan import CsvTable
-from traces.errors import TraceError
+from traces.errors import TraceError, excerpt
+from traces.limits import MAX_TOKENS_PER_REQUEST, too_many_tokens
 
 MAX_FAST_DIGITS = 18  # int64 holds any 18-digit mantissa
 DIGIT_0, DIGIT_9, DOT, MINUS = 48, 57, 46, 45
@@ -72,16 +73,23 @@ def _parse_slow(table: CsvTable, row: int, index: int, *, integer: bool) -> floa
         value = float(text.strip())
     except ValueError:
         value = math.nan
+    line = int(table.line_numbers[row])
+    overflowed = math.isinf(value) and "inf" not in text.lower()  # e.g. 500 digits
+    if integer and (overflowed or math.isfinite(value) and abs(value) > MAX_TOKENS_PER_REQUEST):
+        raise too_many_tokens(table.path, line, name, excerpt(text))  # before int64 overflows
     if integer and math.isfinite(value) and value.is_integer():
         return int(value)
     if not integer and math.isfinite(value):
         return value
     kind = "token count" if integer else "number"
+    if math.isnan(value):
+        problem = f"non-numeric {kind} {excerpt(text)}"
+    elif overflowed:
+        problem = f"{kind} {excerpt(text)} is out of range"
+    elif math.isinf(value):
+        problem = f"{kind} {excerpt(text)} is not finite"
+    else:
+        problem = f"{kind} {excerpt(text)} is not a whole number"
     want = "a whole number" if integer else "a finite number of seconds"
-    raise TraceError(
-        table.path,
-        f"non-numeric {kind} {text!r}",
-        line=int(table.line_numbers[row]),
-        field=name,
-        fix=f"write {want} in column '{name}'",
-    )
+    raise TraceError(table.path, problem, line=line, field=name,
+                     fix=f"write {want} in column '{name}'")

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from traces.hashes import BlockHashes
 from traces.request import Request
 
 
@@ -19,18 +20,23 @@ class Trace:
 
     ``failed`` is set only for BurstGPT traces loaded with ``drop_failed=False``: True
     marks a request the original service failed (0 response tokens), kept with
-    ``output_tokens == 1`` so its prefill load stays in the trace.
+    ``output_tokens == 1`` so its prefill load stays in the trace. ``block_hashes`` may be
+    given as a list of id tuples; it is stored flat (see ``traces.hashes``).
     """
 
     arrival_s: np.ndarray  # float64 [N], non-decreasing
     prompt_tokens: np.ndarray  # int64 [N], >= 1
     output_tokens: np.ndarray  # int64 [N], >= 1
-    block_hashes: list[tuple[int, ...]] | None = None
+    block_hashes: BlockHashes | None = None
     hash_block_tokens: int | None = None
     source: str = ""
     format: str = ""
     notes: list[str] = field(default_factory=list)
     failed: np.ndarray | None = None  # bool [N]
+
+    def __post_init__(self) -> None:
+        if self.block_hashes is not None and not isinstance(self.block_hashes, BlockHashes):
+            object.__setattr__(self, "block_hashes", BlockHashes.from_rows(self.block_hashes))
 
     def __len__(self) -> int:
         return int(self.arrival_s.shape[0])
@@ -55,9 +61,7 @@ class Trace:
     def select(self, index: np.ndarray, *, note: str | None = None) -> Trace:
         """A sub-trace of the rows picked by ``index`` (bool mask or sorted positions)."""
         positions = np.flatnonzero(index) if index.dtype == bool else index
-        hashes = None
-        if self.block_hashes is not None:
-            hashes = [self.block_hashes[i] for i in positions.tolist()]
+        hashes = None if self.block_hashes is None else self.block_hashes.take(positions)
         return replace(
             self,
             arrival_s=self.arrival_s[positions],

@@ -1,4 +1,4 @@
-"""Checks shared by every format: token counts, BurstGPT failed rows, arrival order.
+"""Checks shared by every format: token counts, arrival times, BurstGPT failed rows, order.
 
 Each check is one vectorised comparison; only when it fails is the first offending row
 located, so the error can name its line.
@@ -12,6 +12,7 @@ import numpy as np
 
 from traces.columns import RawColumns
 from traces.errors import TraceError
+from traces.limits import MAX_ABS_ARRIVAL_S, MAX_TOKENS_PER_REQUEST, TOKEN_FIX, too_many_tokens
 
 MAX_LINES_LISTED = 5
 
@@ -20,10 +21,13 @@ def checked_tokens(
     path: str, columns: RawColumns, *, drop_failed: bool
 ) -> tuple[RawColumns, np.ndarray | None, list[str]]:
     """Columns with failed rows handled, the failed mask (kept rows only), and notes."""
-    _raise_first(path, columns, columns.prompt_tokens < 0, columns.prompt_field,
-                 "negative token count", "write a whole number >= 1")
-    _raise_first(path, columns, columns.output_tokens < 0, columns.output_field,
-                 "negative token count", "write a whole number >= 1")
+    for tokens, field in ((columns.prompt_tokens, columns.prompt_field),
+                          (columns.output_tokens, columns.output_field)):
+        _raise_first(path, columns, tokens < 0, field, "negative token count", TOKEN_FIX)
+        too_big = np.flatnonzero(tokens > MAX_TOKENS_PER_REQUEST)
+        if too_big.size:
+            row = int(too_big[0])
+            raise too_many_tokens(path, int(columns.line_numbers[row]), field, str(tokens[row]))
     failed, notes = None, []
     if columns.zero_output_means_failed:
         columns, failed, notes = _handle_failed(path, columns, drop_failed=drop_failed)
@@ -35,8 +39,21 @@ def checked_tokens(
     return columns, failed, notes
 
 
+def checked_times(path: str, columns: RawColumns) -> None:
+    """Arrival times must be finite and within ``MAX_ABS_ARRIVAL_S`` of the epoch."""
+    bad = ~(np.abs(columns.arrival_s) <= MAX_ABS_ARRIVAL_S)  # NaN fails the comparison too
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        raise TraceError(
+            path, f"arrival time {columns.arrival_s[row]:.6g} s is beyond "
+                  f"{MAX_ABS_ARRIVAL_S:.0e} s: not a real arrival",
+            line=int(columns.line_numbers[row]), field=columns.time_field,
+            fix="write seconds (milliseconds for Mooncake) from the trace start or the epoch",
+        )
+
+
 def checked_order(path: str, columns: RawColumns, *, sort: bool) -> tuple[np.ndarray, list[str]]:
-    """Row order by arrival: identity if already ordered, a stable sort if ``sort``."""
+    """Row order by arrival, and notes: no notes means the rows are already in order."""
     arrival_s = columns.arrival_s
     backwards = np.flatnonzero(np.diff(arrival_s) < 0)
     if backwards.size == 0:
