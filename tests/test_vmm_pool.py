@@ -51,7 +51,7 @@ def test_handles_back_the_right_offsets(reclaim: str) -> None:
     assert fake.is_accessible(kv, pool.plan.base_bytes)
     assert not any(fake.is_accessible(pool.block_address(b), block) for b in range(4, 10))
     if reclaim == "remap":  # the same handles now back the activation range
-        arena_address = pool._elastic_base(pool._location)
+        arena_address = pool._holdings.activation_address
         lent = [fake.handle_at(arena_address + i * block) for i in range(6)]
         assert lent == elastic and fake.is_accessible(arena_address, 12 * MIB)
     else:

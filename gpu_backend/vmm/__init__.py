@@ -11,14 +11,16 @@ from gpu_backend.vmm.errors import (
     ElasticDetachedError,
     NoDriverError,
     PoolClosedError,
+    PoolCloseError,
     VmmError,
 )
 from gpu_backend.vmm.layout import GIB, MIB, KVLayout, PoolPlan, plan_pool
 from gpu_backend.vmm.pool import ElasticKVPool, ElasticLocation, Reclaim
-from gpu_backend.vmm.state import PoolStats
+from gpu_backend.vmm.signals import defer_signals
+from gpu_backend.vmm.state import MappedRange, PoolStats, Region
 
 __all__ = [
     "GIB", "MIB", "ElasticBusyError", "ElasticDetachedError", "ElasticKVPool", "ElasticLocation",
-    "KVLayout", "NoDriverError", "PoolClosedError", "PoolPlan", "PoolStats", "Reclaim",
-    "VmmDriver", "VmmError", "plan_pool",
+    "KVLayout", "MappedRange", "NoDriverError", "PoolCloseError", "PoolClosedError", "PoolPlan",
+    "PoolStats", "Reclaim", "Region", "VmmDriver", "VmmError", "defer_signals", "plan_pool",
 ]

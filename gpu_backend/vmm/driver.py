@@ -16,12 +16,14 @@ Pointers cross this interface as plain ``int`` addresses; handles are opaque.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
 from gpu_backend.vmm.errors import NoDriverError, VmmError
+from gpu_backend.vmm.signals import defer_signals
 
 _NO_DRIVER_HINT = (
     "no NVIDIA driver is present on this machine (libcuda could not be loaded); "
@@ -46,8 +48,20 @@ class VmmDriver:
         self.cuda = load_cuda_driver() if cuda is None else cuda
         self.device_ordinal = device_ordinal
         self._tls = threading.local()
+        self._context_retained = False
+        try:
+            with defer_signals():
+                self._open()
+        except BaseException:
+            with defer_signals(), contextlib.suppress(Exception):
+                self.release_context()  # the failure is the error to report
+            raise
+
+    def _open(self) -> None:
+        """Initialise the driver, retain the primary context, make it current, read the
+        granularity (the context reference is recorded the moment it is taken)."""
         self._init_driver()
-        self.device = self._check("cuDeviceGet", self.cuda.cuDeviceGet(device_ordinal))
+        self.device = self._check("cuDeviceGet", self.cuda.cuDeviceGet(self.device_ordinal))
         self.context = self._check("cuDevicePrimaryCtxRetain",
                                    self.cuda.cuDevicePrimaryCtxRetain(self.device))
         self._context_retained = True
@@ -159,11 +173,44 @@ class VmmDriver:
         for stream in streams:
             self._check("cuStreamSynchronize", self.cuda.cuStreamSynchronize(stream))
 
+    @property
+    def holds_context(self) -> bool:
+        """True until :meth:`release_context` succeeded."""
+        return self._context_retained
+
     def release_context(self) -> None:
-        """Drop this wrapper's reference on the primary context (idempotent)."""
+        """Drop this wrapper's reference on the primary context (idempotent; a failed
+        release is retried by the next call)."""
         if self._context_retained:
-            self._context_retained = False
             self._check("cuDevicePrimaryCtxRelease", self.cuda.cuDevicePrimaryCtxRelease(self.device))
+            self._context_retained = False
+
+    # -- what the driver reports (reconciling the pool's record after a failure) ------------
+
+    def retain_mapped(self, address: int) -> Any | None:
+        """The handle mapped at ``address`` with one more reference on it (the caller releases
+        it), or None when nothing is mapped there; VmmError when the driver cannot say.
+
+        The driver guarantees the handle value is the one that was mapped, so ``int()`` of it
+        equals ``int()`` of the pool's own handle. Only CUDA_ERROR_INVALID_VALUE, the documented
+        answer for an unmapped address, counts as "nothing mapped".
+        """
+        self.ensure_context()
+        result = self.cuda.cuMemRetainAllocationHandle(self._ptr(address))
+        if int(result[0]) != 0 and self._result_name(result[0]) == "CUDA_ERROR_INVALID_VALUE":
+            return None
+        return self._check("cuMemRetainAllocationHandle", result, f"address {address:#x}")
+
+    def is_accessible(self, address: int) -> bool:
+        """True when this device may read and write the mapped memory at ``address``."""
+        self.ensure_context()
+        location = self.cuda.CUmemLocation()
+        location.type = self.cuda.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        location.id = self.device_ordinal
+        flags = self._check("cuMemGetAccess", self.cuda.cuMemGetAccess(location, self._ptr(address)),
+                            f"address {address:#x}")
+        readwrite = self.cuda.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        return int(flags) == int(readwrite)
 
     # -- facts for reports -----------------------------------------------------------------
 

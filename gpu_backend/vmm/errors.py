@@ -27,3 +27,19 @@ class ElasticDetachedError(RuntimeError):
 
 class PoolClosedError(RuntimeError):
     """The pool was used after ``close()``."""
+
+
+class PoolCloseError(VmmError):
+    """``close()`` could not give everything back; ``held`` lists what the pool still holds.
+
+    Calling ``close()`` again retries exactly those; ``call`` and ``result_name`` are the
+    first failure's.
+    """
+
+    def __init__(self, first: Exception | None, held: tuple[str, ...]) -> None:
+        self.call = getattr(first, "call", "close")
+        self.result_name = getattr(first, "result_name", type(first).__name__)
+        self.held = held
+        cause = f" ({first})" if first is not None else ""
+        RuntimeError.__init__(self, f"close() could not release everything{cause}; still held: "
+                                    f"{'; '.join(held)}; call close() again to retry")

@@ -28,31 +28,51 @@ Base blocks are always preserved.
 Safety: the pool synchronizes (the context, or ``sync_streams``) before every unmap, since
 unmap does not wait for queued kernels; ``detach`` raises :class:`ElasticBusyError` while any
 elastic block is live (:meth:`mark_allocated` or the ``live_elastic_blocks`` callable);
-elastic blocks cannot be marked while detached. A failed driver call rolls the transition
-back, leaving the state as before, and the error names the call. Every handle is released
-exactly once: by ``close()``, the context manager, or at interpreter exit (atexit).
+elastic blocks can be marked only inside the mapped part.
+
+Which elastic blocks an engine may use: those inside the first :attr:`num_mapped_handles`
+handles. That count is the prefix of handles mapped in the KV range *with access granted*
+and mapped nowhere else; ``attached`` means it is above zero. Neither ever counts memory the
+driver has not mapped, whatever failed before.
+
+Failures: a failed driver call rolls the transition back and the error names the call. A
+transition and its rollback run with SIGINT/SIGTERM deferred (``signals.py``), so a Ctrl-C
+lands after the pool's record is complete. After any failure the pool re-reads from the
+driver what is mapped where (``placement.py``); if the rollback failed too, the pool is left
+in a state it describes exactly (:meth:`mapped_ranges`, ``location`` MIXED) and the next
+``attach``/``detach`` starts from there. Every handle is released exactly once: by
+``close()``, the context manager, or at interpreter exit (atexit); ``close()`` goes on past a
+failed call and, if anything is left, raises :class:`PoolCloseError` naming it; calling it
+again retries.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from functools import partial
 from typing import Any
 
 from gpu_backend.vmm.driver import VmmDriver
-from gpu_backend.vmm.errors import ElasticBusyError, ElasticDetachedError, PoolClosedError
+from gpu_backend.vmm.errors import (
+    ElasticBusyError,
+    ElasticDetachedError,
+    PoolClosedError,
+    PoolCloseError,
+)
+from gpu_backend.vmm.holdings import PoolHoldings
 from gpu_backend.vmm.layout import GIB, MIB, KVLayout, plan_pool
+from gpu_backend.vmm.signals import defer_signals
 from gpu_backend.vmm.state import (
-    Chunk,
     ElasticBlockTracker,
     ElasticLocation,
+    MappedRange,
     PoolStats,
     Reclaim,
+    Target,
     TransitionTimer,
-    undo_on_error,
 )
 from gpu_backend.vmm.torch_views import TensorCache
 
@@ -66,136 +86,85 @@ class ElasticKVPool:
                  driver: Any = None, device_ordinal: int = 0,
                  live_elastic_blocks: Callable[[], int] | None = None,
                  sync_streams: Sequence[Any] = ()) -> None:
-        self._owns_driver = not isinstance(driver, VmmDriver)
-        self._driver = VmmDriver(driver, device_ordinal) if self._owns_driver else driver
-        try:
-            self.plan = plan_pool(layout, num_base_blocks, elastic_reserve_bytes, base_handle_bytes,
-                                  elastic_handle_bytes, self._driver.granularity_bytes)
-        except ValueError:
-            if self._owns_driver:
-                self._driver.release_context()
-            raise
         self.layout = layout
         self.reclaim = Reclaim(reclaim)
         self._sync_streams = tuple(sync_streams)
-        self._blocks = ElasticBlockTracker(num_base_blocks, self.plan.num_blocks, live_elastic_blocks)
         self._lock = threading.RLock()
         self._timer = TransitionTimer()
-        self._base: list[Chunk] = []
-        self._elastic: list[Chunk] = []
-        self._kv_address: int | None = None
-        self._activation_address: int | None = None
-        self._location = ElasticLocation.NOWHERE
-        self._tensors = TensorCache(layout, self.plan.num_blocks, self._driver.device_ordinal)
         self._closed = False
-        self._num_handles_created = 0
-        with undo_on_error() as undo:
-            undo.append(self._close_unregistered)
-            self._build(start_attached)
+        owns_driver = not isinstance(driver, VmmDriver)
+        try:
+            with defer_signals():  # from the context's retain to the last map: one section
+                self._driver = VmmDriver(driver, device_ordinal) if owns_driver else driver
+                self.plan = plan_pool(layout, num_base_blocks, elastic_reserve_bytes,
+                                      base_handle_bytes, elastic_handle_bytes,
+                                      self._driver.granularity_bytes)
+                self._blocks = ElasticBlockTracker(num_base_blocks, self.plan.num_blocks,
+                                                   live_elastic_blocks)
+                self._tensors = TensorCache(layout, self.plan.num_blocks,
+                                            self._driver.device_ordinal)
+                self._holdings = PoolHoldings(self._driver, self.plan, self._sync, owns_driver)
+                self._holdings.build(with_arena=self.reclaim is Reclaim.REMAP)
+                if start_attached:
+                    self.attach()
+                self._timer = TransitionTimer()  # construction is not a measured transition
+        except BaseException as exc:  # a Ctrl-C delivered at the section's end included
+            self._give_back_after_failed_init(exc, owns_driver)
+            raise
         atexit.register(self.close)
 
-    # -- construction -----------------------------------------------------------------------
-
-    def _build(self, start_attached: bool) -> None:
-        plan, drv = self.plan, self._driver
-        self._kv_address = drv.reserve(plan.total_bytes)
-        for size, offset in zip(plan.base_handle_sizes,
-                                plan.handle_offsets(plan.base_handle_sizes, 0), strict=True):
-            chunk = Chunk(size, offset, self._create(size))
-            self._base.append(chunk)
-            drv.map(self._kv_address + offset, size, chunk.handle)
-            chunk.mapped_at = self._kv_address + offset
-        if plan.base_bytes:
-            drv.set_access(self._kv_address, plan.base_bytes)
-        offsets = plan.handle_offsets(plan.elastic_handle_sizes, plan.base_bytes)
-        self._elastic = [Chunk(size, offset, None)
-                         for size, offset in zip(plan.elastic_handle_sizes, offsets, strict=True)]
-        if self.reclaim is Reclaim.REMAP:
-            self._activation_address = drv.reserve(plan.elastic_bytes)
-            self._create_elastic([])
-            self._map_elastic(self._activation_address, [])
-            self._location = ElasticLocation.ACTIVATIONS
-        if start_attached:
-            self.attach()
-        self._timer = TransitionTimer()  # construction is not a measured transition
-
-    # -- elastic primitives (each pushes its undo) -------------------------------------------
-
-    def _elastic_base(self, location: ElasticLocation) -> int:
-        assert self._kv_address is not None
-        if location is ElasticLocation.KV:
-            return self._kv_address + self.plan.base_bytes
-        assert self._activation_address is not None
-        return self._activation_address
-
-    def _create_elastic(self, undo: list[Callable[[], None]],
-                        chunks: Sequence[Chunk] | None = None) -> None:
-        for chunk in self._elastic if chunks is None else chunks:
-            if chunk.handle is None:
-                chunk.handle = self._create(chunk.size_bytes)
-                undo.append(partial(self._release_chunk, chunk))
-
-    def _map_elastic(self, region_address: int, undo: list[Callable[[], None]],
-                     chunks: Sequence[Chunk] | None = None) -> None:
-        """Map `chunks` (consecutive; all by default) at their offsets in the region."""
-        drv, base = self._driver, self.plan.base_bytes
-        chunks = self._elastic if chunks is None else chunks
-        for chunk in chunks:
-            address = region_address + chunk.offset_bytes - base
-            drv.map(address, chunk.size_bytes, chunk.handle)
-            chunk.mapped_at = address
-            undo.append(partial(self._unmap_chunk, chunk))
-        if chunks:
-            drv.set_access(region_address + chunks[0].offset_bytes - base,
-                           sum(c.size_bytes for c in chunks))
-
-    def _unmap_elastic(self, region_address: int, undo: list[Callable[[], None]]) -> None:
-        """Unmap every mapped elastic chunk (a prefix after a partial attach); on rollback
-        re-map them and restore access last."""
-        mapped = [c for c in self._elastic if c.mapped_at is not None]
-        undo.append(partial(self._driver.set_access, region_address,
-                            sum(c.size_bytes for c in mapped)))
-        for chunk in mapped:
-            address = chunk.mapped_at
-            assert address is not None
-            self._unmap_chunk(chunk)
-            undo.append(partial(self._remap_chunk, chunk, address))
-
-    def _create(self, size_bytes: int) -> Any:
-        handle = self._driver.create(size_bytes)
-        self._num_handles_created += 1
-        return handle
-
-    def _unmap_chunk(self, chunk: Chunk) -> None:
-        if chunk.mapped_at is not None:
-            self._driver.unmap(chunk.mapped_at, chunk.size_bytes)
-            chunk.mapped_at = None
-
-    def _remap_chunk(self, chunk: Chunk, address: int) -> None:
-        self._driver.map(address, chunk.size_bytes, chunk.handle)
-        chunk.mapped_at = address
-
-    def _release_chunk(self, chunk: Chunk) -> None:
-        """Release a handle once: it is forgotten only after cuMemRelease succeeds."""
-        if chunk.handle is not None:
-            self._driver.release(chunk.handle)
-            chunk.handle = None
+    def _give_back_after_failed_init(self, exc: BaseException, owns_driver: bool) -> None:
+        """Release what the constructor took; what cannot be is retried at interpreter exit."""
+        self._closed = True
+        with defer_signals():
+            if hasattr(self, "_holdings"):
+                self._holdings.release_all()
+                held, retry = self._holdings.held(), self.close
+            elif owns_driver and hasattr(self, "_driver"):
+                with contextlib.suppress(Exception):
+                    self._driver.release_context()
+                held = ["a reference on the primary context"] if self._driver.holds_context else []
+                retry = self._driver.release_context
+            else:
+                held = []
+        if held:
+            exc.add_note(f"cleanup left held: {'; '.join(held)}; retried at exit")
+            atexit.register(retry)
 
     def _sync(self) -> None:
         self._driver.synchronize(self._sync_streams)
 
-    # -- attach / detach -----------------------------------------------------------------------
+    # -- where the elastic reserve is ---------------------------------------------------------
 
     @property
-    def attached(self) -> bool:
-        return self._location is ElasticLocation.KV
+    def closed(self) -> bool:
+        """True once close() was called, even if it could not give everything back."""
+        return self._closed
 
     @property
     def num_mapped_handles(self) -> int:
-        """Elastic handles mapped into the KV range now (a prefix of the reserve's handles)."""
-        if not self.attached:
-            return 0
-        return sum(c.mapped_at is not None for c in self._elastic)
+        """Elastic handles usable in the KV range now: the prefix mapped there with access
+        (none once closed). The engine's block tables may use their blocks and no others."""
+        return 0 if self._closed else self._holdings.num_usable_handles()
+
+    @property
+    def attached(self) -> bool:
+        return self.num_mapped_handles > 0
+
+    @property
+    def location(self) -> ElasticLocation:
+        """Where the reserve is; MIXED when no clean state describes it (see mapped_ranges)."""
+        return self._holdings.location()
+
+    def mapped_ranges(self) -> tuple[MappedRange, ...]:
+        """Every mapping the pool holds, by address: after a failure, as the driver reported."""
+        return self._holdings.mapped_ranges()
+
+    def _num_usable_elastic_blocks(self) -> int:
+        usable_bytes = sum(self.plan.elastic_handle_sizes[:self.num_mapped_handles])
+        return min(self.plan.num_elastic_blocks, usable_bytes // self.layout.block_bytes)
+
+    # -- attach / detach -----------------------------------------------------------------------
 
     def attach(self, num_handles: int | None = None) -> None:
         """Map the first `num_handles` elastic handles (all by default) into the top of the
@@ -205,37 +174,35 @@ class ElasticKVPool:
         Partial attach needs reclaim="release": in remap mode the unmapped rest would leave
         holes in the activation arena.
         """
-        with self._lock:
+        with self._lock, defer_signals():
             self._check_open()
-            total = len(self._elastic)
+            total = len(self._holdings.elastic)
             target = total if num_handles is None else num_handles
             if not 0 <= target <= total:
                 raise ValueError(f"can attach 0..{total} elastic handles, not {target}")
             if target < total and self.reclaim is Reclaim.REMAP:
                 raise ValueError("partial attach needs reclaim='release' (remap mode moves the "
                                  "whole reserve between the KV range and the activation arena)")
-            first = self.num_mapped_handles
-            if target <= first:
+            if target <= self.num_mapped_handles:
                 return
             start = time.perf_counter()
-            with undo_on_error() as undo:
-                if self._location is ElasticLocation.ACTIVATIONS:
-                    self._sync()  # activation kernels may still use the arena
-                    self._unmap_elastic(self._elastic_base(ElasticLocation.ACTIVATIONS), undo)
-                chunks = self._elastic[first:target]
-                self._create_elastic(undo, chunks)
-                self._map_elastic(self._elastic_base(ElasticLocation.KV), undo, chunks)
-            self._location = ElasticLocation.KV
+            self._holdings.move({c: Target(c.kv_address) for c in self._holdings.elastic[:target]})
             self._timer.record_attach(time.perf_counter() - start)
 
     def detach(self) -> None:
         """Unmap the elastic blocks and lend their memory to activations (no-op when detached).
 
         Raises ElasticBusyError while any elastic block is live; the caller drains first.
+        In release mode a handle that fails to release is kept (not rolled back): attach()
+        reuses it and close() retries it.
         """
-        with self._lock:
+        with self._lock, defer_signals():
             self._check_open()
-            if not self.attached:
+            elastic = self._holdings.elastic
+            targets = {c: Target(c.arena_address) for c in elastic}
+            kept = [c for c in elastic if c.handle is not None]
+            if all(c.is_at(t) for c, t in targets.items()) and (
+                    self.reclaim is Reclaim.REMAP or not kept):
                 return
             num_live = self.num_live_elastic_blocks()
             if num_live:
@@ -243,20 +210,9 @@ class ElasticKVPool:
                     f"cannot detach: {num_live} elastic block(s) in [{self.plan.num_base_blocks}, "
                     f"{self.plan.num_blocks}) are still allocated; free or migrate them first")
             start = time.perf_counter()
-            self._sync()  # unmap does not wait for kernels still reading the KV cache
-            with undo_on_error() as undo:
-                self._unmap_elastic(self._elastic_base(ElasticLocation.KV), undo)
-                if self.reclaim is Reclaim.REMAP:
-                    self._map_elastic(self._elastic_base(ElasticLocation.ACTIVATIONS), undo)
-            self._location = ElasticLocation.ACTIVATIONS
-            errors: list[Exception] = []
-            if self.reclaim is Reclaim.RELEASE:
-                self._location = ElasticLocation.NOWHERE
-                for chunk in self._elastic:  # not undoable: a handle that fails to release
-                    try:  # is kept, reused by attach() and retried by close()
-                        self._release_chunk(chunk)
-                    except Exception as exc:  # noqa: BLE001 - release the others first
-                        errors.append(exc)
+            self._holdings.move(targets)
+            errors = ([] if self.reclaim is Reclaim.REMAP
+                      else self._holdings.ops.release_unmapped(elastic))
             self._timer.record_detach(time.perf_counter() - start)
             if errors:
                 raise errors[0]
@@ -266,7 +222,7 @@ class ElasticKVPool:
     def mark_allocated(self, block_ids: Iterable[int]) -> None:
         """Record blocks as holding live KV; live elastic blocks keep the reserve attached."""
         with self._lock:
-            self._blocks.mark_allocated(block_ids, self.attached)
+            self._blocks.mark_allocated(block_ids, self._num_usable_elastic_blocks())
 
     def mark_freed(self, block_ids: Iterable[int]) -> None:
         with self._lock:
@@ -280,8 +236,8 @@ class ElasticKVPool:
     @property
     def kv_address(self) -> int:
         self._check_open()
-        assert self._kv_address is not None
-        return self._kv_address
+        assert self._holdings.kv_address is not None
+        return self._holdings.kv_address
 
     def block_address(self, block_id: int) -> int:
         """Device address of block ``block_id`` (all its layers follow contiguously)."""
@@ -305,21 +261,20 @@ class ElasticKVPool:
     def activation_arena(self) -> Any:
         """uint8 tensor over the lent reserve (remap mode, detached); its address never changes."""
         with self._lock:
-            if self._location is not ElasticLocation.ACTIVATIONS:
+            if self.location is not ElasticLocation.ACTIVATIONS:
                 raise RuntimeError(f"no activation arena: reclaim={self.reclaim.value} and the "
-                                   f"elastic memory is at {self._location.value}; detach() in remap mode")
-            return self._tensors.arena(self._elastic_base(ElasticLocation.ACTIVATIONS),
-                                       self.plan.elastic_bytes)
+                                   f"elastic memory is at {self.location.value}; detach() in remap mode")
+            assert self._holdings.activation_address is not None
+            return self._tensors.arena(self._holdings.activation_address, self.plan.elastic_bytes)
 
     # -- reporting and teardown ---------------------------------------------------------------
 
     def stats(self) -> PoolStats:
-        chunks = self._base + self._elastic
-        mapped = sum(c.size_bytes for c in chunks if c.mapped_at is not None)
-        reserved = self.plan.total_bytes + (self.plan.elastic_bytes if self._activation_address else 0)
+        chunks = self._holdings.chunks()
         return self._timer.stats(
-            mapped_bytes=mapped, reserved_virtual_bytes=0 if self._closed else reserved,
-            num_handles_created=self._num_handles_created, attached=self.attached,
+            mapped_bytes=sum(c.size_bytes * len(c.mappings) for c in chunks),
+            reserved_virtual_bytes=self._holdings.reserved_bytes(),
+            num_handles_created=self._holdings.ops.num_handles_created, attached=self.attached,
             num_handles_live=sum(c.handle is not None for c in chunks),
             num_live_elastic_blocks=self.num_live_elastic_blocks())
 
@@ -328,35 +283,19 @@ class ElasticKVPool:
             raise PoolClosedError("the ElasticKVPool is closed")
 
     def close(self) -> None:
-        """Sync, unmap, release every handle once and free both ranges (idempotent)."""
-        with self._lock:
-            if self._closed:
+        """Sync, unmap, release every handle once and free both ranges. Idempotent; if a call
+        fails the others still run, PoolCloseError names what is still held, and calling
+        close() again retries exactly that."""
+        with self._lock, defer_signals():
+            if self._closed and not self._holdings.held():
                 return
+            self._closed = True
+            self._tensors.clear()
+            errors = self._holdings.release_all()
+            held = self._holdings.held()
+            if errors or held:
+                raise PoolCloseError(errors[0] if errors else None, tuple(held))
             atexit.unregister(self.close)
-            self._close_unregistered()
-
-    def _close_unregistered(self) -> None:
-        self._closed = True
-        self._tensors.clear()
-        errors: list[BaseException] = []
-        steps: list[Callable[[], None]] = [self._sync]
-        steps += [partial(self._unmap_chunk, c) for c in self._elastic + self._base]
-        steps += [partial(self._release_chunk, c) for c in self._elastic + self._base]
-        for address, size in ((self._kv_address, self.plan.total_bytes),
-                              (self._activation_address, self.plan.elastic_bytes)):
-            if address is not None:
-                steps.append(partial(self._driver.free_range, address, size))
-        if self._owns_driver:
-            steps.append(self._driver.release_context)
-        for step in steps:
-            try:
-                step()
-            except Exception as exc:  # noqa: BLE001 - keep releasing, report the first failure
-                errors.append(exc)
-        self._kv_address = self._activation_address = None
-        self._location = ElasticLocation.NOWHERE
-        if errors:
-            raise errors[0]
 
     def __enter__(self) -> ElasticKVPool:
         return self

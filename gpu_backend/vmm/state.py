@@ -1,11 +1,10 @@
-"""Plain-data pieces of the pool: physical chunks, statistics and rollback."""
+"""Plain-data pieces of the pool: physical chunks, where they are mapped, and statistics."""
 
 from __future__ import annotations
 
-import contextlib
 import enum
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_backend.vmm.errors import ElasticDetachedError
@@ -19,23 +18,75 @@ class Reclaim(str, enum.Enum):
 
 
 class ElasticLocation(enum.Enum):
-    KV = "kv"  # attached: mapped at the top of the KV range
-    ACTIVATIONS = "activations"  # remap mode, detached: mapped in the activation range
-    NOWHERE = "nowhere"  # release mode, detached: handles released
+    KV = "kv"  # attached: a prefix of the reserve usable at the top of the KV range
+    ACTIVATIONS = "activations"  # remap mode, detached: all of it usable in the activation range
+    NOWHERE = "nowhere"  # release mode, detached: nothing mapped
+    MIXED = "mixed"  # a rollback failed part-way: see ElasticKVPool.mapped_ranges()
 
 
-@dataclass
+class Region(enum.Enum):
+    BASE = "base"  # base blocks, in the KV range
+    ELASTIC = "elastic"  # elastic blocks, in the KV range
+    ARENA = "arena"  # the activation range (remap mode)
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a chunk should end up: mapped with access at ``address``, or unmapped (its
+    handle kept or released)."""
+
+    address: int | None
+    keep_handle: bool = True
+
+
+@dataclass(eq=False)
 class Chunk:
-    """One physical handle and where it is mapped.
+    """One physical handle, its fixed places, and where it is mapped now.
 
-    ``offset_bytes`` is its fixed place in the KV range; ``handle`` is None while released
-    (release mode, detached); ``mapped_at`` is the address it is mapped at, if any.
+    ``kv_address`` is its place in the KV range, ``arena_address`` its place in the activation
+    range (remap mode only). ``handle`` is None while released. ``num_refs`` counts the pool's
+    references on the handle: 1 from cuMemCreate, one more for each driver query whose own
+    release failed; all are released at the end. ``mappings`` maps each address the handle is
+    mapped at to whether read/write access was granted there. Compared by identity.
     """
 
     size_bytes: int
-    offset_bytes: int
-    handle: Any | None
-    mapped_at: int | None = None
+    kv_address: int
+    arena_address: int | None = None
+    handle: Any | None = None
+    num_refs: int = 0
+    mappings: dict[int, bool] = field(default_factory=dict)
+
+    @property
+    def slots(self) -> tuple[int, ...]:
+        """Every address the pool may map this chunk at."""
+        return (self.kv_address,) if self.arena_address is None else (self.kv_address,
+                                                                      self.arena_address)
+
+    def usable_at(self, address: int) -> bool:
+        """Mapped at ``address`` with access, and nowhere else (no aliased second mapping)."""
+        return self.mappings == {address: True}
+
+    def is_at(self, target: Target) -> bool:
+        if target.address is None:
+            return not self.mappings and (target.keep_handle or self.handle is None)
+        return self.usable_at(target.address) and self.handle is not None
+
+    def current_target(self) -> Target:
+        """The target that keeps what is usable now (rollback goes back to it)."""
+        usable = [a for a in self.mappings if self.usable_at(a)]
+        return Target(usable[0] if usable else None, keep_handle=self.handle is not None)
+
+
+@dataclass(frozen=True)
+class MappedRange:
+    """One mapping as the pool knows it (after a failure: as the driver reported it)."""
+
+    address: int
+    size_bytes: int
+    handle: Any
+    accessible: bool
+    region: Region
 
 
 @dataclass(frozen=True)
@@ -84,26 +135,6 @@ class TransitionTimer:
                          **holdings)
 
 
-@contextlib.contextmanager
-def undo_on_error() -> Iterator[list[Callable[[], None]]]:
-    """Yield a list of undo steps; if the block raises, run them newest first and re-raise.
-
-    A failing undo step does not stop the others; its error is attached to the original
-    exception as a note, so the message still names the driver call that failed first.
-    """
-    undo: list[Callable[[], None]] = []
-    try:
-        yield undo
-    except BaseException as exc:
-        for step in reversed(undo):
-            try:
-                step()
-            except Exception as undo_exc:  # noqa: BLE001 - finish the rollback, then report
-                if hasattr(exc, "add_note"):
-                    exc.add_note(f"rollback step also failed: {undo_exc}")
-        raise
-
-
 class ElasticBlockTracker:
     """Which elastic block ids hold live KV: marked ones plus the engine's own count."""
 
@@ -122,11 +153,17 @@ class ElasticBlockTracker:
                 raise IndexError(f"block id {block_id} out of range [0, {self.num_blocks})")
         return [b for b in ids if b >= self.num_base_blocks]
 
-    def mark_allocated(self, block_ids: Iterable[int], attached: bool) -> None:
+    def mark_allocated(self, block_ids: Iterable[int], num_usable_elastic_blocks: int) -> None:
+        """Record live blocks; elastic ones must lie in the mapped, accessible part."""
         elastic = self.elastic_ids(block_ids)
-        if elastic and not attached:
-            raise ElasticDetachedError(f"elastic blocks {elastic[:8]} used while detached; "
+        end = self.num_base_blocks + num_usable_elastic_blocks
+        outside = [b for b in elastic if b >= end]
+        if outside and not num_usable_elastic_blocks:
+            raise ElasticDetachedError(f"elastic blocks {outside[:8]} used while detached; "
                                        "attach() before allocating elastic blocks")
+        if outside:
+            raise ElasticDetachedError(f"elastic blocks {outside[:8]} lie beyond the mapped blocks "
+                                       f"[{self.num_base_blocks}, {end}); attach more handles first")
         self.marked.update(elastic)
 
     def mark_freed(self, block_ids: Iterable[int]) -> None:
