@@ -1,12 +1,48 @@
-"""One engine configuration and the shared core built from it (used by both executors)."""
+"""The engine configuration, the one place engine defaults live, and the core built from it.
+
+`EngineConfig` holds every engine setting both executors (the simulator and the GPU engine)
+and validation read. Its defaults are vLLM v1's, each resolved explicitly from an Optional
+field (None: the rule applies), as vLLM's `EngineArgs._set_default_args` resolves them:
+
+* max_model_len: the model's `max_position_embeddings` (vLLM's ModelConfig derives it from
+  the Hugging Face config);
+* max_num_batched_tokens: with chunked prefill, 8192 on GPUs of at least 70 GiB that are not
+  A100s, else 2048 (the OpenAI server's usage-context defaults; vLLM keeps A100s on the small
+  ones, its PR #17885); without chunked prefill max(max_model_len, 2048), as vLLM's
+  SchedulerConfig does, so that any prompt fits in one step;
+* max_num_seqs: 1024 on the same large GPUs, else 256, and never above
+  max_num_batched_tokens (vLLM takes the smaller);
+* prefix caching and chunked prefill on (vLLM v1's default for generative models).
+
+`__post_init__` refuses what vLLM's EngineArgs refuses (max_num_batched_tokens below
+max_num_seqs; without chunked prefill, below max_model_len) and values out of range, each
+with a message saying what to change. Every field carries a `Setting` (sim.core.settings):
+`sim.core.config_flags` makes every command's flags from them, and `to_json`/`from_json`
+write and read the configuration a run used (a GPU replay's config.json).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import json
+from dataclasses import dataclass, field, fields, replace
 from functools import partial
+from typing import Any
 
 from sim.core.block_pool import BlockPool
-from sim.core.catalog import GIB, MIB, GpuSpec, ModelSpec
+from sim.core.catalog import (
+    DTYPES,
+    GIB,
+    GPUS,
+    KV_CACHE_DTYPE_BYTES,
+    MIB,
+    MODELS,
+    QUANTIZATION_BYTES,
+    GpuSpec,
+    ModelSpec,
+    apply_dtypes,
+    get_gpu,
+    get_model,
+)
 from sim.core.controller import ElasticController
 from sim.core.elastic import (
     DrainStrategy,
@@ -16,7 +52,9 @@ from sim.core.elastic import (
     VmmCosts,
     plan_reserve,
 )
+from sim.core.engine_checks import RECLAIM_MODES, check_config
 from sim.core.memory_plan import (
+    BLOCK_SIZES,
     ActivationProfile,
     MemoryConfig,
     MemoryPlan,
@@ -24,68 +62,185 @@ from sim.core.memory_plan import (
     plan_memory,
 )
 from sim.core.scheduler import Scheduler, SchedulerConfig
+from sim.core.settings import (
+    BOOL,
+    COUNT,
+    FLOAT,
+    INT,
+    MIB_BYTES,
+    SIZES,
+    choice,
+    enum_codec,
+    optional,
+    setting,
+    setting_of,
+    spec_codec,
+)
+
+DEFAULT_MODEL = "llama-3.1-8b"
+DEFAULT_GPU = "h200"
+# vLLM's SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS: the floor of the non-chunked default
+NON_CHUNKED_MIN_BATCHED_TOKENS = 2048
+_LARGE = "8192 on GPUs of >= 70 GiB other than A100, else 2048"
+
+
+def _large_gpu(gpu: GpuSpec) -> bool:
+    """vLLM's test for its larger defaults: at least 70 GiB and not an A100
+    (vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults)."""
+    return gpu.memory_bytes >= 70 * GIB and "a100" not in gpu.name.lower()
 
 
 def vllm_default_chunk(gpu: GpuSpec) -> int:
-    """vLLM v1's default max_num_batched_tokens for the OpenAI server: 8192 on GPUs with at
-    least 70 GiB, 2048 below (vllm/engine/arg_utils.py, _set_default_args)."""
-    return 8192 if gpu.memory_bytes >= 70 * GIB else 2048
+    """vLLM v1's default max_num_batched_tokens for the OpenAI server with chunked prefill."""
+    return 8192 if _large_gpu(gpu) else 2048
 
 
 def vllm_default_max_num_seqs(gpu: GpuSpec) -> int:
-    """vLLM v1's default max_num_seqs for the OpenAI server: 1024 on GPUs with at least
-    70 GiB, 256 below (same source)."""
-    return 1024 if gpu.memory_bytes >= 70 * GIB else 256
+    """vLLM v1's default max_num_seqs for the OpenAI server, before the max_num_batched_tokens
+    cap (`EngineConfig.num_seqs` applies it)."""
+    return 1024 if _large_gpu(gpu) else 256
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: ModelSpec
-    gpu: GpuSpec
-    tensor_parallel_size: int = 1
-    max_num_batched_tokens: int | None = None  # None: vLLM's default for the GPU
-    max_num_seqs: int | None = None  # None: vLLM's default for the GPU
-    gpu_memory_utilization: float = 0.9
-    max_model_len: int | None = None
-    block_size: int = 16
-    policy: Policy = Policy.STATIC
-    # Migrate by default: on the H200 map's stressed cells, draining by preemption recomputes
-    # the victims and lost up to 30% throughput, while migration copied ~10 MiB per detach
-    # and lost nothing (README, 'Where elastic pays').
-    drain: DrainStrategy = DrainStrategy.MIGRATE
-    vmm_handle_bytes: int = 512 * MIB
-    reclaim: str = "remap"
-    enable_prefix_caching: bool = False
-    hash_block_tokens: int = 512
+    model: ModelSpec = field(default_factory=partial(get_model, DEFAULT_MODEL), metadata=setting(
+        f"model: a preset ({', '.join(MODELS)}), a Hugging Face config.json (file or folder) "
+        "or a Hugging Face repo id", "--model",
+        codec=spec_codec(ModelSpec, get_model), default_text=DEFAULT_MODEL))
+    gpu: GpuSpec = field(default_factory=partial(get_gpu, DEFAULT_GPU), metadata=setting(
+        f"GPU: a preset ({', '.join(GPUS)}, or an alias such as h100) for its memory and peak "
+        "rates", "--gpu", codec=spec_codec(GpuSpec, get_gpu), default_text=DEFAULT_GPU))
+    tensor_parallel_size: int = field(default=1, metadata=setting(
+        "GPUs per model replica (tensor parallelism; weights, KV heads and activations split)",
+        "--tensor-parallel-size", "--tp", codec=COUNT))
+    max_num_batched_tokens: int | None = field(default=None, metadata=setting(
+        "tokens per engine step (the chunk size); it sizes the activation reserve",
+        "--max-num-batched-tokens", "--chunk", codec=optional(COUNT),
+        default_text=f"vLLM's: {_LARGE}; without chunked prefill max(max_model_len, 2048)"))
+    max_num_seqs: int | None = field(default=None, metadata=setting(
+        "sequences per engine step", "--max-num-seqs", codec=optional(COUNT),
+        default_text="vLLM's: 1024 on GPUs of >= 70 GiB other than A100, else 256; at most "
+                     "max_num_batched_tokens"))
+    gpu_memory_utilization: float = field(default=0.9, metadata=setting(
+        "share of the GPU's memory the engine may use (weights, activations, KV cache)",
+        "--gpu-memory-utilization", codec=FLOAT))
+    max_model_len: int | None = field(default=None, metadata=setting(
+        "longest request (prompt + output tokens): longer ones are rejected, and the KV pool "
+        "must hold one", "--max-model-len", codec=optional(COUNT),
+        default_text="the model's max_position_embeddings"))
+    block_size: int = field(default=16, metadata=setting(
+        f"tokens per KV cache block, one of {', '.join(map(str, BLOCK_SIZES))}",
+        "--block-size", codec=INT))
+    policy: Policy = field(default=Policy.STATIC, metadata=setting(
+        "what the activation reserve does: static (kept for activations), elastic (lent to "
+        "the KV pool while only decodes run), overcommit (added to the KV pool for good)",
+        "--policy", codec=enum_codec(Policy, Policy.parse),
+        choices=tuple(p.value for p in Policy)))
+    # Migrate: on the H200 map's stressed cells, draining by preemption recomputes the victims
+    # and lost up to 30% throughput, while migration copied ~10 MiB per detach and lost
+    # nothing (README, 'Where elastic pays').
+    drain: DrainStrategy = field(default=DrainStrategy.MIGRATE, metadata=setting(
+        "how the elastic policy empties the reserve before a prefill: migrate (copy the "
+        "blocks to free base blocks), preempt (recompute their requests later) or wait",
+        "--drain", codec=enum_codec(DrainStrategy, DrainStrategy.parse),
+        choices=tuple(d.value for d in DrainStrategy)))
+    vmm_handle_bytes: int = field(default=512 * MIB, metadata=setting(
+        "CUDA VMM handle size of the elastic reserve, MiB (a multiple of 2)",
+        "--vmm-handle-mib", codec=MIB_BYTES))
+    # Release: the GPU engine's activations come from torch's allocator, which only a
+    # released handle's memory reaches (gpu_backend/engine/setup.py); remap needs an arena.
+    reclaim: str = field(default="release", metadata=setting(
+        "how a detached reserve reaches the activations: release (free the handles and "
+        "create them again on attach, as the GPU engine does) or remap (keep the handles and "
+        "map them elsewhere; simulator only)", "--reclaim", codec=choice(RECLAIM_MODES),
+        choices=RECLAIM_MODES))
+    enable_prefix_caching: bool = field(default=True, metadata=setting(
+        "reuse the KV blocks of a prompt prefix computed before (traces with block hashes)",
+        "--enable-prefix-caching", codec=BOOL))
+    hash_block_tokens: int = field(default=512, metadata=setting(
+        "prompt tokens one trace block hash names (Mooncake traces: 512)",
+        "--hash-block-tokens", codec=COUNT))
     # Decode CUDA graph batch sizes: a decode-only batch runs padded to the next one up
     # (CostModel's graph_sizes). Empty: priced at its own size.
-    cuda_graph_sizes: tuple[int, ...] = ()
+    cuda_graph_sizes: tuple[int, ...] = field(default=(), metadata=setting(
+        "decode CUDA graph batch sizes, comma-separated: a decode-only batch is priced padded "
+        "to the next size up, eager beyond the largest (vLLM captures 1,2,4,8,16,24,...,512); "
+        "none: each batch at its own size. The GPU engine captures its own and records them",
+        "--cuda-graph-sizes", codec=SIZES))
     # Piecewise CUDA graph token counts for steps with prefill tokens: such a step's linear
     # layers run padded to the next one up (CostModel's token_graph_sizes; the engine captures
-    # sim.core.cost_model.piecewise_capture_sizes(chunk)). Empty: prefill steps run fully eager.
-    piecewise_graph_sizes: tuple[int, ...] = ()
+    # sim.core.cost_model.piecewise_capture_sizes(chunk)). Empty: prefill steps run fully
+    # eager. Set from --piecewise-graphs and --piecewise-max-tokens (sim.core.config_flags).
+    piecewise_graph_sizes: tuple[int, ...] = field(default=(), metadata=setting(
+        "token counts of the piecewise CUDA graphs that steps with prefill tokens run padded "
+        "to", codec=SIZES))
+    dtype: str = field(default="auto", metadata=setting(
+        "model dtype (weights, activations and, with kv_cache_dtype auto, the KV cache); auto "
+        "keeps the checkpoint's (config.json's torch_dtype)", "--dtype", codec=choice(DTYPES),
+        choices=DTYPES))
+    kv_cache_dtype: str = field(default="auto", metadata=setting(
+        "KV cache element type: auto (the model dtype) or fp8 (one byte per element)",
+        "--kv-cache-dtype", codec=choice(tuple(KV_CACHE_DTYPE_BYTES)),
+        choices=tuple(KV_CACHE_DTYPE_BYTES)))
+    quantization: str | None = field(default=None, metadata=setting(
+        "weight quantization: fp8 stores the decoder's linear weights in one byte",
+        "--quantization", codec=optional(choice(tuple(QUANTIZATION_BYTES))),
+        choices=tuple(QUANTIZATION_BYTES)))
+    enable_chunked_prefill: bool = field(default=True, metadata=setting(
+        "split a prompt over steps to fit max_num_batched_tokens; off, a prompt is never "
+        "split (the memory plan takes it; the simulator's scheduler does not model it)",
+        "--enable-chunked-prefill", codec=BOOL))
+
+    def __post_init__(self) -> None:
+        # The model as served: dtype, KV cache dtype and quantization applied. apply_dtypes
+        # sets each size outright, so applying it again (replace, from_json) changes nothing.
+        object.__setattr__(self, "model", apply_dtypes(
+            self.model, dtype=self.dtype, kv_cache_dtype=self.kv_cache_dtype,
+            quantization=self.quantization))
+        check_config(self)
+
+    # ------------------------------------------------------------------ resolved defaults
+    @property
+    def effective_max_model_len(self) -> int:
+        if self.max_model_len is not None:
+            return self.max_model_len
+        return self.model.max_position_embeddings
 
     @property
     def chunk_tokens(self) -> int:
-        return self.max_num_batched_tokens or vllm_default_chunk(self.gpu)
+        """max_num_batched_tokens as given, else vLLM's default (module docstring)."""
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        if not self.enable_chunked_prefill:
+            return max(self.effective_max_model_len, NON_CHUNKED_MIN_BATCHED_TOKENS)
+        return vllm_default_chunk(self.gpu)
 
     @property
     def num_seqs(self) -> int:
-        return self.max_num_seqs or vllm_default_max_num_seqs(self.gpu)
+        """max_num_seqs as given, else vLLM's default capped at max_num_batched_tokens."""
+        if self.max_num_seqs is not None:
+            return self.max_num_seqs
+        return min(vllm_default_max_num_seqs(self.gpu), self.chunk_tokens)
 
+    # ------------------------------------------------------------------ derived configs
     def memory_config(self) -> MemoryConfig:
         return MemoryConfig(
             model=self.model, gpu=self.gpu, tensor_parallel_size=self.tensor_parallel_size,
             max_num_batched_tokens=self.chunk_tokens,
             gpu_memory_utilization=self.gpu_memory_utilization, max_num_seqs=self.num_seqs,
-            max_model_len=self.max_model_len, block_size=self.block_size,
+            max_model_len=self.effective_max_model_len, block_size=self.block_size,
             vmm_handle_bytes=self.vmm_handle_bytes,
         )
 
-    def scheduler_config(self, max_model_len: int) -> SchedulerConfig:
+    def scheduler_config(self) -> SchedulerConfig:
+        if not self.enable_chunked_prefill:
+            raise ValueError("--no-enable-chunked-prefill: the scheduler splits every prompt "
+                             "that exceeds the step's token budget (vLLM v1's chunked "
+                             "prefill) and cannot run it unsplit; drop the flag (`python -m "
+                             "sim memory` plans the memory of either)")
         return SchedulerConfig(
             max_num_batched_tokens=self.chunk_tokens, max_num_seqs=self.num_seqs,
-            max_model_len=max_model_len, block_size=self.block_size,
+            max_model_len=self.effective_max_model_len, block_size=self.block_size,
             enable_prefix_caching=self.enable_prefix_caching,
             hash_block_tokens=self.hash_block_tokens,
         )
@@ -96,6 +251,44 @@ class EngineConfig:
 
     def with_(self, **changes) -> EngineConfig:
         return replace(self, **changes)
+
+    # ------------------------------------------------------------------ serialization
+    def to_dict(self) -> dict[str, Any]:
+        """Every field as JSON values (models and GPUs in full)."""
+        return {f.name: setting_of(f).codec.encode(getattr(self, f.name)) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: object, source: object = "engine config") -> EngineConfig:
+        """The inverse of `to_dict`; a missing key takes its default. Errors name `source`
+        and the key."""
+        if not isinstance(data, dict):
+            raise ValueError(f"{source}: expected an object of engine settings, got "
+                             f"{type(data).__name__}")
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise ValueError(f"{source}: unknown setting(s) {unknown}; known: {list(known)}")
+        values = {}
+        for name, value in data.items():
+            try:
+                values[name] = setting_of(known[name]).codec.decode(value)
+            except ValueError as exc:
+                raise ValueError(f"{source}: {name}: {exc}") from None
+        try:
+            return cls(**values)
+        except ValueError as exc:
+            raise ValueError(f"{source}: {exc}") from None
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str, source: object = "engine config") -> EngineConfig:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{source} is not valid JSON: {exc}") from None
+        return cls.from_dict(data, source)
 
 
 @dataclass(frozen=True)
@@ -121,8 +314,8 @@ def build_core(
 
     `plan` may be given when the KV pool was measured rather than predicted (GPU engine).
     """
-    memory = config.memory_config()
-    plan = plan or plan_memory(memory, profile)
+    scheduler_config = config.scheduler_config()
+    plan = plan or plan_memory(config.memory_config(), profile)
     tp = config.tensor_parallel_size
     act = partial(_activation, config.model, tp, profile)
     layout = plan_reserve(config.policy, plan.activation_reserve_bytes, plan.block_bytes,
@@ -131,9 +324,7 @@ def build_core(
                      elastic_attached=config.policy is Policy.OVERCOMMIT)
     controller = ElasticController(config.policy, layout, act, vmm or config.vmm_cost(),
                                    config.drain)
-    scheduler = Scheduler(config.scheduler_config(memory.effective_max_model_len), pool,
-                          controller)
-    return EngineCore(config, plan, layout, scheduler)
+    return EngineCore(config, plan, layout, Scheduler(scheduler_config, pool, controller))
 
 
 def _activation(model: ModelSpec, tp: int, profile: ActivationProfile | None,
