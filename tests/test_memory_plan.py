@@ -162,7 +162,8 @@ def test_fp8_kv_cache_and_weights_grow_the_pool():
 
 
 def test_cli_json(capsys):
-    assert main(["--model", "Llama-3.1-8B", "--gpu", "H100", "--json"]) == 0
+    assert main(["--model", "Llama-3.1-8B", "--gpu", "H100", "--max-num-seqs", "256",
+                 "--max-model-len", "32768", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["kv_bytes_per_token"] == 131072
     assert out["activation_reserve_bytes"] == 1_249_116_160
@@ -198,10 +199,10 @@ def test_cli_several_chunks_and_table(capsys):
     "argv, message",
     [
         (["--model", "gpt-9", "--gpu", "h100"], "unknown model"),
-        (["--model", "qwen2.5-7b", "--gpu", "h100", "--tp", "x"], "invalid int value"),
-        (["--model", "qwen2.5-7b", "--gpu", "h100", "--chunk", "2k"], "integers separated"),
+        (["--model", "qwen2.5-7b", "--gpu", "h100", "--tp", "x"], "expected an integer"),
+        (["--model", "qwen2.5-7b", "--gpu", "h100", "--chunk", "2k"], "expected an integer"),
         (["--model", "llama-3.1-70b", "--gpu", "h100"], "does not fit"),
-        (["--model", "qwen2.5-7b"], "required"),
+        (["--model", "qwen2.5-7b", "--max-num-seqs", "0"], "give 1 or more"),
     ],
 )
 def test_cli_errors_one_line_exit_2(capsys, argv, message):

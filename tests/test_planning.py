@@ -169,3 +169,61 @@ def test_piecewise_graphs_option_pads_each_cases_prefill_steps_at_its_own_chunk(
     assert padded.input_fields()["piecewise_graphs"] is True
     rows = run_sweep([plain, padded], QUIET)
     assert rows[1]["ttft_s_p50"] > rows[0]["ttft_s_p50"]
+
+
+# ------------------------------------------------------------------ flags and YAML settings
+def test_sweep_flags_are_the_engine_flags_with_the_grid_axes_several_valued(capsys):
+    """`sim sweep` takes EngineConfig's flags: the axes several-valued (--tp 1,2), the rest
+    fixed and at EngineConfig's defaults when left out (prefix caching on, release, migrate)."""
+    import json
+
+    from sim.planning.cli import main
+
+    assert main(["sweep", "--trace", "azure-conv", "--limit", "8", "--model", "qwen2.5-0.5b",
+                 "--tp", "1,2", "--chunk", "512", "--policy", "static", "--workers", "1",
+                 "--no-progress", "--calibration", "none", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["tensor_parallel_size"], r["chunk"]) for r in rows] == [(1, 512), (2, 512)]
+    for row in rows:
+        assert row["enable_prefix_caching"] is True and row["reclaim"] == "release"
+        assert row["drain"] == "migrate" and row["max_num_seqs"] == 512  # min(1024, chunk)
+    assert main(["sweep", "--trace", "azure-conv", "--tp", "0"]) == 2
+    assert "--tensor-parallel-size/--tp: give 1 or more" in capsys.readouterr().err
+    assert main(["sweep", "--trace", "azure-conv", "--dtype", "float32"]) == 2
+    assert "unrecognized arguments: --dtype" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text, says", [
+    ("grid: {tp: [1, two], trace: azure-conv}", "grid.tp[1]: expected an integer, got 'two'"),
+    ("grid: {trace: azure-conv}\nengine: {max_num_seqs: many}",
+     "engine.max_num_seqs: expected an integer, got 'many'"),
+    ("grid: {trace: azure-conv}\nengine: {enable_prefix_caching: maybe}",
+     "engine.enable_prefix_caching: expected true or false"),
+    ("grid: {trace: azure-conv}\nengine: {drain: sometimes}",
+     "engine.drain: unknown drain strategy 'sometimes'"),
+    ("grid: {trace: azure-conv}\nengine: {dtype: float32}", "unknown key(s) ['dtype'] in engine"),
+    ("grid: {trace: azure-conv, policy: [greedy]}", "grid.policy[0]: unknown policy 'greedy'"),
+    ("grid: {trace: azure-conv}\nslo: {ttft_s: -1}", "slo.ttft_s: expected a number above 0"),
+    ("grid: {trace: {synthetic: {num_requests: ten, rate_per_s: 1, prompt: 8, output: 4}}}",
+     "synthetic.num_requests: expected an integer, got 'ten'"),
+    ("grid: {trace: {source: azure-conv, limit: 1.5}}", "trace.limit: expected an integer"),
+])
+def test_wrong_types_in_a_sweep_yaml_name_the_file_and_key(tmp_path, text, says):
+    path = tmp_path / "sweep.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError) as info:
+        load_sweep(path)
+    assert str(info.value).startswith(f"{path}: ") and says in str(info.value)
+
+
+def test_yaml_engine_settings_left_out_take_the_engine_configs_defaults(tmp_path):
+    from sim.core.engine_config import EngineConfig
+
+    path = tmp_path / "sweep.yaml"
+    path.write_text("grid: {trace: azure-conv}\nengine: {vmm_handle_mib: 256}")
+    (case,) = load_sweep(path).cases()[:1]
+    engine = case.engine()
+    default = EngineConfig()
+    assert engine.vmm_handle_bytes == 256 * 2**20 and engine.chunk_tokens == 8192
+    assert (engine.enable_prefix_caching, engine.reclaim, engine.drain, engine.max_num_seqs) == (
+        default.enable_prefix_caching, default.reclaim, default.drain, default.max_num_seqs)

@@ -1,21 +1,43 @@
 """A sweep described as data (YAML or flags) and its expansion into cases.
 
-The YAML schema is documented, with an example, in ``examples/sweep.yaml``.
+The YAML schema is documented, with an example, in ``examples/sweep.yaml``. Every value is
+read with its type checked; a wrong one is an error naming the file and the key. Engine
+settings left out take `EngineConfig`'s defaults (vLLM's), as they do on the command line.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 import yaml
 
+from sim.core.catalog import MIB
+from sim.core.config_flags import setting_default
+from sim.core.elastic import Policy
+from sim.core.engine_config import DEFAULT_GPU, DEFAULT_MODEL, EngineConfig
+from sim.core.settings import BOOL, COUNT, FLOAT, INT, optional, setting_of
 from sim.planning.cases import Case, EngineOptions, SyntheticSpec, TraceSpec, parse_length
 from sim.recording.metrics import Slo
 
 GRID_KEYS = ("model", "gpu", "tp", "chunk", "policy", "rate_scale", "trace")
 TOP_KEYS = ("grid", "engine", "slo", "num_replicas", "calibration", "workers", "out", "trace")
+# EngineConfig settings a sweep's cases (sim.planning.cases.EngineOptions) do not carry: a
+# sweep runs at their defaults, and its flags and YAML leave them out.
+SWEEP_FIXED = ("dtype", "kv_cache_dtype", "quantization", "enable_chunked_prefill",
+               "hash_block_tokens")
+# The `engine:` keys: EngineOptions' fields, each read as this EngineConfig setting.
+OPTION_SETTINGS = {"max_num_seqs": "max_num_seqs",
+                   "gpu_memory_utilization": "gpu_memory_utilization",
+                   "max_model_len": "max_model_len", "block_size": "block_size",
+                   "drain": "drain", "vmm_handle_mib": "vmm_handle_bytes", "reclaim": "reclaim",
+                   "enable_prefix_caching": "enable_prefix_caching",
+                   "cuda_graph_sizes": "cuda_graph_sizes"}
+PIECEWISE_KEYS = {"piecewise_graphs": BOOL, "piecewise_max_tokens": optional(INT)}
+_SETTINGS = {f.name: setting_of(f) for f in fields(EngineConfig)}
 
 
 @dataclass(frozen=True)
@@ -23,7 +45,7 @@ class SweepSpec:
     models: tuple[str, ...]
     gpus: tuple[str, ...]
     tps: tuple[int, ...]
-    chunks: tuple[int, ...]
+    chunks: tuple[int | None, ...]  # None: vLLM's default for the case's GPU
     policies: tuple[str, ...]
     rate_scales: tuple[float, ...]
     traces: tuple[TraceSpec, ...]
@@ -38,6 +60,9 @@ class SweepSpec:
         for name in ("models", "gpus", "tps", "chunks", "policies", "rate_scales", "traces"):
             if not getattr(self, name):
                 raise ValueError(f"the sweep grid needs at least one value for {name}")
+        if self.options.piecewise_graphs and None in self.chunks:
+            raise ValueError("piecewise graphs are captured at each case's chunk: give the "
+                             "grid's chunk values (--chunk, or grid.chunk)")
 
     def cases(self, efficiency=None, profile=None, vmm_costs=None) -> list[Case]:
         """One case per grid point, in a fixed nested order (model outermost, policy innermost)."""
@@ -51,6 +76,22 @@ class SweepSpec:
         ]
 
 
+def engine_options(settings: Mapping[str, Any], piecewise_graphs: bool = False,
+                   piecewise_max_tokens: int | None = None) -> EngineOptions:
+    """A sweep's fixed engine options from EngineConfig settings (keyed by field name, values
+    as EngineConfig holds them); a setting left out takes EngineConfig's default."""
+    def get(name: str) -> Any:
+        return settings[name] if name in settings else setting_default(name)
+
+    return EngineOptions(
+        max_num_seqs=get("max_num_seqs"), gpu_memory_utilization=get("gpu_memory_utilization"),
+        max_model_len=get("max_model_len"), block_size=get("block_size"),
+        drain=get("drain").value, vmm_handle_mib=get("vmm_handle_bytes") // MIB,
+        reclaim=get("reclaim"), enable_prefix_caching=get("enable_prefix_caching"),
+        cuda_graph_sizes=get("cuda_graph_sizes"), piecewise_graphs=piecewise_graphs,
+        piecewise_max_tokens=piecewise_max_tokens)
+
+
 def load_sweep(path: Path) -> SweepSpec:
     try:
         data = yaml.safe_load(path.read_text())
@@ -60,7 +101,10 @@ def load_sweep(path: Path) -> SweepSpec:
         raise ValueError(f"{path} is not valid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping with a 'grid' key")
-    return sweep_from_dict(data, base_dir=path.parent)
+    try:
+        return sweep_from_dict(data, base_dir=path.parent)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
 
 
 def sweep_from_dict(data: dict, base_dir: Path = Path(".")) -> SweepSpec:
@@ -74,29 +118,40 @@ def sweep_from_dict(data: dict, base_dir: Path = Path(".")) -> SweepSpec:
     traces = tuple(t for item in trace_items for t in trace_specs(item, base_dir))
     slo = data.get("slo") or {}
     _check_keys("slo", slo, ("ttft_s", "tpot_s"))
-    calibration = data.get("calibration")
-    out = data.get("out")
+    calibration = _read(data, "calibration", _text, "sweep config", None)
+    out = _read(data, "out", _text, "sweep config", None)
     return SweepSpec(
-        models=tuple(str(m) for m in _as_list(grid.get("model", "llama-3.1-8b"))),
-        gpus=tuple(str(g) for g in _as_list(grid.get("gpu", "h200"))),
-        tps=tuple(int(t) for t in _as_list(grid.get("tp", 1))),
-        chunks=tuple(int(c) for c in _as_list(grid.get("chunk", 8192))),
-        policies=tuple(str(p) for p in _as_list(grid.get("policy", ["static", "elastic"]))),
-        rate_scales=tuple(float(r) for r in _as_list(grid.get("rate_scale", 1.0))),
+        models=_axis(grid, "model", _text, (DEFAULT_MODEL,)),
+        gpus=_axis(grid, "gpu", _text, (DEFAULT_GPU,)),
+        tps=_axis(grid, "tp", COUNT.decode, (setting_default("tensor_parallel_size"),)),
+        chunks=_axis(grid, "chunk", COUNT.decode, (None,)),
+        policies=tuple(p.value for p in _axis(grid, "policy", _policy,
+                                                   (Policy.STATIC, Policy.ELASTIC))),
+        rate_scales=_axis(grid, "rate_scale", _positive, (1.0,)),
         traces=traces,
-        options=engine_options(data.get("engine") or {}),
-        slo=Slo(slo.get("ttft_s"), slo.get("tpot_s")),
-        num_replicas=int(data.get("num_replicas", 1)),
+        options=options_from_yaml(data.get("engine") or {}),
+        slo=Slo(_read(slo, "ttft_s", _positive, "slo", None),
+                _read(slo, "tpot_s", _positive, "slo", None)),
+        num_replicas=_read(data, "num_replicas", COUNT.decode, "sweep config", 1),
         calibration=None if calibration is None else base_dir / calibration,
-        workers=data.get("workers"),
+        workers=_read(data, "workers", COUNT.decode, "sweep config", None),
         out=None if out is None else Path(out),
     )
 
 
-def engine_options(data: dict) -> EngineOptions:
-    known = tuple(f.name for f in fields(EngineOptions))
-    _check_keys("engine", data, known)
-    return EngineOptions(**data)
+def options_from_yaml(data: dict) -> EngineOptions:
+    """The `engine:` section: EngineOptions' keys, each read as its EngineConfig setting."""
+    _check_keys("engine", data, (*OPTION_SETTINGS, *PIECEWISE_KEYS))
+    settings = {}
+    for key, name in OPTION_SETTINGS.items():
+        if key in data:
+            decode = (COUNT.decode if key == "vmm_handle_mib" else _SETTINGS[name].codec.decode)
+            settings[name] = _read(data, key, decode, "engine", None)
+    if "vmm_handle_bytes" in settings:
+        settings["vmm_handle_bytes"] *= MIB
+    piecewise = {k: _read(data, k, codec.decode, "engine", None)
+                 for k, codec in PIECEWISE_KEYS.items() if k in data}
+    return engine_options(settings, **piecewise)
 
 
 def trace_specs(item: str | dict, base_dir: Path = Path(".")) -> list[TraceSpec]:
@@ -112,11 +167,14 @@ def trace_specs(item: str | dict, base_dir: Path = Path(".")) -> list[TraceSpec]
     if "source" not in item:
         raise ValueError(f"a trace mapping needs 'source' or 'synthetic', got {item!r}")
     window = item.get("window")
-    if window is not None and len(window) != 2:
-        raise ValueError(f"trace window is [start_s, end_s], got {window!r}")
-    return [TraceSpec(source=_resolve(str(item["source"]), base_dir), format=item.get("format"),
-                      window_s=None if window is None else (float(window[0]), float(window[1])),
-                      limit=item.get("limit"), sort=bool(item.get("sort", False)))]
+    if window is not None and (not isinstance(window, list) or len(window) != 2):
+        raise ValueError(f"trace.window is [start_s, end_s], got {window!r}")
+    return [TraceSpec(
+        source=_resolve(_read(item, "source", _text, "trace", None), base_dir),
+        format=_read(item, "format", _text, "trace", None),
+        window_s=None if window is None else (FLOAT.decode(window[0]), FLOAT.decode(window[1])),
+        limit=_read(item, "limit", COUNT.decode, "trace", None),
+        sort=_read(item, "sort", BOOL.decode, "trace", False))]
 
 
 def synthetic_specs(data: dict) -> list[TraceSpec]:
@@ -126,12 +184,60 @@ def synthetic_specs(data: dict) -> list[TraceSpec]:
         if needed not in data:
             raise ValueError(f"a synthetic trace needs '{needed}'")
     output = parse_length(data["output"])
-    rest = {k: data[k] for k in ("arrival", "cv", "seed") if k in data}
+    rest = {k: _read(data, k, reader, "synthetic", None)
+            for k, reader in (("arrival", _text), ("cv", _positive), ("seed", INT.decode))
+            if k in data}
     return [
-        TraceSpec(synthetic=SyntheticSpec(int(data["num_requests"]), float(data["rate_per_s"]),
-                                          parse_length(prompt), output, **rest))
+        TraceSpec(synthetic=SyntheticSpec(
+            _read(data, "num_requests", COUNT.decode, "synthetic", None),
+            _read(data, "rate_per_s", _positive, "synthetic", None),
+            parse_length(prompt), output, **rest))
         for prompt in _as_list(data["prompt"])
     ]
+
+
+# ------------------------------------------------------------------------ typed readers
+def _read(data: Mapping, key: str, reader: Callable[[Any], Any], where: str,
+          default: Any) -> Any:
+    """data[key] read by `reader` (None or absent: `default`); a wrong type names the key."""
+    value = data.get(key)
+    if value is None:
+        return default
+    try:
+        return reader(value)
+    except ValueError as exc:
+        raise ValueError(f"{where}.{key}: {exc}") from None
+
+
+def _axis(grid: Mapping, key: str, reader: Callable[[Any], Any], default: tuple) -> tuple:
+    """grid[key] as a tuple, each value read by `reader` (absent: `default`)."""
+    values = _as_list(grid.get(key))
+    if not values:
+        return default
+    out = []
+    for i, value in enumerate(values):
+        try:
+            out.append(reader(value))
+        except ValueError as exc:
+            raise ValueError(f"grid.{key}[{i}]: {exc}") from None
+    return tuple(out)
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"expected a name, got {value!r}")
+    return value
+
+
+def _positive(value: Any) -> float:
+    number = FLOAT.decode(value)
+    if not number > 0:
+        raise ValueError(f"expected a number above 0, got {value!r}")
+    return number
+
+
+def _policy(value: Any) -> Policy:
+    return Policy.parse(_text(value))
 
 
 def _resolve(name: str, base_dir: Path) -> str:
