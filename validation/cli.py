@@ -1,14 +1,16 @@
-"""`python -m validation {run,compare,fit,fake-gpu}`: simulator predictions vs GPU measurements.
+"""`python -m validation {run,compare,fit,fake-gpu,table,rebuild}`: simulator predictions vs GPU measurements.
 
     # on a GPU machine (with `pip install simpy` there), everything in one command:
     python -m validation run --trace azure-conv --limit 400 --model llama-3.1-8b \\
         --policies static,elastic --chunks 2048,8192 --out validation_out/
     # GPU replays already produced (one folder per run): simulate here and write the report
-    python -m validation compare --gpu-dir gpu_runs/ --out validation/reports/h200-llama8b/
+    python -m validation compare --gpu-dir runs/ --out report/
     # fit the cost model on one set of runs, judge it on another
     python -m validation fit --gpu-dir runs_conv/ --test-dir runs_code/ --out calibration.json
     # the targets of several reports side by side, and over all their runs pooled
-    python -m validation table validation/reports/h200_*
+    python -m validation table validation/evidence/h200_*
+    # every committed report and results table, again from validation/evidence/
+    python -m validation rebuild [--check]
 """
 
 from __future__ import annotations
@@ -102,15 +104,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     tab = commands.add_parser("table", help="several reports' targets side by side, and pooled")
     tab.add_argument("reports", type=Path, nargs="+", help="report folders (or report.json files)")
+
+    rebuild = commands.add_parser("rebuild", help="rebuild the committed reports and results "
+                                                  "tables from validation/evidence/")
+    rebuild.add_argument("slices", nargs="*", help="slice folder names (default: every slice)")
+    rebuild.add_argument("--check", action="store_true",
+                         help="write nothing; exit 1 naming each file its regeneration changes")
+    rebuild.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from validation import commands
+    from validation.evidence import rebuild_command
 
     handler = {"compare": commands.compare, "run": commands.run, "fit": commands.fit,
-               "fake-gpu": commands.fake_gpu, "table": commands.table}[args.command]
+               "fake-gpu": commands.fake_gpu, "table": commands.table,
+               "rebuild": rebuild_command}[args.command]
     try:
         return handler(args)
     except (TraceError, ValueError) as exc:

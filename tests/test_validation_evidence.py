@@ -1,0 +1,164 @@
+"""The committed evidence (validation/evidence/) and `python -m validation rebuild`.
+
+Two small slices are rebuilt byte for byte (a few seconds each); every slice's report is
+checked against the digests of the files it was built from, and the results tables against
+the reports. `python -m validation rebuild --check` regenerates every report in full.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from validation.evidence import (
+    EVIDENCE_DIR,
+    README_MARKERS,
+    ROOT,
+    between_markers,
+    differing,
+    engine_of,
+    read_recipe,
+    render,
+    slice_folders,
+    stale_inputs,
+    update_results,
+)
+
+# the two slices that rebuild fastest (40 requests each, ~2-3 s)
+BYTE_FOR_BYTE = ("h200_qwen2.5-0.5b_mooncake-conv_piecewise",
+                 "h200_llama-3.1-8b_mooncake-conv_piecewise512")
+
+
+@pytest.fixture(scope="module", params=BYTE_FOR_BYTE)
+def rebuilt(request) -> tuple[Path, dict[str, str]]:
+    folder = EVIDENCE_DIR / request.param
+    texts, _ = render(folder)
+    return folder, texts
+
+
+def test_a_committed_report_is_byte_identical_to_its_rebuild(rebuilt):
+    folder, texts = rebuilt
+    assert sorted(texts) == ["report.json", "report.md"]
+    assert differing(folder, texts) == []
+
+
+def test_a_report_that_differs_from_its_rebuild_is_named(rebuilt, tmp_path):
+    folder, texts = rebuilt
+    copy = tmp_path / folder.name
+    copy.mkdir()
+    for name, text in texts.items():
+        (copy / name).write_text(text)
+    assert differing(copy, texts) == []
+    edited = texts["report.md"].replace("| **PASS** |", "| **FAIL** |", 1)
+    assert edited != texts["report.md"]
+    (copy / "report.md").write_text(edited)
+    assert differing(copy, texts) == [f"{folder.name}/report.md"]
+
+
+def test_a_report_says_where_it_came_from_without_machine_paths(rebuilt):
+    folder, texts = rebuilt
+    recipe = read_recipe(folder)
+    report = json.loads(texts["report.json"])
+    assert report["provenance"]["command"] == recipe.command
+    assert report["provenance"]["measured_on"] == recipe.measured_on
+    assert {run["gpu_folder"].split("/")[0] for run in report["runs"]} == {"runs"}
+    assert f"`{recipe.command}`" in texts["report.md"]
+    for text in texts.values():
+        assert str(ROOT) not in text and "/tmp" not in text
+
+
+def test_every_slice_has_a_report_current_with_its_evidence():
+    folders = slice_folders()
+    assert len(folders) >= 10
+    stale = [line for folder in folders for line in stale_inputs(folder)]
+    assert stale == []
+    for folder in folders:
+        report = json.loads((folder / "report.json").read_text())
+        assert report["provenance"]["slice"] == folder.name
+        assert report["calibration"] == read_recipe(folder).calibration
+        engine_of(folder)  # the name says which engine ran
+
+
+def test_the_results_tables_are_current_with_the_reports():
+    assert update_results(slice_folders(), check=True) == []
+
+
+def _copy_slice(name: str, tmp_path: Path) -> Path:
+    """A slice and its calibration under a copy of the repository layout."""
+    source = EVIDENCE_DIR / name
+    folder = tmp_path / "validation" / "evidence" / name
+    shutil.copytree(source, folder)
+    calibration = read_recipe(source).calibration
+    (tmp_path / calibration).parent.mkdir(parents=True)
+    shutil.copy(ROOT / calibration, tmp_path / calibration)
+    return folder
+
+
+def test_evidence_changed_after_its_report_is_found(tmp_path):
+    folder = _copy_slice("h200_qwen2.5-0.5b_mooncake-conv_piecewise", tmp_path)
+    assert stale_inputs(folder, tmp_path) == []
+    summary = next((folder / "runs").glob("*/summary.json"))
+    summary.write_text(summary.read_text().replace('"num_preemptions": 0', '"num_preemptions": 1'))
+    (folder / "repeats" / "repeat-9").mkdir()
+    (folder / "repeats" / "repeat-9" / "summary.json").write_text("{}")
+    name = summary.relative_to(folder).as_posix()
+    assert stale_inputs(folder, tmp_path) == [f"{folder.name}: repeats/repeat-9/summary.json",
+                                              f"{folder.name}: {name}"]
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda r: r.pop("calibration"), "no 'calibration'"),
+    (lambda r: r.update(limit="40"), "'limit' is '40'"),
+    (lambda r: r.update(rate=2), r"unknown fields \['rate'\]"),
+])
+def test_a_bad_slice_recipe_names_its_file_and_field(tmp_path, edit, message):
+    recipe = json.loads((EVIDENCE_DIR / BYTE_FOR_BYTE[0] / "slice.json").read_text())
+    edit(recipe)
+    (tmp_path / "slice.json").write_text(json.dumps(recipe))
+    with pytest.raises(ValueError, match=message) as info:
+        read_recipe(tmp_path)
+    assert str(tmp_path / "slice.json") in str(info.value)
+
+
+def test_the_results_go_between_the_markers_only(tmp_path):
+    begin, end = README_MARKERS
+    path = tmp_path / "README.md"
+    text = f"# Title\n\nbefore\n{begin}\nold table\n{end}\nafter\n"
+    assert between_markers(text, README_MARKERS, "new table\n", path) == (
+        f"# Title\n\nbefore\n{begin}\nnew table\n{end}\nafter\n")
+    with pytest.raises(ValueError, match="README.md: expected one"):
+        between_markers("no markers here\n", README_MARKERS, "table", path)
+    with pytest.raises(ValueError, match="expected one"):
+        between_markers(f"{end}\n{begin}\n", README_MARKERS, "table", path)
+
+
+HISTORY_NAME = re.compile(r"20[0-9]{2}-[01][0-9]-[0-3][0-9][a-z]\b|_call[0-9]|-call[0-9]")
+
+
+def test_evidence_files_are_named_by_what_they_measure():
+    tracked = subprocess.run(["git", "ls-files", "validation", "calibration", "benchmarks",
+                              "docs", "tests_gpu", "scripts"], cwd=ROOT, capture_output=True,
+                             text=True, check=True).stdout.split()
+    if not tracked:
+        pytest.skip("not a git checkout")
+    assert [p for p in tracked if HISTORY_NAME.search(p)] == []
+
+
+def test_each_slice_command_parses_with_the_current_flags():
+    from validation.cli import build_parser
+
+    for folder in slice_folders():
+        recipe = read_recipe(folder)
+        words = shlex.split(recipe.command)
+        while re.fullmatch(r"[A-Z_]+=\S*", words[0]):  # environment switches of the engine
+            words.pop(0)
+        assert words[:4] == ["python", "-m", "validation", "run"], folder.name
+        args = build_parser().parse_args(words[3:])
+        assert str(args.calibration) == recipe.calibration
+        assert args.trace == recipe.trace_slice.trace and args.limit == recipe.trace_slice.limit

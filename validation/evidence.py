@@ -1,0 +1,295 @@
+"""The committed validation evidence, and the one command that rebuilds every report from it.
+
+One folder per validated slice (GPU, model, trace slice, engine):
+
+    validation/evidence/<gpu>_<model>_<trace>[_<engine>]/
+        slice.json          how its report is built (calibration, trace slice) and where the
+                            replays came from (date, GPUs, the command that measures them again)
+        runs/<policy>_chunk_<n>/   the compared replays, as `gpu_backend replay --out` writes
+                            them (summary.json; steps, requests, timeline and transitions CSVs
+                            gzip-compressed)
+        repeats/repeat-<k>/<policy>_chunk_<n>/summary.json   other replays of the same runs
+        report.md, report.json   rebuilt from the above by `python -m validation rebuild`
+
+`rebuild` regenerates every report, and the results tables between the markers of
+validation/evidence/README.md and README.md; `rebuild --check` regenerates them in memory and
+names every committed file that differs. A report records the SHA-256 of each file it was built
+from (`inputs`), so `stale_inputs` tells cheaply whether evidence changed after its report.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from validation.runs import GpuRun, TraceSlice, check_calibration_graphs, find_runs, load_run
+
+ROOT = Path(__file__).resolve().parents[1]
+EVIDENCE_DIR = ROOT / "validation" / "evidence"
+RECIPE = "slice.json"
+REPORT_FILES = ("report.json", "report.md")
+RECIPE_FIELDS = {"calibration": str, "trace": str, "limit": (int, type(None)),
+                 "window_s": (list, type(None)), "rate_scale": (int, float),
+                 "measured_on": str, "gpus": str, "command": str}
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class SliceRecipe:
+    """A slice's slice.json: what its report is built from and how its replays were measured."""
+
+    calibration: str  # repository-relative path of the calibration the report is priced with
+    trace_slice: TraceSlice
+    measured_on: str  # the date the replays ran (YYYY-MM-DD)
+    gpus: str  # e.g. "1 x NVIDIA H200"
+    command: str  # measures the slice again on a GPU (`python -m validation run ...`)
+
+
+def read_recipe(folder: Path) -> SliceRecipe:
+    """A slice folder's slice.json, checked field by field (errors name the file and field)."""
+    path = folder / RECIPE
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read the slice recipe: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a slice recipe is a JSON object")
+    for name, kind in RECIPE_FIELDS.items():
+        if name not in data:
+            raise ValueError(f"{path}: no {name!r}; expected {sorted(RECIPE_FIELDS)}")
+        if not isinstance(data[name], kind) or isinstance(data[name], bool):
+            raise ValueError(f"{path}: {name!r} is {data[name]!r}, of the wrong type")
+    unknown = sorted(set(data) - set(RECIPE_FIELDS))
+    if unknown:
+        raise ValueError(f"{path}: unknown fields {unknown}; expected {sorted(RECIPE_FIELDS)}")
+    window = tuple(float(x) for x in data["window_s"]) if data["window_s"] else None
+    trace = TraceSlice(data["trace"], None, data["limit"], window, float(data["rate_scale"]))
+    return SliceRecipe(data["calibration"], trace, data["measured_on"], data["gpus"],
+                       data["command"])
+
+
+def slice_folders(evidence_dir: Path = EVIDENCE_DIR) -> list[Path]:
+    """Every slice folder (one holding a slice.json), sorted by name."""
+    return sorted(p.parent for p in evidence_dir.glob(f"*/{RECIPE}"))
+
+
+def find_slice(name: str, evidence_dir: Path = EVIDENCE_DIR) -> Path:
+    """A slice folder by its name or path."""
+    folder = Path(name) if Path(name).is_dir() else evidence_dir / name
+    if not (folder / RECIPE).is_file():
+        known = ", ".join(p.name for p in slice_folders(evidence_dir))
+        raise ValueError(f"{name}: no such slice (a folder with {RECIPE}); known: {known}")
+    return folder
+
+
+def input_files(folder: Path, recipe: SliceRecipe, root: Path = ROOT) -> list[Path]:
+    """What the slice's report is built from: its recipe, replays, repeats and calibration."""
+    files = [folder / RECIPE]
+    for sub in ("runs", "repeats"):
+        files += sorted(p for p in (folder / sub).rglob("*") if p.is_file())
+    return files + [root / recipe.calibration]
+
+
+def _name(path: Path, folder: Path, root: Path) -> str:
+    """A file as a report names it: relative to the slice folder, else to the repository."""
+    base = folder if path.is_relative_to(folder) else root
+    return path.relative_to(base).as_posix()
+
+
+def digests(folder: Path, recipe: SliceRecipe, root: Path = ROOT) -> dict[str, str]:
+    """SHA-256 of every input file, by the name a report gives it."""
+    return {_name(p, folder, root): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in input_files(folder, recipe, root)}
+
+
+def load_runs(folder: Path) -> list[GpuRun]:
+    runs = [load_run(f) for f in find_runs(folder / "runs")]
+    return sorted(runs, key=lambda r: (r.chunk, r.policy))
+
+
+def build(folder: Path, root: Path = ROOT, log: Log = lambda _: None):
+    """The slice's Validation, as `python -m validation compare` builds it from the same
+    replays, repeats, calibration and trace slice."""
+    from sim.core.calibration import load_calibration
+    from validation.pipeline import validate
+    from validation.repeats import repeat_rows
+    from validation.runs import load_summary
+
+    recipe = read_recipe(folder)
+    calibration = load_calibration(root / recipe.calibration)
+    efficiency, profile, vmm_costs = calibration.parts()
+    runs = load_runs(folder)
+    check_calibration_graphs(calibration, runs)
+    v = validate(runs, efficiency, profile, recipe.calibration,
+                 slice_override=recipe.trace_slice, vmm_costs=vmm_costs, log=log)
+    v.calibration_versions = calibration.data.get("versions")
+    v.profile_host_probe = calibration.data.get("host_probe")
+    repeats = sorted(p for p in (folder / "repeats").glob("*") if p.is_dir())
+    v.repeats = repeat_rows(runs, [(d.name, [load_summary(f) for f in find_runs(d)])
+                                   for d in repeats])
+    return v
+
+
+def provenance(folder: Path, recipe: SliceRecipe, root: Path = ROOT) -> dict:
+    return {"slice": folder.name, "measured_on": recipe.measured_on, "gpus": recipe.gpus,
+            "command": recipe.command, "rebuild": f"python -m validation rebuild {folder.name}",
+            "inputs": digests(folder, recipe, root)}
+
+
+def provenance_note(folder: Path, recipe: SliceRecipe) -> str:
+    return (f"Replayed on {recipe.measured_on} on {recipe.gpus}; measured again on a GPU by "
+            f"`{recipe.command}`. This report is rebuilt from its folder "
+            f"(validation/evidence/{folder.name}/) by `python -m validation rebuild "
+            f"{folder.name}`.")
+
+
+def render(folder: Path, root: Path = ROOT, log: Log = lambda _: None):
+    """The slice's report.json and report.md as text (name -> text), and the Validation
+    behind them (for its plots)."""
+    from validation.report import render_report
+
+    recipe = read_recipe(folder)
+    v = build(folder, root, log)
+    texts = render_report(v, folder, notes=[provenance_note(folder, recipe)],
+                          provenance=provenance(folder, recipe, root))
+    return texts, v
+
+
+def stale_inputs(folder: Path, root: Path = ROOT) -> list[str]:
+    """The inputs whose content differs from what the committed report.json was built from
+    (added, removed or changed files); [] when the report is current with its evidence."""
+    recipe = read_recipe(folder)
+    try:
+        report = json.loads((folder / "report.json").read_text())
+        recorded = report["provenance"]["inputs"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError):
+        return [f"{folder.name}/report.json (missing, or without provenance.inputs)"]
+    now = digests(folder, recipe, root)
+    return [f"{folder.name}: {name}" for name in sorted(set(now) | set(recorded))
+            if now.get(name) != recorded.get(name)]
+
+
+def differing(folder: Path, texts: dict[str, str]) -> list[str]:
+    """The report files of `folder` whose committed bytes differ from `texts`."""
+    out = []
+    for name, text in texts.items():
+        path = folder / name
+        if not path.is_file() or path.read_bytes() != text.encode():
+            out.append(f"{folder.name}/{name}")
+    return out
+
+
+def rebuild_slice(folder: Path, *, check: bool, plots: bool, root: Path = ROOT,
+                  log: Log = lambda _: None) -> list[str]:
+    """Rebuild one slice's report (with its plots unless `plots` is false); with `check`, write
+    nothing and return the report files that differ from their regeneration."""
+    texts, v = render(folder, root, log)
+    if check:
+        return differing(folder, texts)
+    for name, text in texts.items():
+        (folder / name).write_text(text)
+    if plots:
+        from validation.plots import plot_all
+
+        plot_all(folder, v.runs)
+    return []
+
+
+def rebuild(folders: Sequence[Path], *, check: bool = False, plots: bool = True,
+            root: Path = ROOT, log: Log = print) -> list[str]:
+    """Every slice of `folders`, then the results tables between the markers of the evidence
+    README and the project README; the files that differ from their regeneration when
+    `check`, else []."""
+    out = []
+    for folder in folders:
+        log(f"{'checking' if check else 'rebuilding'} {folder.name} ...")
+        out += rebuild_slice(folder, check=check, plots=plots, root=root)
+    return out + update_results(slice_folders(root / "validation" / "evidence"), root,
+                                check=check)
+
+
+# A slice's engine is the last part of its folder name (none: eager prefill steps).
+ENGINES = {"eager": "eager prefill steps, decode CUDA graphs",
+           "piecewise": "piecewise CUDA graphs",
+           "piecewise512": "piecewise CUDA graphs up to 512 tokens",
+           "tp2": "tensor parallel 2 on two GPUs (torch layers, even decode split)"}
+EVIDENCE_MARKERS = ("<!-- results:begin -->", "<!-- results:end -->")
+README_MARKERS = ("<!-- validation-results:begin -->", "<!-- validation-results:end -->")
+
+
+def engine_of(folder: Path) -> str:
+    parts = folder.name.split("_")
+    engine = parts[3] if len(parts) > 3 else "eager"
+    if engine not in ENGINES:
+        raise ValueError(f"{folder}: engine {engine!r} (the name's last part) is not one of "
+                         f"{sorted(ENGINES)}; name a slice <gpu>_<model>_<trace>[_<engine>]")
+    return engine
+
+
+def grouped(folders: Sequence[Path]) -> list[tuple[str, list[Path]]]:
+    """The slices by engine, in ENGINES' order."""
+    by_engine: dict[str, list[Path]] = {}
+    for folder in folders:
+        by_engine.setdefault(engine_of(folder), []).append(folder)
+    return [(e, by_engine[e]) for e in ENGINES if e in by_engine]
+
+
+def evidence_tables(folders: Sequence[Path]) -> str:
+    """Per engine, every report's targets, repeat spread and gains (validation.table)."""
+    from validation.table import table
+
+    return "\n".join(f"### {ENGINES[engine]}\n\n{table(list(group))}"
+                     for engine, group in grouped(folders))
+
+
+def readme_table(folders: Sequence[Path]) -> str:
+    from validation.table import summary_table
+
+    return ("Every validated slice (its report: `validation/evidence/<slice>/report.md`; "
+            "all of them rebuilt from the evidence by `python -m validation rebuild`):\n\n"
+            + summary_table(grouped(folders)))
+
+
+def between_markers(text: str, markers: tuple[str, str], body: str, path: Path) -> str:
+    """`text` with what lies between its two marker lines replaced by `body`."""
+    begin, end = markers
+    if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
+        raise ValueError(f"{path}: expected one {begin!r} line, then one {end!r} line, around "
+                         "the generated results; put them back where the table goes")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{body.rstrip()}\n{end}{tail}"
+
+
+def update_results(folders: Sequence[Path], root: Path = ROOT, *, check: bool) -> list[str]:
+    """Write the results tables between the markers of validation/evidence/README.md and
+    README.md; with `check`, write nothing and return the files whose tables differ."""
+    out = []
+    for path, markers, body in (
+            (root / "validation" / "evidence" / "README.md", EVIDENCE_MARKERS,
+             evidence_tables(folders)),
+            (root / "README.md", README_MARKERS, readme_table(folders))):
+        text = path.read_text()
+        new = between_markers(text, markers, body, path)
+        if new != text:
+            if check:
+                out.append(path.relative_to(root).as_posix())
+            else:
+                path.write_text(new)
+    return out
+
+
+def rebuild_command(args) -> int:
+    """`python -m validation rebuild [SLICE ...] [--check] [--no-plots]`."""
+    folders = [find_slice(n) for n in args.slices] if args.slices else slice_folders()
+    stale = rebuild(folders, check=args.check, plots=not (args.no_plots or args.check))
+    if stale:
+        print("differs from its regeneration (run `python -m validation rebuild`):\n  "
+              + "\n  ".join(stale))
+        return 1
+    print(f"{len(folders)} reports {'match their evidence' if args.check else 'rebuilt'}")
+    return 0
