@@ -98,8 +98,16 @@ def test_a_line_over_the_limit_is_refused_without_echoing_it(tmp_path):
 
 
 def test_a_long_field_is_quoted_short_in_the_error(tmp_path):
-    error = error_for(write(tmp_path, "big.csv", AZURE + f"2023-11-16 18:17:05.0,{'x' * 500_000},1\n"))
-    assert (error.line, error.field) == (4, "ContextTokens") and len(str(error)) < 400
+    error = error_for(write(tmp_path, "big.csv", AZURE + f"2023-11-16 18:17:05.0,{'x' * 100_000},1\n"))
+    assert (error.line, error.field) == (4, "ContextTokens") and "non-numeric" in str(error)
+    assert "xxxx... (cut)" in str(error) and len(str(error)) < 400
+
+
+def test_a_field_over_the_field_limit_is_refused_in_any_column(tmp_path):
+    header = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+    text = header + "5,ChatGPT,100,20,120,x\n" + f"6,{'M' * 200_000},100,20,120,x\n"
+    error = error_for(write(tmp_path, "b.csv", text))
+    assert (error.line, error.field) == (3, "Model") and "field longer than" in str(error)
 
 
 def test_a_quoted_field_over_the_csv_field_limit_is_refused(tmp_path):
@@ -111,6 +119,15 @@ def test_a_quoted_field_over_the_csv_field_limit_is_refused(tmp_path):
 def test_malformed_quoting_names_the_record(tmp_path):
     error = error_for(write(tmp_path, "q.csv", VIDUR_HEADER + '0.5,10,2,ok\n1.0,10,2,"open\n'))
     assert error.line == 3 and "quoted" in str(error)
+    error = error_for(write(tmp_path, "e.csv", VIDUR_HEADER + '0.5,10,2,"x"\n""\n1.0,1,1,y\n'))
+    assert error.line == 3 and "found 1" in str(error)  # not skipped as a blank line
+    error = error_for(write(tmp_path, "h.csv", f'"{"x" * 200_000}",' + VIDUR_HEADER + "1,1,1,1,1\n"))
+    assert error.line == 1 and "field longer than" in str(error)
+
+
+def test_unusable_file_names_are_a_trace_error():
+    with pytest.raises(TraceError, match="not a usable file name"):
+        load_trace("x" * 5000)
 
 
 def test_quoted_fields_spanning_lines_and_chunks_keep_line_numbers(tmp_path):

@@ -3,8 +3,8 @@
 Two properties over small hand-written files (expected values written out below):
 - re-encoding that keeps the data (line endings, BOM, gzip/zstd, deleted, duplicated or
   blank rows, truncation at a record) loads exactly the expected requests;
-- damage (byte flips, insertions, truncation, huge numbers, foreign encodings, CR endings,
-  gzip of the damaged bytes) gives a TraceError or a trace that passes every invariant, and
+- damage (byte flips, insertions, stray quotes, truncation, huge numbers, foreign
+  encodings, CR endings, gzip of the damaged bytes) gives a TraceError or a trace that passes every invariant, and
   reading in tiny chunks agrees with reading whole.
 Derandomized and bounded, so CI sees the same examples every run in a few seconds.
 """
@@ -129,13 +129,16 @@ def test_data_preserving_rewrites_load_the_expected_requests(workdir, fmt, data)
 def damaged(draw, raw: bytes) -> bytes:
     """``raw`` after one to three kinds of damage, possibly gzipped afterwards."""
     for _ in range(draw(st.integers(1, 3))):
-        kind = draw(st.sampled_from(["flip", "insert", "cut", "number", "number", "encoding", "cr"]))
+        kind = draw(st.sampled_from(["flip", "insert", "quote", "cut", "number", "number",
+                                     "encoding", "cr"]))
         at = draw(st.integers(0, len(raw)))
         if kind == "flip" and raw:
             at = min(at, len(raw) - 1)
             raw = raw[:at] + bytes([draw(st.integers(0, 255))]) + raw[at + 1 :]
         elif kind == "insert":
             raw = raw[:at] + draw(st.binary(min_size=1, max_size=8)) + raw[at:]
+        elif kind == "quote":
+            raw = raw[:at] + draw(st.sampled_from([b'"', b'""', b'\n"', b'",'])) + raw[at:]
         elif kind == "cut":
             raw = raw[:at] + raw[at + draw(st.integers(1, 40)) :]
         elif kind == "number":

@@ -49,11 +49,12 @@ def open_stream(path: Path) -> tuple[ByteStream, str]:
             file.close()
             raise TraceError(path, f"this is {name} data, not a text trace",
                              fix="unpack it first (gzip and zstd files are read directly)")
-    return file, ""
+    return _Checked(path, file, "", file), ""
 
 
 class _Checked:
-    """A decompressing stream whose corrupt or truncated input becomes a ``TraceError``."""
+    """A stream whose read errors (corrupt or truncated compressed data, a failing disk)
+    become a ``TraceError``; ``kind`` names the compression, "" for none."""
 
     def __init__(self, path: Path, stream: BinaryIO | _ZstdStream, kind: str, file: BinaryIO):
         self.path, self.stream, self.kind, self.file = path, stream, kind, file
@@ -62,12 +63,16 @@ class _Checked:
         try:
             return self.stream.read(num_bytes)
         except (OSError, EOFError, zlib.error) as error:
+            if not self.kind:
+                raise TraceError(self.path, f"cannot read the file ({error})",
+                                 fix="check the file and the disk it is on") from None
             raise TraceError(self.path, f"corrupt or truncated {self.kind} data ({error})",
                              fix=f"re-create the {self.kind} file from the original trace") from None
 
     def close(self) -> None:
         self.stream.close()
-        self.file.close()
+        if self.file is not self.stream:
+            self.file.close()
 
 
 class _ZstdStream:

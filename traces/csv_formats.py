@@ -51,7 +51,7 @@ def read_csv_trace(path: str, chunks: Iterable[TextChunk], fmt: str) -> RawColum
     chunks = iter(chunks)
     first = next(chunks)
     header_end = first.data.find(b"\n") + 1 or len(first.data)
-    columns = header_columns(first.data[:header_end])
+    columns = header_columns(path, first.data[:header_end], first.first_line)
     indices = [require_column(path, columns, name, fmt, first.first_line)
                for name in (spec.time_column, spec.prompt_column, spec.output_column)]
     body = TextChunk(first.data[header_end:], first.first_line + 1)

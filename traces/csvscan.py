@@ -25,6 +25,8 @@ from traces.source import TextChunk, prepended
 
 NEWLINE = 10
 COMMA = 44
+MAX_FIELD_BYTES = 131_072  # the csv module's default field limit
+FIELD_FIX = "a trace field holds a number or a short text; check that this is a trace file"
 
 
 @dataclass(frozen=True, eq=False)
@@ -54,10 +56,14 @@ class CsvTable:
         return self.data[starts[row] : ends[row]].tobytes().decode("utf-8", "replace")
 
 
-def header_columns(line: bytes) -> list[str]:
+def header_columns(path: str, line: bytes, line_number: int) -> list[str]:
     """Column names of a header line."""
     text = line.split(b"\n", 1)[0].decode("utf-8", "replace")
-    return [name.strip().strip('"') for name in next(csv.reader([text]), [])]
+    try:
+        names = next(csv.reader([text]), [])
+    except csv.Error as error:
+        raise _csv_error(path, error, line_number) from None
+    return [name.strip().strip('"') for name in names]
 
 
 def require_column(path: str, columns: list[str], name: str, fmt: str, header_line: int) -> int:
@@ -104,7 +110,22 @@ def scan_rows(path: str, raw: bytes, columns: list[str], line_numbers: np.ndarra
     if starts.size == 0:
         return None
     commas = _comma_matrix(path, data, columns, starts, ends, line_numbers)
-    return CsvTable(path, data, columns, line_numbers, starts, ends, commas)
+    table = CsvTable(path, data, columns, line_numbers, starts, ends, commas)
+    _check_field_sizes(table)
+    return table
+
+
+def _check_field_sizes(table: CsvTable) -> None:
+    """No field over ``MAX_FIELD_BYTES``, the limit ``csv`` holds quoted fields to; only
+    rows longer than that can hold one, so only those are measured."""
+    long_rows = np.flatnonzero(table.line_ends - table.line_starts > MAX_FIELD_BYTES)
+    for row in long_rows.tolist():
+        for index in range(len(table.columns)):
+            starts, ends = table.spans(index)
+            if ends[row] - starts[row] > MAX_FIELD_BYTES:
+                raise TraceError(table.path, f"a field longer than {MAX_FIELD_BYTES:,} bytes",
+                                 line=int(table.line_numbers[row]), field=table.columns[index],
+                                 fix=FIELD_FIX)
 
 
 def _line_numbers(chunk: TextChunk) -> np.ndarray:
@@ -130,20 +151,21 @@ def _comma_matrix(path, data, columns, starts, ends, line_numbers) -> np.ndarray
     bad = np.flatnonzero(per_row != expected)
     if bad.size:
         row = int(bad[0])
-        raise TraceError(
-            path,
-            f"expected {expected + 1} comma-separated fields ({excerpt(','.join(columns))}), "
-            f"found {int(per_row[row]) + 1}",
-            line=int(line_numbers[row]),
-            fix="give every row one value per header column",
-        )
+        raise _ragged(path, columns, int(per_row[row]) + 1, int(line_numbers[row]))
     body = commas[np.searchsorted(commas, starts[0]) :]
     return body.reshape(starts.size, expected)
 
 
+def _ragged(path: str, columns: list[str], num_fields: int, line: int) -> TraceError:
+    return TraceError(path, f"expected {len(columns)} comma-separated fields "
+                            f"({excerpt(','.join(columns))}), found {num_fields}",
+                      line=line, fix="give every row one value per header column")
+
+
 def _quoted_tables(path, chunks, columns, *, flush_bytes: int) -> Iterator[CsvTable]:
     """Rows parsed by ``csv`` and rewritten unquoted (commas inside fields become ';',
-    newlines ' '), handed on as tables of about ``flush_bytes``."""
+    newlines ' '), handed on as tables of about ``flush_bytes``. Field counts are checked
+    here: a row of one empty field would otherwise vanish as a blank line."""
     chunks = iter(chunks)
     first = next(chunks)
     reader = csv.reader(_text_lines(prepended([first], chunks)), strict=True)
@@ -151,6 +173,8 @@ def _quoted_tables(path, chunks, columns, *, flush_bytes: int) -> Iterator[CsvTa
     numbers: list[int] = []
     size = 0
     for line, row in _rows_with_lines(path, reader, first.first_line):
+        if len(row) != len(columns):
+            raise _ragged(path, columns, len(row), line)
         rows.append(",".join(field.replace(",", ";").replace("\n", " ") for field in row))
         numbers.append(line)
         size += len(rows[-1]) + 1
@@ -178,8 +202,7 @@ def _rows_with_lines(path, reader, first_line: int) -> Iterator[tuple[int, list[
 def _csv_error(path: str, error: csv.Error, line: int) -> TraceError:
     if "field limit" in str(error):
         return TraceError(path, f"a field longer than {csv.field_size_limit():,} characters",
-                          line=line, fix="a trace field holds a number or a short text; check "
-                                         "that this is a trace file")
+                          line=line, fix=FIELD_FIX)
     return TraceError(path, f"malformed quoted CSV ({error}) in the record starting here",
                       line=line, fix='quote a field as "..." with any " inside doubled as ""')
 
@@ -191,5 +214,5 @@ def _text_lines(chunks: Iterator[TextChunk]) -> Iterator[str]:
 
 def _unquoted_table(path, rows: list[str], numbers: list[int], columns) -> CsvTable:
     table = scan_rows(path, "\n".join(rows).encode(), columns, np.asarray(numbers, dtype=np.int64))
-    assert table is not None  # every row is non-blank
+    assert table is not None  # every row holds len(columns) >= 1 fields, so commas or text
     return table

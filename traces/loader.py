@@ -93,7 +93,7 @@ def detect_format(path: str, first_line: bytes | None) -> str:
                          fix="point at a trace file with a header and request rows")
     if first_line.lstrip().startswith(b"{"):
         return "mooncake"
-    columns = header_columns(first_line)
+    columns = header_columns(path, first_line, 1)
     for fmt, spec in CSV_FORMATS.items():
         if matches_header(spec, columns):
             return fmt
@@ -117,7 +117,7 @@ def _first_line(chunks: Iterator[TextChunk]) -> tuple[list[TextChunk], bytes | N
 def _checked_format(path: str, fmt: str) -> str:
     fmt = fmt.strip().lower()
     if fmt not in FORMATS:
-        raise TraceError(path, f"unknown format '{fmt}'", fix=f"use one of {list(FORMATS)}")
+        raise TraceError(path, f"unknown format {excerpt(fmt)}", fix=f"use one of {list(FORMATS)}")
     return fmt
 
 
