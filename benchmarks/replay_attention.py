@@ -35,7 +35,8 @@ from gpu_backend.engine.shapes import StepShape, scheduler_output  # noqa: E402
 from gpu_backend.env import device_environment, write_result  # noqa: E402
 from gpu_backend.kernels import paged_attention  # noqa: E402
 from gpu_backend.kernels.attention import plan_decode_splits  # noqa: E402
-from sim.core.cost_model import CostModel, load_efficiency, padded_batch  # noqa: E402
+from sim.core.calibration import load_efficiency  # noqa: E402
+from sim.core.cost_model import CostModel, padded_batch  # noqa: E402
 from validation.decode_rows import decode_rows, rebuilt_share  # noqa: E402
 from validation.runs import engine_config, load_run  # noqa: E402
 from validation.steps import open_csv, parse_chunks  # noqa: E402

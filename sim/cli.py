@@ -9,20 +9,22 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 
-from sim.core.catalog import MIB, get_gpu, get_model
-from sim.core.cost_model import (
-    Efficiency,
-    host_slower,
-    load_efficiency,
-    piecewise_sizes_for,
-    timed_launch_kinds,
+from sim.core.calibration import (
+    choose_calibration,
+    engine_kinds_of,
+    parts_of,
+    piecewise_mismatch,
+    pricing,
+    pricing_line,
+    uncalibrated_warning,
 )
-from sim.core.elastic import DrainStrategy, VmmCosts
+from sim.core.catalog import MIB, get_gpu, get_model
+from sim.core.cost_model import Efficiency, host_slower, piecewise_sizes_for
+from sim.core.elastic import DrainStrategy
 from sim.core.engine_config import EngineConfig
-from sim.core.memory_plan import ActivationProfile
 from sim.progress import progress_bar
 from sim.recording.metrics import Slo
 from sim.recording.outputs import parse_int_list, parse_policies
@@ -52,8 +54,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--vmm-handle-mib", type=int, default=512,
                    help="VMM handle size for the elastic reserve (multiple of 2 MiB)")
     g.add_argument("--reclaim", default="remap", choices=["remap", "release"])
-    g.add_argument("--calibration", type=Path, default=None,
-                   help="calibration JSON from `python -m gpu_backend profile`")
+    g.add_argument("--calibration", default=None, metavar="FILE|none",
+                   help="calibration JSON from `python -m gpu_backend profile` (default: the "
+                        "one shipped for the model, GPU and engine, if any; 'none': the "
+                        "datasheet roofline with default efficiencies)")
     g.add_argument("--cuda-graph-sizes", type=parse_graph_sizes, default=(),
                    help="decode CUDA graph batch sizes, comma-separated: a decode-only batch is "
                         "priced padded to the next size up, eager beyond the largest (vLLM "
@@ -107,66 +111,6 @@ def engine_configs(args: argparse.Namespace) -> list[EngineConfig]:
             for c in configs]
 
 
-def vmm_costs_of(data: dict, source: object) -> VmmCosts | None:
-    """A calibration's measured elastic transition costs ("vmm": {"costs": {...}}), or None
-    (older calibrations: the simulator keeps its H200 driver figures). `source` names the
-    file in errors."""
-    vmm = data.get("vmm")
-    if not vmm:
-        return None
-    costs = vmm.get("costs")
-    known = {f.name for f in fields(VmmCosts)}
-    if not isinstance(costs, dict) or set(costs) - known:
-        raise ValueError(f"{source}: \"vmm\" needs a \"costs\" object with keys among "
-                         f"{sorted(known)}; got {costs!r}")
-    try:
-        return VmmCosts(**costs)
-    except ValueError as exc:
-        raise ValueError(f"{source}: {exc}") from None
-
-
-def load_calibration(path: Path | None):
-    """(Efficiency, ActivationProfile, VmmCosts) from a calibration JSON; None for each part
-    it lacks, and for all three without a path."""
-    if path is None:
-        return None, None, None
-    efficiency = load_efficiency(path)
-    data = json.loads(path.read_text())
-    activation = data.get("activation")
-    profile = ActivationProfile(**activation) if activation else None
-    return efficiency, profile, vmm_costs_of(data, path)
-
-
-def piecewise_mismatch(calibration: Path | None, piecewise: bool,
-                       capped: bool = False) -> str | None:
-    """What to say when a calibration was profiled with piecewise CUDA graphs and the run does
-    not price them, or the other way round (its launch terms are the other engine's), or when
-    the run's graphs stop short of its chunk (`capped`: --piecewise-max-tokens) but the profile
-    timed no fully eager step, so the eager_launch_s those steps take was not measured; None
-    when they agree or there is no calibration."""
-    if calibration is None:
-        return None
-    data = json.loads(calibration.read_text())  # load_calibration read it
-    sizes = data.get("piecewise_sizes")
-    if sizes is not None and not isinstance(sizes, list):
-        raise ValueError(f"{calibration}: piecewise_sizes is {sizes!r}; expected null or a list "
-                         "of token counts, as `python -m gpu_backend profile` writes it")
-    profiled = bool(sizes)
-    if profiled == piecewise:
-        kinds = timed_launch_kinds(data)
-        if piecewise and capped and kinds is not None and not kinds[0]:
-            return (f"{calibration} timed every step through piecewise graphs (up to "
-                    f"{max(sizes)} tokens), so its eager_launch_s was not measured; the steps "
-                    "past --piecewise-max-tokens are priced with it: profile with the same "
-                    "--piecewise-max-tokens")
-        return None
-    if profiled:
-        return (f"{calibration} was profiled with piecewise CUDA graphs (its launch terms are "
-                "theirs): add --piecewise-graphs to price prefill steps as that engine ran them")
-    return (f"{calibration} was profiled without piecewise CUDA graphs (its eager_launch_s is a "
-            "fully eager step's): --piecewise-graphs pads the steps but keeps that launch time")
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m sim",
@@ -196,10 +140,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trace = trace_from_args(args)
         configs = engine_configs(args)
-        efficiency, profile, vmm_costs = load_calibration(args.calibration)
+        kind = engine_kinds_of(configs)
+        calibration = choose_calibration(args.calibration, configs[0].model.name,
+                                         configs[0].gpu.name, kind)
+        efficiency, profile, vmm_costs = parts_of(calibration)
         capped = any(c.piecewise_graph_sizes and max(c.piecewise_graph_sizes) < c.chunk_tokens
                      for c in configs)
-        note = piecewise_mismatch(args.calibration, args.piecewise_graphs, capped)
+        note = piecewise_mismatch(calibration, args.piecewise_graphs, capped)
         if note:
             print(f"note: {note}", file=sys.stderr)
         if args.host_slowdown != 1.0:
@@ -217,10 +164,16 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:  # a configuration that does not fit the GPU, say
             print(f"error: {spec.label}: {exc}", file=sys.stderr)
             return 2
+    for result in results:
+        result.summary["pricing"] = pricing(calibration)
     if args.json:
         print(json.dumps([r.summary for r in results], indent=2))
     else:
         print_comparison(results, trace)
+        print(pricing_line(calibration))
+    if calibration is None:
+        print(uncalibrated_warning(configs[0].model.name, configs[0].gpu.name, kind,
+                                   forced=args.calibration is not None), file=sys.stderr)
     if args.out is not None:
         write_outputs(args.out, results, trace, plot=args.plot)
     return 0

@@ -8,8 +8,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from sim.core.calibration import load_efficiency
 from sim.core.catalog import get_gpu, get_model
-from sim.core.cost_model import CostModel, Efficiency, efficiency_dict, load_efficiency
+from sim.core.cost_model import CostModel, Efficiency, efficiency_dict
 from sim.core.step import ScheduledRequest, SchedulerOutput
 
 LLAMA_8B = get_model("llama-3.1-8b")

@@ -172,7 +172,7 @@ def test_cli_compare_writes_report_files_and_calibration(gpu_dir, tmp_path):
     line = next(x for x in text.splitlines() if x.startswith("The measured TTFT at its median"))
     assert all(label in line for label in ("static/chunk=1024", "elastic/chunk=4096"))
     saved = json.loads(fitted.read_text())
-    assert saved["efficiency"].keys() == asdict(TRUE).keys()  # sim.cli.load_calibration reads it
+    assert saved["efficiency"].keys() == asdict(TRUE).keys()  # sim.core.calibration reads it
 
 
 def test_cli_fit_on_one_set_judged_on_another(gpu_dir, tmp_path):
@@ -226,13 +226,13 @@ def test_measured_transition_costs_reach_the_simulated_attach_time(tmp_path):
 
 
 def test_calibration_vmm_costs_are_read_and_bad_ones_named(tmp_path):
-    from sim.cli import load_calibration, vmm_costs_of
+    from sim.core.calibration import load_calibration, vmm_costs_of
 
     path = tmp_path / "cal.json"
     path.write_text(json.dumps({"efficiency": asdict(TRUE)}))
-    assert load_calibration(path)[2] is None  # before the measurement: driver figures
+    assert load_calibration(path).vmm_costs is None  # before the measurement: driver figures
     path.write_text(json.dumps({"efficiency": asdict(TRUE), "vmm": {"costs": asdict(ENGINE_VMM)}}))
-    assert load_calibration(path) == (TRUE, None, ENGINE_VMM)
+    assert load_calibration(path).parts() == (TRUE, None, ENGINE_VMM)
     with pytest.raises(ValueError, match="cal.json.*attach_s"):
         vmm_costs_of({"vmm": {"costs": {"attach_s": 1e-3}}}, path)
     with pytest.raises(ValueError, match="cal.json.*attach_fixed_s"):

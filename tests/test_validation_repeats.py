@@ -189,7 +189,7 @@ def test_run_with_repeats_replays_each_round_and_reports_the_spread(tmp_path, mo
     monkeypatch.setattr(commands.subprocess, "run", fake_replay)
     assert main(["run", "--trace", "azure-conv", "--limit", "40", "--model", "llama-3.1-8b",
                  "--policies", "static", "--chunks", "2048", "--repeats", "2", "--no-fit",
-                 "--no-plots", "--out", str(tmp_path / "v")]) == 0
+                 "--calibration", "none", "--no-plots", "--out", str(tmp_path / "v")]) == 0
     assert replayed == ["v/gpu/static_chunk_2048", "v/gpu_repeat2/static_chunk_2048"]
     report = json.loads((tmp_path / "v" / "report" / "report.json").read_text())
     errors = report["runs"][0]["metrics"]

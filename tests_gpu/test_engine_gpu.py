@@ -237,7 +237,7 @@ def test_quick_profile_in_two_passes(flags, tmp_path):
     import json
 
     from gpu_backend.__main__ import main
-    from sim.core.cost_model import load_efficiency
+    from sim.core.calibration import load_efficiency
 
     out = tmp_path / "calibration.json"
     assert main(["profile", "--model", "qwen2.5-0.5b", "--quick", "--max-num-seqs", "16",

@@ -10,7 +10,6 @@ second half of every run's steps, so the report's error is on steps the fit neve
 
 from __future__ import annotations
 
-import json
 from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -18,15 +17,24 @@ from pathlib import Path
 import numpy as np
 
 from sim.core.calibration import (
+    Calibration,
+    EngineKind,
+    Provenance,
+    choose_calibration,
+    engine_kinds_of,
     fit_with_program_term,
+    given_calibration,
+    invoked_command,
     launch_terms,
     num_program_bound,
+    save_calibration,
     split_term_fixed,
 )
 from sim.core.catalog import GpuSpec, ModelSpec
 from sim.core.cost_model import FIT_PARAMETERS, CostModel, Efficiency
 from sim.core.elastic import VmmCosts
 from sim.core.memory_plan import ActivationProfile
+from validation.runs import GpuRun, engine_config
 from validation.steps import (
     StepTable,
     attention_terms,
@@ -177,19 +185,41 @@ def calibrate(model: ModelSpec, gpu: GpuSpec, tp: int, fit: StepTable, holdout: 
 
 
 def write_calibration(path: Path, result: FitResult, profile: ActivationProfile | None,
-                      provenance: dict, vmm_costs: VmmCosts | None = None) -> None:
-    """A calibration JSON that `python -m sim --calibration FILE` loads; the starting
+                      fit_record: dict, vmm_costs: VmmCosts | None = None,
+                      engine: EngineKind | None = None) -> None:
+    """A calibration that `python -m sim --calibration FILE` loads; the starting
     calibration's activation profile and measured VMM costs are carried over. Fitted on
     replays with piecewise graphs, it says so as a profile taken with them does
-    ("piecewise_sizes"), so validation pairs it with such replays only."""
-    data: dict = {"efficiency": asdict(result.efficiency),
-                  "piecewise_sizes": list(result.token_graph_sizes) or None}
+    ("piecewise_sizes"), so validation pairs it with such replays only. `fit_record`: what
+    the fit was made from ("fit"); `engine`: the replays' engine kind (default: piecewise
+    where the steps were priced at piecewise sizes, else eager)."""
+    sizes = list(result.token_graph_sizes) or None
+    data: dict = {"efficiency": asdict(result.efficiency), "piecewise_sizes": sizes}
     if profile is not None:
         data["activation"] = asdict(profile)
     if vmm_costs is not None:
         data["vmm"] = {"costs": asdict(vmm_costs), "source": "the starting calibration"}
-    data["fit"] = {**provenance, "num_fit_steps": result.num_fit_steps,
+    data["fit"] = {**fit_record, "num_fit_steps": result.num_fit_steps,
                    "num_holdout_steps": result.num_holdout_steps,
                    "holdout_before": result.holdout_before, "holdout_after": result.holdout_after}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2))
+    data["provenance"] = Provenance(
+        model=fit_record.get("model"), gpu_preset=fit_record.get("gpu"),
+        engine=engine or EngineKind(bool(sizes)), command=invoked_command(),
+        derived_from=f"fitted on the replays in {fit_record.get('gpu_dir', 'unrecorded runs')}",
+    ).to_dict()
+    save_calibration(path, data)
+
+
+
+def replay_calibration(choice: str | Path | None, runs: Sequence[GpuRun],
+                       gpu_name: str | None = None) -> Calibration | None:
+    """What prices the simulations of `runs` given `--calibration choice`
+    (sim.core.calibration.choose_calibration): without one, the calibration shipped for the
+    runs' model, GPU and engine kind, where they share them; 'none': the roofline."""
+    if choice is not None:
+        return given_calibration(choice)
+    configs = [engine_config(r.summary, gpu_name) for r in runs]
+    if len({(c.model.name, c.gpu.name) for c in configs}) != 1:
+        return None  # runs of several models or GPUs: no one shipped calibration prices them
+    return choose_calibration(None, configs[0].model.name, configs[0].gpu.name,
+                              engine_kinds_of(configs))

@@ -28,8 +28,10 @@ def _add_slice_arguments(parser: argparse.ArgumentParser, *, required: bool) -> 
 
 def _add_compare_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("comparison")
-    g.add_argument("--calibration", type=Path, default=None,
-                   help="calibration JSON for the simulator (efficiency, activation)")
+    g.add_argument("--calibration", type=Path, default=None, metavar="FILE|none",
+                   help="calibration JSON for the simulator (default: the one shipped for the "
+                        "runs' model, GPU and engine, if any; 'none': the datasheet roofline "
+                        "with default efficiencies)")
     g.add_argument("--gpu", default=None,
                    help="GPU preset for the simulator (default: the one the runs recorded)")
     g.add_argument("--holdout", type=float, default=0.5,

@@ -4,7 +4,6 @@ the commands that use them: the GPU machine may have neither, and `run --gpu-onl
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import subprocess
 import sys
@@ -46,23 +45,23 @@ def print_targets(targets: list[dict], title: str = "targets") -> None:
 
 
 def compare(args: argparse.Namespace) -> int:
-    from sim.cli import load_calibration
-    from validation.calibrate import write_calibration
+    from sim.core.calibration import UNCALIBRATED, describe, parts_of, pricing_line
+    from validation.calibrate import replay_calibration, write_calibration
     from validation.pipeline import validate
     from validation.repeats import median_deviation, repeat_rows
     from validation.report import write_report
 
-    efficiency, profile, vmm_costs = load_calibration(args.calibration)
-    source = str(args.calibration) if args.calibration else "simulator defaults (uncalibrated)"
     runs = load_runs(args.gpu_dir)
-    check_calibration_graphs(args.calibration, runs)
-    v = validate(runs, efficiency, profile, source, slice_override=slice_from_args(args),
+    calibration = replay_calibration(args.calibration, runs, args.gpu)
+    efficiency, profile, vmm_costs = parts_of(calibration)
+    check_calibration_graphs(calibration, runs)
+    v = validate(runs, efficiency, profile, describe(calibration),
+                 slice_override=slice_from_args(args),
                  gpu_name=args.gpu, holdout_fraction=args.holdout, fit=not args.no_fit,
                  resimulate_fitted=args.resimulate_fitted, vmm_costs=vmm_costs)
-    if args.calibration is not None:
-        calibration = json.loads(args.calibration.read_text())
-        v.calibration_versions = calibration.get("versions")
-        v.profile_host_probe = calibration.get("host_probe")
+    if calibration is not None:
+        v.calibration_versions = calibration.data.get("versions")
+        v.profile_host_probe = calibration.data.get("host_probe")
     v.repeats = repeat_rows(runs, [(d.name, [load_summary(f) for f in find_runs(d)])
                                    for d in args.repeat_dir or ()])
     paths = write_report(args.out, v, plots=not args.no_plots)
@@ -79,9 +78,14 @@ def compare(args: argparse.Namespace) -> int:
               f"{v.fit.holdout_before['median_abs']:.1%} -> {after:.1%}")
         if args.save_calibration:
             write_calibration(args.save_calibration, v.fit, profile,
-                              {"gpu_dir": str(args.gpu_dir), "holdout_fraction": args.holdout},
-                              vmm_costs)
+                              {"gpu_dir": str(args.gpu_dir), "holdout_fraction": args.holdout,
+                               "model": v.runs[0].sim.spec.engine.model.name,
+                               "gpu": v.runs[0].sim.spec.engine.gpu.name}, vmm_costs)
             print(f"wrote {args.save_calibration}")
+    print(pricing_line(calibration))
+    if calibration is None:
+        print(f"warning: {UNCALIBRATED} (give --calibration FILE, or none to mean it)",
+              file=sys.stderr)
     print(f"wrote {', '.join(str(p) for p in paths)}")
     return 0
 
@@ -182,7 +186,7 @@ HOST_PARAMETERS = HOST_TERMS  # sim.core.cost_model: the same terms host_slower 
 
 
 def fit(args: argparse.Namespace) -> int:
-    from sim.cli import load_calibration
+    from sim.core.calibration import engine_kinds_of, given_calibration, parts_of
     from validation.calibrate import (
         calibrate,
         concat,
@@ -192,10 +196,11 @@ def fit(args: argparse.Namespace) -> int:
         write_calibration,
     )
 
-    efficiency, profile, vmm_costs = load_calibration(args.calibration)
+    start = given_calibration(args.calibration) if args.calibration is not None else None
+    efficiency, profile, vmm_costs = parts_of(start)
     runs = load_runs(args.gpu_dir)
     test_runs = load_runs(args.test_dir) if args.test_dir else []
-    check_calibration_graphs(args.calibration, runs + test_runs)
+    check_calibration_graphs(start, runs + test_runs)
     configs = [engine_config(r.summary, args.gpu) for r in runs + test_runs]
     hardware = {(c.model.name, c.gpu.name, c.tensor_parallel_size, c.cuda_graph_sizes)
                 for c in configs}
@@ -223,7 +228,8 @@ def fit(args: argparse.Namespace) -> int:
                   "model": config.model.name, "gpu": config.gpu.name,
                   "tensor_parallel_size": config.tensor_parallel_size,
                   "fitted": list(free) if free is not None else "all"}
-    write_calibration(args.out, result, profile, provenance, vmm_costs)
+    write_calibration(args.out, result, profile, provenance, vmm_costs,
+                      engine=engine_kinds_of(configs))
     b, a = result.holdout_before, result.holdout_after
     print(f"fit on {result.num_fit_steps} steps, judged on {result.num_holdout_steps} held-out "
           f"steps: median |error| {b['median_abs']:.1%} -> {a['median_abs']:.1%}, "

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from sim.core.calibration import Calibration, load_calibration, timed_launch_kinds
 from sim.core.catalog import GPUS, get_gpu, get_model
-from sim.core.cost_model import timed_launch_kinds
 from sim.core.elastic import DrainStrategy, Policy
 from sim.core.engine_config import EngineConfig
 from traces import Trace, load_trace
@@ -215,39 +215,26 @@ def _sizes(sizes: object, source: object, field: str, what: str) -> tuple[int, .
     return tuple(sorted(sizes))
 
 
-def _calibration_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path}: cannot read calibration JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: a calibration is a JSON object, not {type(data).__name__}")
-    return data
-
-
-def calibration_piecewise_sizes(path: Path) -> tuple[int, ...]:
-    """The piecewise graphs' token sizes a calibration was profiled with ("piecewise_sizes":
-    a list, or null or absent, as in calibrations older than the option: none)."""
-    return _sizes(_calibration_json(path).get("piecewise_sizes"), path, "piecewise_sizes",
-                  MEASURED_SIZES["piecewise_sizes"])
-
-
-def check_calibration_graphs(calibration: Path | None, runs: Sequence[GpuRun]) -> None:
+def check_calibration_graphs(calibration: Calibration | Path | None,
+                             runs: Sequence[GpuRun]) -> None:
     """Refuse a calibration profiled with piecewise prefill graphs for replays run without
     them, or the other way round: its eager_launch_s was fitted on steps with prefill tokens
-    that launch every kernel (eager) or only attention's between graph pieces (piecewise)."""
+    that launch every kernel (eager) or only attention's between graph pieces (piecewise).
+    A path is read as sim.core.calibration reads it."""
     if calibration is None:
         return
-    profiled = bool(calibration_piecewise_sizes(calibration))
+    if not isinstance(calibration, Calibration):
+        calibration = load_calibration(calibration)
+    profiled = bool(calibration.piecewise_sizes)
     for run in runs:
         replayed = bool(measured_sizes(run.summary, "piecewise_sizes"))
         if replayed != profiled:
             cal, rep = ("with", "without") if profiled else ("without", "with")
             raise ValueError(
-                f"the calibration {calibration} was profiled {cal} piecewise CUDA graphs but the "
-                f"replay in {run.path} ran {rep} them; re-profile {rep} --piecewise-graphs "
+                f"the calibration {calibration.source} was profiled {cal} piecewise CUDA graphs "
+                f"but the replay in {run.path} ran {rep} them; re-profile {rep} --piecewise-graphs "
                 "(`python -m gpu_backend profile`) to compare these replays")
-    kinds = timed_launch_kinds(_calibration_json(calibration)) if profiled else None
+    kinds = timed_launch_kinds(calibration.data, calibration.source) if profiled else None
     if kinds is None or kinds[0]:
         return
     for run in runs:  # graphs that stop short of the chunk: its longer steps ran fully eager
@@ -255,7 +242,8 @@ def check_calibration_graphs(calibration: Path | None, runs: Sequence[GpuRun]) -
         if sizes and max(sizes) < int(run.summary["chunk"]):
             raise ValueError(
                 f"the replay in {run.path} captured piecewise graphs up to {max(sizes)} tokens "
-                f"and ran its longer steps fully eager, but the calibration {calibration} timed "
+                f"and ran its longer steps fully eager, but the calibration {calibration.source} "
+                "timed "
                 "every step through piecewise graphs, so its eager_launch_s was not measured; "
                 f"re-profile with --piecewise-max-tokens {max(sizes)}")
 

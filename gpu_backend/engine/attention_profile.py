@@ -7,26 +7,24 @@ Llama-3.1-8B's profile the Mooncake replays' chunk-2,048 steps, their attention 
 came out within 7%, the linear layers priced long by as much. So `python -m gpu_backend
 profile` also times one layer's attention launch of every grid step with prefill tokens, as the
 engine launches it (decode rows first, then each chunk, one eager launch over paged K/V in
-shuffled blocks), on the device alone (`device_ms`), and fits the attention's own terms
-(`ATTENTION_PARAMETERS`) to those times first; the whole-step fit then holds them.
+shuffled blocks), on the device alone (`device_ms`). The attention's own terms
+(`ATTENTION_PARAMETERS`) are fitted to those times first and the whole-step fit holds them
+(`sim.core.calibration.attention_fit`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 
 import numpy as np
-from scipy.optimize import minimize_scalar
 
 from gpu_backend.engine.shapes import StepShape, scheduler_output
-from sim.core.calibration import fit_with_program_term, num_program_bound
-from sim.core.cost_model import FIT_PARAMETERS, CostModel, Efficiency
+from sim.core.calibration.attention_fit import ATTENTION_PARAMETERS, fit_attention_terms
+from sim.core.cost_model import Efficiency
 
-# What one launch's attention time tells: its work rate, the speed of one program (the
-# longest binds a chunk beside long decode rows) and how much of the shorter of the two the
-# longer does not hide (CostModel.launch_attention_s).
-ATTENTION_PARAMETERS = ("attention_compute", "attention_program", "attention_program_serial")
+__all__ = ["ATTENTION_PARAMETERS", "PagedLayer", "attention_inputs", "attention_records",
+           "attention_shapes", "device_ms", "fit_attention", "launch_ms", "time_attention"]
+
 QUEUE_AHEAD_CYCLES = 1_000_000  # ~0.5 ms of GPU sleep before each timed call
 BLOCK_SIZE = 16  # the K/V blocks' tokens (the kernel walks keys through the table alike)
 
@@ -112,45 +110,10 @@ def time_attention(shape: StepShape, model, reps: int = 20) -> dict[str, float]:
 def fit_attention(cost_args: tuple, shapes: Sequence[StepShape], measured_s: np.ndarray,
                   start: Efficiency | None = None,
                   hold: Sequence[str] = ()) -> tuple[Efficiency, dict]:
-    """`start` with ATTENTION_PARAMETERS fitted to the attention times `measured_s` of
-    `shapes` (CostModel.step's attention_s against them, least squares on relative error;
-    the program's terms only where the steps tell them, `fit_with_program_term`), and the
-    fit's errors and the launch's fixed device time fitted beside them (`launch_floor_s`, not a
-    cost-model term). `hold`: terms kept at `start`'s values (attention_program taken from
-    another profile, `python -m gpu_backend refit --program-from`)."""
-    start = start or Efficiency()
-    outputs = [scheduler_output(s) for s in shapes]
-    measured_s = np.asarray(measured_s, dtype=np.float64)
-    if len(outputs) != len(measured_s) or not len(outputs):
-        raise ValueError(f"{len(measured_s)} attention times for {len(outputs)} shapes")
-
-    def times(eff: Efficiency) -> np.ndarray:
-        cost = CostModel(*cost_args, efficiency=eff)
-        return np.array([cost.step(o).attention_s for o in outputs])
-
-    def num_bound(eff: Efficiency) -> int:
-        return num_program_bound(times(eff), times(replace(eff, attention_program=None)))
-
-    fixed = (*(name for name, _, _ in FIT_PARAMETERS if name not in ATTENTION_PARAMETERS),
-             *hold)
-
-    def fit_at(floor: float) -> tuple[Efficiency, np.ndarray]:
-        fitted, _ = fit_with_program_term(
-            start, lambda e: (times(e) + floor) / measured_s - 1.0, num_bound, fixed,
-            x_scale="jac")
-        return fitted, (times(fitted) + floor) / measured_s - 1.0
-
-    # A launch's fixed device time (kernel start, the combine, over all layers): the whole-step
-    # fit prices it in its per-step terms; fitted here beside the rates, or the smallest
-    # launches (16-token prefills: a few us of work, tens of us timed) would set them.
-    best = minimize_scalar(lambda floor: float(np.sum(fit_at(floor)[1] ** 2)),
-                           bounds=(0.0, float(measured_s.min())), method="bounded",
-                           options={"xatol": 1e-4 * float(measured_s.min())})
-    floor = float(best.x)
-    fitted, after = fit_at(floor)
-    return fitted, {"median_abs_rel": float(np.median(np.abs(after))),
-                    "max_abs_rel": float(np.max(np.abs(after))),
-                    "launch_floor_s": floor, "per_point_rel": [float(r) for r in after]}
+    """`sim.core.calibration.attention_fit.fit_attention_terms` of the launches of `shapes`
+    timed alone (`measured_s`): the attention's terms fitted, the rest of `start` kept."""
+    return fit_attention_terms(cost_args, [scheduler_output(s) for s in shapes], measured_s,
+                               start, hold)
 
 
 def attention_records(shapes: Sequence[StepShape], timed: Sequence[dict]) -> list[dict]:
@@ -160,7 +123,8 @@ def attention_records(shapes: Sequence[StepShape], timed: Sequence[dict]) -> lis
 
 def attention_inputs(data: dict) -> tuple[list[StepShape], np.ndarray] | None:
     """(shapes, attention seconds) of a calibration's "attention_measurements"; None where it
-    has none (profiles from before 2026-11-30's ninth session)."""
+    has none (a profile taken with --no-attention-profile, or before the attention was timed
+    alone)."""
     records = data.get("attention_measurements")
     if not records:
         return None

@@ -1,53 +1,40 @@
-"""`python -m gpu_backend profile`: measure step times, fit the simulator's cost model.
+"""`python -m gpu_backend profile`: time a grid of engine steps on the GPU and fit the
+simulator's cost model to them.
 
 Grid (default, < 2 min for Llama-3.1-8B on an H200): prefills of 16..16,384 tokens, chunks
 over long prefixes, decode batches 1..256 x contexts 256..16,384 and skewed ones (CUDA graphs,
 as the engine runs them), and mixed steps. Each point: warm-up, then the median of several
-runs timed like the engine's steps in a replay (the engine's RequestMirror builds the host
-arrays -> device -> forward -> sampled ids on the host). Before 2026-11-30's second session
-the host arrays were built outside the timed region: part of why replays' decode steps of
-many sequences came out up to 10% above the fit (~3.6 us per sequence on a 2-core CPU,
-benchmarks/host_build.py). Each point also records the medians of its phases as a replay's
-steps.csv does (`build_s`, `enqueue_s`, `device_s`: ModelRunner.phases), which show how much of
-it is host time. `--replay-setup` times the grid on a replay's setup (profile_engine). The
-engine's elastic transitions are timed too (`measure_transitions`).
+runs timed like the engine's steps in a replay: the engine's RequestMirror builds the host
+arrays -> device -> forward -> sampled ids on the host (host arrays built outside the timed
+region left replays' decode steps of many sequences up to 10% above the fit, ~3.6 us per
+sequence on a 2-core CPU, benchmarks/host_build.py). Each point also records the medians of
+its phases as a replay's steps.csv does (`build_s`, `enqueue_s`, `device_s`:
+ModelRunner.phases), which show how much of it is host time. `--replay-setup` times the grid
+on a replay's setup (profile_engine). The attention of every grid step with prefill tokens is
+timed on its own too (`attention_profile`), and the engine's elastic transitions
+(`measure_transitions`).
 
-The fit: the `sim.core.cost_model.FIT_PARAMETERS` fields of `Efficiency`, by
-`sim.core.calibration.fit_efficiency` (scipy least squares) on the relative error of
-`CostModel.step(out)` against the measured medians. The attention of every grid step with
-prefill tokens is also timed on its own (`attention_profile`, since the ninth session of
-2026-11-30); where a calibration has those timings, the attention's own terms are fitted to
-them first and held in the whole-step fit (`attention_start`).
-
-Weight streaming is pinned, not fitted: on one GPU every decode step reads the same weights,
-so "weights at bandwidth x" and "a fixed cost per step" fit the grid equally well, and a fit
-free to choose put the engine's kernel-launch overhead into the bandwidth (memory 0.40,
-step overhead 0). That split matters the moment the weights change size, as under tensor
-parallelism (TP=2 halves them, not the launches). So `memory` is the measured bandwidth of
-a large device-to-device copy over the preset's HBM bandwidth, and the per-step terms take
-the rest.
+The timing needs torch and stays here; the file format, its checks, the fits and the
+provenance every profile records live in `sim.core.calibration`.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
+from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
 
 import numpy as np
-from scipy.optimize import nnls
 
 from gpu_backend.engine.attention_profile import (
-    ATTENTION_PARAMETERS,
     attention_inputs,
     attention_records,
     attention_shapes,
-    fit_attention,
     time_attention,
 )
 from gpu_backend.engine.hostprobe import probe
@@ -67,15 +54,21 @@ from gpu_backend.engine.shapes import (
 )
 from gpu_backend.env import versions
 from sim.core.calibration import (
-    fit_with_program_term,
-    launch_terms,
-    num_program_bound,
-    split_term_fixed,
+    EngineKind,
+    invoked_command,
+    parse_calibration,
+    profile_provenance,
+    save_calibration,
 )
-from sim.core.catalog import get_gpu, get_model
-from sim.core.cost_model import CostModel, Efficiency, piecewise_sizes_for, step_extents
+from sim.core.calibration.attention_fit import attention_start
+from sim.core.calibration.merge import merge_profiles
+from sim.core.calibration.profile_fit import fit_profile, refit_profile, transition_costs
+from sim.core.cost_model import CostModel, Efficiency, piecewise_sizes_for
 from sim.core.elastic import Policy
 from sim.core.engine_config import EngineConfig
+
+__all__ = ["calibrate", "default_grid", "merge_profiles", "refit_calibration",
+           "transition_costs", "write_calibration"]
 
 
 def default_grid(quick: bool = False) -> list[StepShape]:
@@ -137,65 +130,9 @@ def default_grid(quick: bool = False) -> list[StepShape]:
 def grid_max_len(grid: Sequence[StepShape], block_size: int) -> int:
     """The profile's max_model_len: the grid's longest sequence (a prefill's prefix and chunk,
     or a decode row's context, mixed steps' decode rows too) and a block to spare. The rotary
-    tables are this long: before 2026-11-30's seventh session a mixed step's decode rows were
-    left out, and a 30k-key row read past them (an illegal address on Llama-3.1-8B)."""
+    tables are this long: a mixed step's 30k-key decode row past them reads an illegal
+    address (Llama-3.1-8B)."""
     return max(max([n + p for n, p in s.prefills] + list(s.decodes)) for s in grid) + block_size
-
-
-def fit_efficiency(cost_args: tuple, outputs: list, measured_s: np.ndarray,
-                   start: Efficiency | None = None,
-                   copy_bandwidth_bytes_s: float | None = None,
-                   token_graph_sizes: Sequence[int] = (),
-                   hold: Sequence[str] = ()) -> tuple[Efficiency, dict]:
-    """Least squares on relative error; returns (fitted Efficiency, error report).
-
-    `token_graph_sizes`: the piecewise graphs' sizes the profile ran its eager steps at
-    (CostModel prices the padded tokens); empty without piecewise graphs. `hold`: fitted
-    parameters kept at `start`'s values (measured elsewhere).
-
-    With `copy_bandwidth_bytes_s`, `memory` is held at that bandwidth over the GPU preset's
-    (see the module docstring); without it, `memory` is fitted like the rest.
-    """
-    start = start or Efficiency()
-    fixed: tuple[str, ...] = tuple(hold)
-    if copy_bandwidth_bytes_s is not None:
-        gpu = cost_args[1]
-        start = replace(start, memory=min(1.0, copy_bandwidth_bytes_s
-                                          / gpu.memory_bandwidth_bytes_s))
-        fixed = (*fixed, "memory")
-    # the profile's decode steps run exact-size graphs; a step with prefill tokens runs the
-    # piecewise graphs where one holds it, else fully eager (CostModel.eager_step)
-    eager = np.array([o.num_prefill_tokens > 0 for o in outputs], dtype=bool)
-    cost = CostModel(*cost_args, efficiency=start, token_graph_sizes=token_graph_sizes)
-    _, piecewise = cost.eager_step_array(
-        np.array([o.num_prefill_tokens + o.num_decode_tokens for o in outputs], dtype=np.int64))
-    start, held = launch_terms(start, measured_s[eager & ~piecewise],
-                               measured_s[eager & piecewise])
-    num_split = sum(cost.splits(o.num_prefill_tokens + o.num_decode_tokens, len(o.scheduled),
-                                *step_extents(o)) for o in outputs if o.num_prefill_tokens)
-
-    def num_bound(eff: Efficiency) -> int:  # steps whose longest attention program binds
-        def times(e: Efficiency) -> np.ndarray:
-            cost = CostModel(*cost_args, efficiency=e, token_graph_sizes=token_graph_sizes)
-            return np.array([cost.step(o).total_s for o in outputs])
-        return num_program_bound(times(eff), times(replace(eff, attention_program=None)))
-
-    fixed = (*fixed, *held, *split_term_fixed(num_split))
-
-    def relative_errors(eff: Efficiency) -> np.ndarray:
-        cost = CostModel(*cost_args, efficiency=eff, token_graph_sizes=token_graph_sizes)
-        return np.array([cost.step(o).total_s for o in outputs]) / measured_s - 1.0
-
-    before = relative_errors(start)
-    fitted, _ = fit_with_program_term(start, relative_errors, num_bound, fixed, x_scale="jac")
-    after = relative_errors(fitted)
-    return fitted, {
-        "median_abs_rel": float(np.median(np.abs(after))),
-        "max_abs_rel": float(np.max(np.abs(after))),
-        "default_median_abs_rel": float(np.median(np.abs(before))),
-        "default_max_abs_rel": float(np.max(np.abs(before))),
-        "per_point_rel": [float(r) for r in after],
-    }
 
 
 def time_step(runner, build, warmup: int, repeat: int) -> dict[str, float]:
@@ -222,7 +159,7 @@ def measure_grid(shapes: list[StepShape], measure: Callable[[StepShape], dict[st
                  passes: int = 2) -> list[dict]:
     """`measure(shape)` of every shape, `passes` times, every other pass in reverse order: a
     drift of the host's speed through the grid (the same short split steps enqueued 1 ms
-    apart in two profiles of 2026-11-30's fifth session) then weighs every point alike, and a
+    apart in two profiles on one H200) then weighs every point alike, and a
     linear drift cancels. Per shape: the median over passes of each timing, and the passes'
     whole-step times (`passes_measured_s`) in measuring order."""
     if passes < 1:
@@ -327,63 +264,87 @@ def profile_engine(config: EngineConfig, grid: list[StepShape], seed: int = 0,
 def calibrate(config: EngineConfig, *, seed: int = 0, quick: bool = False,
               warmup: int = 2, repeat: int = 5, replay_setup: bool = False,
               piecewise: bool = False, passes: int = 2,
-              piecewise_max_tokens: int | None = None, attention: bool = True) -> dict:
+              piecewise_max_tokens: int | None = None, attention: bool = True,
+              command: str | None = None) -> dict:
     """Profile `config`'s engine on the step grid and fit the cost model (module docstring);
-    `attention`: also time each prefill launch's attention alone (attention_profile)."""
+    `attention`: also time each prefill launch's attention alone (attention_profile).
+    `command`: what the provenance records as the measuring command (default: this
+    process's command line)."""
     import torch
 
     from gpu_backend.env import copy_bandwidth_bytes_s
 
+    measured_on = datetime.now(timezone.utc).date().isoformat()
     grid = default_grid(quick)
     engine = profile_engine(config, grid, seed, replay_setup=replay_setup, piecewise=piecewise,
                             piecewise_max_tokens=piecewise_max_tokens)
-    token_sizes = engine.setup["piecewise_sizes"] or ()
-    config, runner, graphs, m = engine.config, engine.runner, engine.graphs, engine.memory
-    num_blocks, device = engine.num_blocks, engine.device
-
-    def measure(shape: StepShape) -> dict[str, float]:
-        mirror, out = engine.step(shape)
-        host = probe()  # the host's speed next to this point (hostprobe)
-        return {**time_step(runner, partial(mirror.build, out), warmup, repeat),
-                "host_probe_s": host}
-
-    timed = measure_grid(grid, measure, passes)
-    measurements = [{**shape.describe(), **timing} for shape, timing in zip(grid, timed)]
-    records: list[dict] = []  # the attention of every step with prefill tokens, on its own
-    if attention:
-        launches = attention_shapes(grid)
-        records = attention_records(launches, measure_grid(
-            launches, lambda shape: time_attention(shape, config.model), passes))
-    outputs = [scheduler_output(shape) for shape in grid]
-    times = [timing["measured_s"] for timing in timed]
-    probes = [timing["host_probe_s"] for timing in timed]
-    cost_args = (config.model, config.gpu, 1)
-    bandwidth = copy_bandwidth_bytes_s()
-    start, hold, attention_error = attention_start(
-        cost_args, attention_inputs({"attention_measurements": records}), Efficiency(), ())
-    efficiency, fit_error = fit_efficiency(cost_args, outputs, np.array(times), start=start,
-                                           copy_bandwidth_bytes_s=bandwidth,
-                                           token_graph_sizes=token_sizes, hold=hold)
-    cost = CostModel(*cost_args, efficiency=efficiency, token_graph_sizes=token_sizes)
-    for entry, out in zip(measurements, outputs):
-        entry["predicted_s"] = cost.step(out).total_s
+    timed, records = time_profile(engine, grid, warmup, repeat, passes, attention)
+    result = fit_timed(engine, grid, timed, records, copy_bandwidth_bytes_s())
+    found = versions()
+    provenance = profile_provenance(
+        model=config.model.name, gpu_preset=config.gpu.name,
+        gpu_name=torch.cuda.get_device_name(engine.device),
+        engine=EngineKind.of_run(engine.setup["piecewise_sizes"] or (), config.chunk_tokens),
+        measured_on=measured_on, command=command or invoked_command(), versions=found)
+    m = engine.memory
     return {
-        "gpu": torch.cuda.get_device_name(device), "gpu_preset": config.gpu.name,
-        "model": config.model.name, "versions": versions(),
-        "efficiency": asdict(efficiency),
+        "gpu": provenance.gpu_name, "gpu_preset": config.gpu.name, "model": config.model.name,
+        "versions": found, "provenance": provenance.to_dict(), **result,
         "activation": {"bytes_per_token": m.profile.bytes_per_token,
                        "fixed_bytes": m.profile.fixed_bytes,
                        "non_torch_bytes": m.profile.non_torch_bytes},
         "activation_peaks": {str(k): v for k, v in m.activation_peaks.items()},
-        "weights_bytes": m.weights_bytes, "graph_capture_s": graphs.capture_s,
-        "setup": engine.setup, "host_probe": summarize_probes(probes), "passes": passes,
+        "weights_bytes": m.weights_bytes, "graph_capture_s": engine.graphs.capture_s,
+        "setup": engine.setup, "passes": passes,
         # the piecewise graphs' token sizes the eager steps ran at (None: fully eager)
         "piecewise_sizes": engine.setup["piecewise_sizes"],
-        "copy_bandwidth_bytes_s": bandwidth,
-        "measurements": measurements, "fit_error": fit_error,
-        "attention_measurements": records, "attention_fit_error": attention_error,
-        "vmm": measure_transitions(runner, config, device, num_blocks),
+        "vmm": measure_transitions(engine.runner, engine.config, engine.device,
+                                   engine.num_blocks),
     }
+
+
+def time_profile(engine: ProfileEngine, grid: list[StepShape], warmup: int, repeat: int,
+                 passes: int, attention: bool) -> tuple[list[dict], list[dict]]:
+    """The grid's steps timed on `engine` (time_step's medians and the host's speed beside
+    each point), and with `attention` each prefill launch's attention alone (its records)."""
+    def measure(shape: StepShape) -> dict[str, float]:
+        mirror, out = engine.step(shape)
+        host = probe()  # the host's speed next to this point (hostprobe)
+        return {**time_step(engine.runner, partial(mirror.build, out), warmup, repeat),
+                "host_probe_s": host}
+
+    timed = measure_grid(grid, measure, passes)
+    records: list[dict] = []  # the attention of every step with prefill tokens, on its own
+    if attention:
+        launches = attention_shapes(grid)
+        records = attention_records(launches, measure_grid(
+            launches, lambda shape: time_attention(shape, engine.config.model), passes))
+    return timed, records
+
+
+def fit_timed(engine: ProfileEngine, grid: list[StepShape], timed: list[dict],
+              records: list[dict], bandwidth_bytes_s: float) -> dict:
+    """The calibration's fitted part: efficiency, the grid's records with their prices, the
+    fits' errors (sim.core.calibration.profile_fit)."""
+    token_sizes = engine.setup["piecewise_sizes"] or ()
+    outputs = [scheduler_output(shape) for shape in grid]
+    cost_args = (engine.config.model, engine.config.gpu, 1)
+    attention = attention_inputs({"attention_measurements": records})
+    if attention is not None:
+        attention = ([scheduler_output(s) for s in attention[0]], attention[1])
+    start, hold, attention_error = attention_start(cost_args, attention, Efficiency(), ())
+    efficiency, fit_error = fit_profile(
+        cost_args, outputs, np.array([t["measured_s"] for t in timed]), start=start,
+        copy_bandwidth_bytes_s=bandwidth_bytes_s, token_graph_sizes=token_sizes, hold=hold)
+    cost = CostModel(*cost_args, efficiency=efficiency, token_graph_sizes=token_sizes)
+    measurements = [{**shape.describe(), **timing, "predicted_s": cost.step(out).total_s}
+                    for shape, timing, out in zip(grid, timed, outputs)]
+    return {"efficiency": asdict(efficiency),
+            "host_probe": summarize_probes([t["host_probe_s"] for t in timed]),
+            "copy_bandwidth_bytes_s": bandwidth_bytes_s, "measurements": measurements,
+            "fit_error": fit_error, "attention_measurements": records,
+            "attention_fit_error": attention_error}
+
 
 
 TRANSITION_HANDLES = (1, 2, 4)
@@ -456,137 +417,21 @@ def cycle_transitions(executor, before_attach, num_elastic_blocks: int,
             "freed_bytes": int(statistics.median(t.freed_bytes for t in attaches))}
 
 
-def transition_costs(points: list[dict]) -> dict[str, float]:
-    """Non-negative least squares through the attach and detach medians: attach = fixed +
-    handles x per_handle + cached GiB x per_cached_GiB (the last only where the points' freed
-    bytes differ), detach = fixed + handles x per_handle (VmmCosts' fields; the per-GiB
-    terms of the reserve stay 0 at one handle size)."""
-    handles = np.array([p["handles"] for p in points], dtype=float)
-    freed = np.array([p.get("freed_bytes", 0) for p in points], dtype=float) / 2**30
-    costs: dict[str, float] = {"attach_cache_gib_s": 0.0}
-    for kind in ("attach", "detach"):
-        columns = [np.ones_like(handles), handles]
-        if kind == "attach" and np.ptp(freed) > 0:
-            columns.append(freed)
-        solution, _ = nnls(np.column_stack(columns), np.array([p[f"{kind}_s"] for p in points]))
-        costs[f"{kind}_fixed_s"] = float(solution[0])
-        costs[f"{kind}_handle_s"] = float(solution[1])
-        costs[f"{kind}_gib_s"] = 0.0
-        if len(solution) == 3:
-            costs["attach_cache_gib_s"] = float(solution[2])
-    return costs
-
-
 def refit_calibration(data: dict, copy_bandwidth_bytes_s: float | None = None,
                       program_from: tuple[str, dict] | None = None) -> dict:
-    """Fit the cost model again to a calibration's stored measurements (no GPU needed).
-
-    For when the cost model gains a term: the grid measured on the GPU stays valid, only the
-    fitted efficiencies change. `memory` is pinned to `copy_bandwidth_bytes_s`, else to the
-    calibration's own "copy_bandwidth_bytes_s", else fitted (older files have none).
-    `program_from`: (name, calibration) whose attention_program (the speed of one attention
-    program, `CostModel.longest_program_s`) is held, not fitted: for a grid from before the
-    steps that tell it, from a profile of a model with the same attention kernel (head_dim)
-    on the same GPU.
-    Returns the calibration with new efficiency and errors.
-    """
-    bandwidth = copy_bandwidth_bytes_s or data.get("copy_bandwidth_bytes_s")
-    shapes = [StepShape.from_record(m) for m in data["measurements"]]
-    outputs = [scheduler_output(shape) for shape in shapes]
-    times = np.array([m["measured_s"] for m in data["measurements"]])
-    cost_args = (get_model(data["model"]), get_gpu(data["gpu_preset"]), 1)
-    token_sizes = data.get("piecewise_sizes") or ()
-    start, hold, provenance = Efficiency(), (), {}
-    if program_from is not None:
-        source, other = program_from
-        value = program_term_of(source, other, data)
-        start, hold = replace(start, attention_program=value), ("attention_program",)
-        provenance = {"attention_program_from": {"calibration": source, "model": other["model"],
-                                                 "attention_program": value}}
-    start, hold, attention_error = attention_start(cost_args, attention_inputs(data), start, hold)
-    efficiency, fit_error = fit_efficiency(cost_args, outputs, times, start=start,
-                                           copy_bandwidth_bytes_s=bandwidth,
-                                           token_graph_sizes=token_sizes, hold=hold)
-    cost = CostModel(*cost_args, efficiency=efficiency, token_graph_sizes=token_sizes)
-    measurements = [{**m, "predicted_s": cost.step(out).total_s}
-                    for m, out in zip(data["measurements"], outputs)]
-    attention = ({"attention_fit_error": attention_error} if attention_error is not None
-                 else {})
-    return {**data, "efficiency": asdict(efficiency), "fit_error": fit_error,
-            "copy_bandwidth_bytes_s": bandwidth, "measurements": measurements, **attention,
-            **provenance}
-
-
-def attention_start(cost_args: tuple, attention: tuple[list[StepShape], np.ndarray] | None,
-                    start: Efficiency, hold: tuple[str, ...]
-                    ) -> tuple[Efficiency, tuple[str, ...], dict | None]:
-    """The whole-step fit's start and held terms: with a profile's attention timed alone
-    (`attention`: shapes and seconds), `start` with the attention's own terms fitted to it
-    (those in `hold` kept) and held from then on, and that fit's errors; without, as given."""
-    if attention is None:
-        return start, hold, None
-    fitted, error = fit_attention(cost_args, *attention, start=start, hold=hold)
-    return fitted, (*hold, *ATTENTION_PARAMETERS), error
-
-
-def program_term_of(source: str, other: dict, data: dict) -> float:
-    """The attention_program of calibration `other` (read from `source`), checked to fit
-    `data`'s: the same GPU, a model of the same head_dim (the kernel's tile and its work per
-    key), and the term fitted there."""
-    if other.get("gpu_preset") != data.get("gpu_preset"):
-        raise ValueError(f"{source}: GPU {other.get('gpu_preset')!r}, not "
-                         f"{data.get('gpu_preset')!r}; take attention_program from the same GPU")
-    mine, theirs = get_model(data["model"]), get_model(other["model"])
-    if mine.head_dim != theirs.head_dim:
-        raise ValueError(f"{source}: {theirs.name} has head_dim {theirs.head_dim}, "
-                         f"{mine.name} {mine.head_dim}: its attention programs do other work "
-                         "per key; take attention_program from a model of the same head_dim")
-    value = (other.get("efficiency") or {}).get("attention_program")
-    if value is None:
-        raise ValueError(f"{source}: no fitted attention_program (its grid did not tell it); "
-                         "take it from a profile whose grid did")
-    return float(value)
-
-
-TIMING_KEYS = ("measured_s", "build_s", "enqueue_s", "device_s", "host_probe_s")
-# a profile's timed records: whole steps, and the attention of those with prefill tokens
-MERGED_RECORDS = ("measurements", "attention_measurements")
-
-
-def merge_profiles(base: dict, others: list[dict], sources: list[str]) -> dict:
-    """`base` with each grid point's timings the median over it and `others`, profiles of the
-    same model, GPU, grid and piecewise sizes taken at other times (a drift of the host's speed
-    in one weighs less); everything else (memory, VMM costs, versions) stays `base`'s. Refit
-    the result (`refit_calibration`). `sources` names the others in errors and provenance."""
-    def shape_keys(data: dict, records: str) -> list[tuple]:
-        return [(m["kind"], json.dumps(m["prefills"]), json.dumps(m.get("decode_groups")))
-                for m in data.get(records) or ()]
-
-    for other, source in zip(others, sources, strict=True):
-        for key in ("model", "gpu_preset", "piecewise_sizes"):
-            if other.get(key) != base.get(key):
-                raise ValueError(f"{source}: {key} {other.get(key)!r} differs from the base "
-                                 f"calibration's {base.get(key)!r}; merge profiles of one setup")
-        for records in MERGED_RECORDS:
-            if shape_keys(other, records) != shape_keys(base, records):
-                raise ValueError(f"{source}: its grid differs from the base calibration's "
-                                 f"({records}; profiles of two code versions?); merge profiles "
-                                 "of the same grid")
-    merged = {}
-    for records in MERGED_RECORDS:
-        if not base.get(records):
-            continue
-        points = []
-        for index, entry in enumerate(base[records]):
-            profiles = [entry] + [other[records][index] for other in others]
-            point = {**entry, **{key: statistics.median(p[key] for p in profiles)
-                                 for key in TIMING_KEYS if all(key in p for p in profiles)}}
-            point["profiles_measured_s"] = [p["measured_s"] for p in profiles]
-            points.append(point)
-        merged[records] = points
-    return {**base, **merged, "merged_from": list(sources)}
+    """`sim.core.calibration.profile_fit.refit_profile` of a calibration's stored grid: its
+    records made the steps the cost model prices (no GPU needed). The provenance keeps the
+    measurement's and records this command as the one that fitted it."""
+    provenance = parse_calibration(data, "the calibration to refit").provenance
+    outputs = [scheduler_output(StepShape.from_record(m)) for m in data["measurements"]]
+    attention = attention_inputs(data)
+    if attention is not None:
+        attention = ([scheduler_output(s) for s in attention[0]], attention[1])
+    result = refit_profile(data, outputs, attention, copy_bandwidth_bytes_s, program_from)
+    fitted = replace(provenance, fitted_by=invoked_command())
+    return {**result, "provenance": fitted.to_dict()}
 
 
 def write_calibration(path: Path, result: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2))
+    """Check `result` as a calibration and write it (sim.core.calibration.save_calibration)."""
+    save_calibration(path, result)

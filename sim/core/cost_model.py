@@ -16,16 +16,15 @@ with achieved rates = peak x an efficiency. Operators:
 Default efficiencies come from DESIGN.md's H200 measurements: Llama-3.1-8B linear layers cost
 0.58-0.64 us per token per layer at 512-16,384 tokens (2 x 218 M params / 0.6 us = 727 TFLOP/s,
 0.73 of the 989 TFLOP/s datasheet peak) and turn weight-bound below ~256 tokens (1.0 us at 128
-tokens = 436 MB in 128 us = 3.4 TB/s, 0.71 of 4.8 TB/s). A calibration JSON written by
-`python -m gpu_backend profile` replaces them with values fitted on the user's GPU.
+tokens = 436 MB in 128 us = 3.4 TB/s, 0.71 of 4.8 TB/s). A calibration written by
+`python -m gpu_backend profile` replaces them with values fitted on the user's GPU
+(`sim.core.calibration` reads it).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields, replace
-from pathlib import Path
 
 import numpy as np
 
@@ -485,54 +484,6 @@ def host_slower(eff: Efficiency, factor: float) -> Efficiency:
     if factor <= 0:
         raise ValueError(f"host_slower() needs a positive factor, got {factor}")
     return replace(eff, **_times(eff, HOST_TERMS, factor))
-
-
-def load_efficiency(path: str | Path) -> Efficiency:
-    """Read a calibration JSON's "efficiency" object; unknown keys are an error, not ignored."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path}: cannot read calibration JSON: {exc}") from None
-    values = data.get("efficiency") if isinstance(data, dict) else None
-    if not isinstance(values, dict):
-        raise ValueError(f"{path}: no \"efficiency\" object; expected one with keys "
-                         f"{', '.join(f.name for f in fields(Efficiency))}")
-    known = {f.name for f in fields(Efficiency)}
-    unknown = set(values) - known
-    if unknown:
-        raise ValueError(f"{path}: unknown efficiency keys {sorted(unknown)}; known: {sorted(known)}")
-    return Efficiency(**values)
-
-
-# Fewer steps than this that launch one way (fully eager, or through piecewise graphs): a
-# fit holds that launch term at its start. A profile without a cap still runs its largest
-# grid step (16,384 tokens, past the 8,192-token chunk's graphs) fully eager; that one
-# device-bound step says nothing about the launch time.
-MIN_LAUNCH_STEPS = 3
-
-
-def timed_launch_kinds(data: dict) -> tuple[bool, bool] | None:
-    """(timed fully eager steps?, timed piecewise-graph steps?) of a calibration JSON from
-    `python -m gpu_backend profile`: which of eager_launch_s and piecewise_launch_s its grid
-    measured (at least MIN_LAUNCH_STEPS steps each). A step with prefill tokens ran the
-    piecewise graphs when one of the profile's "piecewise_sizes" holds its tokens. None: no
-    measurement records (a fit of replays)."""
-    records = data.get("measurements")
-    if not isinstance(records, list) or not records:
-        return None
-    largest = max(data.get("piecewise_sizes") or [0])
-    eager = piecewise = 0
-    for record in records:
-        prefills = record.get("prefills") or []
-        if not prefills:
-            continue
-        tokens = sum(int(n) for n, _ in prefills) + int(record.get("num_decodes", 0))
-        if tokens <= largest:
-            piecewise += 1
-        else:
-            eager += 1
-    return eager >= MIN_LAUNCH_STEPS, piecewise >= MIN_LAUNCH_STEPS
 
 
 def efficiency_dict(eff: Efficiency) -> dict[str, float]:

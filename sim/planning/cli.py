@@ -16,11 +16,20 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from sim.cli import add_engine_arguments, load_calibration
+from sim.cli import add_engine_arguments
+from sim.core.calibration import (
+    choose_calibration,
+    describe,
+    parts_of,
+    pricing,
+    pricing_line,
+    uncalibrated_warning,
+)
 from sim.planning import gain_map, plan, report, reserve
 from sim.planning.cases import EngineOptions, TraceSpec
 from sim.planning.map_figure import plot_map
 from sim.planning.parallel import Executor
+from sim.planning.pricing import options_engine, price_cases, pricing_lines
 from sim.planning.spec import SweepSpec, load_sweep
 from sim.planning.sweep import run_sweep, write_table
 from sim.recording.metrics import Slo
@@ -104,13 +113,20 @@ def sweep_main(argv: list[str]) -> int:
     _add_executor_arguments(parser)
     args = parser.parse_args(argv)
     spec = load_sweep(args.config) if args.config else _sweep_from_flags(args)
-    efficiency, profile, vmm_costs = load_calibration(spec.calibration or args.calibration)
-    rows = run_sweep(spec.cases(efficiency, profile, vmm_costs), _executor(args, spec.workers))
+    choice = spec.calibration or args.calibration
+    cases, calibrations = price_cases(spec.cases(), choice)
+    rows = run_sweep(cases, _executor(args, spec.workers))
+    for row, calibration in zip(rows, calibrations):
+        row["pricing"] = describe(calibration)
     out = args.out or spec.out
     if args.json:
         print(json.dumps(rows, indent=1, default=str))
     else:
         report.print_sweep(rows)
+    lines, warnings = pricing_lines(cases, calibrations, forced=choice is not None)
+    print("\n".join(lines), file=sys.stderr if args.json else sys.stdout)
+    for warning in warnings:
+        print(warning, file=sys.stderr)
     if out is not None:
         for path in write_table(rows, out):
             print(f"wrote {path}", file=sys.stderr)
@@ -153,23 +169,31 @@ def plan_main(argv: list[str]) -> int:
     g.add_argument("--out", type=Path, default=None, help="write plan.json and plan.csv")
     _add_executor_arguments(parser)
     args = parser.parse_args(argv)
-    efficiency, profile, vmm_costs = load_calibration(args.calibration)
+    options = _options(args)
+    calibration = choose_calibration(args.calibration, args.model, args.gpu,
+                                     options_engine(options))
+    efficiency, profile, vmm_costs = parts_of(calibration)
     chunks = parse_int_list(args.chunk, "--chunk") if args.chunk else plan.DEFAULT_CHUNKS
     query = plan.PlanQuery(
         model=args.model, gpu=args.gpu, tp=args.tp, trace=_trace_spec(args),
-        slo=Slo(args.slo_ttft, args.slo_tpot), chunks=tuple(chunks), options=_options(args),
+        slo=Slo(args.slo_ttft, args.slo_tpot), chunks=tuple(chunks), options=options,
         rate_scale=args.rate_scale, search_max_rate=not args.no_max_rate,
         rel_tol=args.rate_tol, min_attainment=args.attainment, tie_pct=args.tie_pct,
         pays_pct=args.pays_pct, efficiency=efficiency, profile=profile,
         vmm_costs=vmm_costs)
     result = plan.run_plan(query, _executor(args))
+    planned = {**result.as_dict(), "pricing": pricing(calibration)}
     if args.json:
-        print(json.dumps(result.as_dict(), indent=1, default=str))
+        print(json.dumps(planned, indent=1, default=str))
     else:
         report.print_plan(result)
+        print(pricing_line(calibration))
+    if calibration is None:
+        print(uncalibrated_warning(args.model, args.gpu, options_engine(options),
+                                   forced=args.calibration is not None), file=sys.stderr)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "plan.json").write_text(json.dumps(result.as_dict(), indent=1, default=str))
+        (args.out / "plan.json").write_text(json.dumps(planned, indent=1, default=str))
         write_table(result.rows, args.out, stem="plan")
         print(f"wrote {args.out / 'plan.json'} and plan.csv", file=sys.stderr)
     return 0

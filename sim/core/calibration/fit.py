@@ -1,8 +1,8 @@
 """Fit the cost model's efficiencies to measured step times (scipy least squares).
 
-Both the GPU engine's `profile` (a synthetic step grid) and `validation` (replayed steps) fit
-the `FIT_PARAMETERS` of `sim.core.cost_model.Efficiency`; they differ only in which steps they price
-and in the loss they choose, so the parameter handling lives here once.
+Both the GPU engine's `profile` (a synthetic step grid, `profile_fit`) and `validation`
+(replayed steps) fit the `FIT_PARAMETERS` of `sim.core.cost_model.Efficiency`; they differ only
+in which steps they price and in the loss they choose, so the parameter handling lives here once.
 """
 
 from __future__ import annotations
@@ -13,7 +13,13 @@ from dataclasses import replace
 import numpy as np
 from scipy.optimize import OptimizeResult, least_squares
 
-from sim.core.cost_model import FIT_PARAMETERS, MIN_LAUNCH_STEPS, Efficiency
+from sim.core.cost_model import FIT_PARAMETERS, Efficiency
+
+# Fewer steps than this that launch one way (fully eager, or through piecewise graphs): a
+# fit holds that launch term at its start. A profile without a cap still runs its largest
+# grid step (16,384 tokens, past the 8,192-token chunk's graphs) fully eager; that one
+# device-bound step says nothing about the launch time.
+MIN_LAUNCH_STEPS = 3
 
 
 def fit_efficiency(start: Efficiency, relative_errors: Callable[[Efficiency], np.ndarray],

@@ -1,0 +1,54 @@
+"""Merge profiles of one grid taken at other times: each point's timings become the median.
+
+The host's speed drifts between profiles (one H200 host ran a fixed Python loop in 7 to 14
+ms in different sessions, benchmarks/host_noise.py); the median over several profiles weighs
+one drifted profile less. Refit the result (`profile_fit.refit_profile`).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+TIMING_KEYS = ("measured_s", "build_s", "enqueue_s", "device_s", "host_probe_s")
+# a profile's timed records: whole steps, and the attention of those with prefill tokens
+MERGED_RECORDS = ("measurements", "attention_measurements")
+SAME_SETUP_KEYS = ("model", "gpu_preset", "piecewise_sizes")
+
+
+def merge_profiles(base: dict, others: list[dict], sources: list[str]) -> dict:
+    """`base` with each grid point's timings the median over it and `others`, profiles of the
+    same model, GPU, grid and piecewise sizes; everything else (memory, VMM costs, versions,
+    provenance) stays `base`'s. `sources` names the others in errors and in "merged_from"."""
+    for other, source in zip(others, sources, strict=True):
+        _check_same_grid(base, other, source)
+    merged = {}
+    for records in MERGED_RECORDS:
+        if not base.get(records):
+            continue
+        points = []
+        for index, entry in enumerate(base[records]):
+            profiles = [entry] + [other[records][index] for other in others]
+            point = {**entry, **{key: statistics.median(p[key] for p in profiles)
+                                 for key in TIMING_KEYS if all(key in p for p in profiles)}}
+            point["profiles_measured_s"] = [p["measured_s"] for p in profiles]
+            points.append(point)
+        merged[records] = points
+    return {**base, **merged, "merged_from": list(sources)}
+
+
+def _shape_keys(data: dict, records: str) -> list[tuple]:
+    return [(m["kind"], json.dumps(m["prefills"]), json.dumps(m.get("decode_groups")))
+            for m in data.get(records) or ()]
+
+
+def _check_same_grid(base: dict, other: dict, source: str) -> None:
+    for key in SAME_SETUP_KEYS:
+        if other.get(key) != base.get(key):
+            raise ValueError(f"{source}: {key} {other.get(key)!r} differs from the base "
+                             f"calibration's {base.get(key)!r}; merge profiles of one setup")
+    for records in MERGED_RECORDS:
+        if _shape_keys(other, records) != _shape_keys(base, records):
+            raise ValueError(f"{source}: its grid differs from the base calibration's "
+                             f"({records}; profiles of two code versions?); merge profiles "
+                             "of the same grid")

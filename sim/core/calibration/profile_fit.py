@@ -1,0 +1,163 @@
+"""Fit the cost model to a profile's step grid (`python -m gpu_backend profile`, or a refit of
+its stored measurements), and the elastic transitions' costs to their timings.
+
+The fit: the `sim.core.cost_model.FIT_PARAMETERS` fields of `Efficiency`, by
+`fit.fit_efficiency` (scipy least squares) on the relative error of `CostModel.step(out)`
+against the measured medians. Where the profile timed every prefill launch's attention alone,
+the attention's own terms are fitted to those times first and held (`attention_fit`).
+
+Weight streaming is pinned, not fitted: on one GPU every decode step reads the same weights,
+so "weights at bandwidth x" and "a fixed cost per step" fit the grid equally well, and a fit
+free to choose put the engine's kernel-launch overhead into the bandwidth (memory 0.40,
+step overhead 0). That split matters the moment the weights change size, as under tensor
+parallelism (TP=2 halves them, not the launches). So `memory` is the measured bandwidth of
+a large device-to-device copy over the preset's HBM bandwidth, and the per-step terms take
+the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, replace
+
+import numpy as np
+from scipy.optimize import nnls
+
+from sim.core.calibration.attention_fit import attention_start
+from sim.core.calibration.fit import (
+    fit_with_program_term,
+    launch_terms,
+    num_program_bound,
+    split_term_fixed,
+)
+from sim.core.catalog import get_gpu, get_model
+from sim.core.cost_model import CostModel, Efficiency, step_extents
+from sim.core.step import SchedulerOutput
+
+
+def fit_profile(cost_args: tuple, outputs: Sequence[SchedulerOutput], measured_s: np.ndarray,
+                start: Efficiency | None = None, copy_bandwidth_bytes_s: float | None = None,
+                token_graph_sizes: Sequence[int] = (),
+                hold: Sequence[str] = ()) -> tuple[Efficiency, dict]:
+    """Least squares on relative error; returns (fitted Efficiency, error report).
+
+    `token_graph_sizes`: the piecewise graphs' sizes the profile ran its eager steps at
+    (CostModel prices the padded tokens); empty without piecewise graphs. `hold`: fitted
+    parameters kept at `start`'s values (measured elsewhere). With `copy_bandwidth_bytes_s`,
+    `memory` is held at that bandwidth over the GPU preset's (module docstring); without it,
+    `memory` is fitted like the rest.
+    """
+    start = start or Efficiency()
+    fixed: tuple[str, ...] = tuple(hold)
+    if copy_bandwidth_bytes_s is not None:
+        gpu = cost_args[1]
+        start = replace(start, memory=min(1.0, copy_bandwidth_bytes_s
+                                          / gpu.memory_bandwidth_bytes_s))
+        fixed = (*fixed, "memory")
+
+    def times(eff: Efficiency) -> np.ndarray:
+        cost = CostModel(*cost_args, efficiency=eff, token_graph_sizes=token_graph_sizes)
+        return np.array([cost.step(o).total_s for o in outputs])
+
+    # the profile's decode steps run exact-size graphs; a step with prefill tokens runs the
+    # piecewise graphs where one holds it, else fully eager (CostModel.eager_step)
+    eager = np.array([o.num_prefill_tokens > 0 for o in outputs], dtype=bool)
+    cost = CostModel(*cost_args, efficiency=start, token_graph_sizes=token_graph_sizes)
+    _, piecewise = cost.eager_step_array(
+        np.array([o.num_prefill_tokens + o.num_decode_tokens for o in outputs], dtype=np.int64))
+    start, held = launch_terms(start, measured_s[eager & ~piecewise],
+                               measured_s[eager & piecewise])
+    num_split = sum(cost.splits(o.num_prefill_tokens + o.num_decode_tokens, len(o.scheduled),
+                                *step_extents(o)) for o in outputs if o.num_prefill_tokens)
+    fixed = (*fixed, *held, *split_term_fixed(num_split))
+    before = times(start) / measured_s - 1.0
+    fitted, _ = fit_with_program_term(
+        start, lambda eff: times(eff) / measured_s - 1.0,
+        lambda eff: num_program_bound(times(eff), times(replace(eff, attention_program=None))),
+        fixed, x_scale="jac")
+    after = times(fitted) / measured_s - 1.0
+    return fitted, {
+        "median_abs_rel": float(np.median(np.abs(after))),
+        "max_abs_rel": float(np.max(np.abs(after))),
+        "default_median_abs_rel": float(np.median(np.abs(before))),
+        "default_max_abs_rel": float(np.max(np.abs(before))),
+        "per_point_rel": [float(r) for r in after],
+    }
+
+
+def refit_profile(data: dict, outputs: Sequence[SchedulerOutput],
+                  attention: tuple[Sequence[SchedulerOutput], np.ndarray] | None,
+                  copy_bandwidth_bytes_s: float | None = None,
+                  program_from: tuple[str, dict] | None = None) -> dict:
+    """Fit the cost model again to a calibration's stored measurements (no GPU needed).
+
+    For when the cost model gains a term: the grid measured on the GPU stays valid, only the
+    fitted efficiencies change. `outputs`: the steps of `data["measurements"]`; `attention`:
+    those of its "attention_measurements" and their seconds (None where it has none).
+    `memory` is pinned to `copy_bandwidth_bytes_s`, else to the calibration's own
+    "copy_bandwidth_bytes_s", else fitted. `program_from`: (name, calibration) whose
+    attention_program is held, not fitted (`program_term_of`). Returns the calibration with
+    new efficiency and errors.
+    """
+    bandwidth = copy_bandwidth_bytes_s or data.get("copy_bandwidth_bytes_s")
+    times = np.array([m["measured_s"] for m in data["measurements"]])
+    cost_args = (get_model(data["model"]), get_gpu(data["gpu_preset"]), 1)
+    token_sizes = data.get("piecewise_sizes") or ()
+    start, hold, provenance = Efficiency(), (), {}
+    if program_from is not None:
+        source, other = program_from
+        value = program_term_of(source, other, data)
+        start, hold = replace(start, attention_program=value), ("attention_program",)
+        provenance = {"attention_program_from": {"calibration": source, "model": other["model"],
+                                                 "attention_program": value}}
+    start, hold, attention_error = attention_start(cost_args, attention, start, hold)
+    efficiency, fit_error = fit_profile(cost_args, outputs, times, start=start,
+                                        copy_bandwidth_bytes_s=bandwidth,
+                                        token_graph_sizes=token_sizes, hold=hold)
+    cost = CostModel(*cost_args, efficiency=efficiency, token_graph_sizes=token_sizes)
+    measurements = [{**m, "predicted_s": cost.step(out).total_s}
+                    for m, out in zip(data["measurements"], outputs)]
+    errors = {"attention_fit_error": attention_error} if attention_error is not None else {}
+    return {**data, "efficiency": asdict(efficiency), "fit_error": fit_error,
+            "copy_bandwidth_bytes_s": bandwidth, "measurements": measurements, **errors,
+            **provenance}
+
+
+def program_term_of(source: str, other: dict, data: dict) -> float:
+    """The attention_program of calibration `other` (read from `source`), checked to fit
+    `data`'s: the same GPU, a model of the same head_dim (the kernel's tile and its work per
+    key), and the term fitted there."""
+    if other.get("gpu_preset") != data.get("gpu_preset"):
+        raise ValueError(f"{source}: GPU {other.get('gpu_preset')!r}, not "
+                         f"{data.get('gpu_preset')!r}; take attention_program from the same GPU")
+    mine, theirs = get_model(data["model"]), get_model(other["model"])
+    if mine.head_dim != theirs.head_dim:
+        raise ValueError(f"{source}: {theirs.name} has head_dim {theirs.head_dim}, "
+                         f"{mine.name} {mine.head_dim}: its attention programs do other work "
+                         "per key; take attention_program from a model of the same head_dim")
+    value = (other.get("efficiency") or {}).get("attention_program")
+    if value is None:
+        raise ValueError(f"{source}: no fitted attention_program (its grid did not tell it); "
+                         "take it from a profile whose grid did")
+    return float(value)
+
+
+def transition_costs(points: list[dict]) -> dict[str, float]:
+    """Non-negative least squares through the attach and detach medians: attach = fixed +
+    handles x per_handle + cached GiB x per_cached_GiB (the last only where the points' freed
+    bytes differ), detach = fixed + handles x per_handle (VmmCosts' fields; the per-GiB
+    terms of the reserve stay 0 at one handle size)."""
+    handles = np.array([p["handles"] for p in points], dtype=float)
+    freed = np.array([p.get("freed_bytes", 0) for p in points], dtype=float) / 2**30
+    costs: dict[str, float] = {"attach_cache_gib_s": 0.0}
+    for kind in ("attach", "detach"):
+        columns = [np.ones_like(handles), handles]
+        if kind == "attach" and np.ptp(freed) > 0:
+            columns.append(freed)
+        solution, _ = nnls(np.column_stack(columns), np.array([p[f"{kind}_s"] for p in points]))
+        costs[f"{kind}_fixed_s"] = float(solution[0])
+        costs[f"{kind}_handle_s"] = float(solution[1])
+        costs[f"{kind}_gib_s"] = 0.0
+        if len(solution) == 3:
+            costs["attach_cache_gib_s"] = float(solution[2])
+    return costs

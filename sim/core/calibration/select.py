@@ -1,0 +1,163 @@
+"""Which calibration prices a run, and how outputs name it.
+
+The project ships calibrations measured on its GPUs as
+
+    calibration/<gpu>/<model>.json              an eager engine (decode graphs only)
+    calibration/<gpu>/<model>-piecewise.json    piecewise CUDA graphs up to the chunk
+    calibration/<gpu>/<model>-piecewise<N>.json piecewise graphs capped at N tokens
+
+where <gpu> is any name the GPU catalog knows the GPU by (h200). A run given no calibration
+takes the shipped one of its model, GPU and engine kind; `--calibration none` (or no shipped
+match) prices with the datasheet roofline and default efficiencies, and says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from sim.core.calibration.provenance import EngineKind
+from sim.core.calibration.schema import Calibration, load_calibration, timed_launch_kinds
+from sim.core.catalog import get_gpu, get_model
+
+SHIPPED_DIR = Path(__file__).resolve().parents[3] / "calibration"
+ROOFLINE = "none"  # --calibration none: the datasheet roofline, default efficiencies
+UNCALIBRATED = "uncalibrated: datasheet roofline, default efficiencies"
+
+
+def shipped_path(model_name: str, gpu_name: str, engine_kind: EngineKind | str,
+                 root: Path = SHIPPED_DIR) -> Path | None:
+    """The shipped calibration file for this model, GPU and engine kind, or None. A capped
+    piecewise engine falls back to the uncapped piecewise calibration (EngineKind.fallbacks)."""
+    kind = EngineKind.parse(engine_kind) if isinstance(engine_kind, str) else engine_kind
+    model, gpu = get_model(model_name).name, get_gpu(gpu_name).name
+    for folder in _gpu_folders(gpu, root):
+        for candidate in kind.fallbacks():
+            suffix = "" if not candidate.piecewise else f"-{candidate.label}"
+            path = folder / f"{model}{suffix}.json"
+            if path.is_file():
+                return path
+    return None
+
+
+def select_calibration(model_name: str, gpu_name: str, engine_kind: EngineKind | str,
+                       root: Path = SHIPPED_DIR) -> Calibration | None:
+    """The shipped calibration of this model, GPU and engine kind (`shipped_path`), checked to
+    be what its place says; None where none is shipped."""
+    path = shipped_path(model_name, gpu_name, engine_kind, root)
+    if path is None:
+        return None
+    calibration = replace(load_calibration(path), source=str(_shown(path, root)))
+    model, gpu = get_model(model_name).name, get_gpu(gpu_name).name
+    found = calibration.provenance
+    if found.model != model or (found.gpu_preset is not None and found.gpu_preset != gpu):
+        raise ValueError(f"{calibration.source}: measured {found.model} on {found.gpu_preset}, "
+                         f"but filed as {model} on {gpu}; move it to where its provenance says")
+    return calibration
+
+
+def choose_calibration(choice: str | Path | None, model_name: str, gpu_name: str,
+                       engine_kind: EngineKind | str,
+                       root: Path = SHIPPED_DIR) -> Calibration | None:
+    """What prices a run given `--calibration choice`: None, the shipped one of the run's
+    model, GPU and engine (if any); else `given_calibration(choice)`."""
+    if choice is None:
+        return select_calibration(model_name, gpu_name, engine_kind, root)
+    return given_calibration(choice)
+
+
+def given_calibration(choice: str | Path) -> Calibration | None:
+    """The calibration a user named: 'none', nothing (the roofline); else that file."""
+    if str(choice).strip().lower() == ROOFLINE:
+        return None
+    return load_calibration(choice)
+
+
+def parts_of(calibration: Calibration | None) -> tuple:
+    """(efficiency, activation profile, VMM costs) of `calibration`; Nones without one (the
+    cost model's defaults, the analytic memory plan, the H200 driver figures)."""
+    return (None, None, None) if calibration is None else calibration.parts()
+
+
+def piecewise_mismatch(calibration: Calibration | None, piecewise: bool,
+                       capped: bool = False) -> str | None:
+    """What to say when a calibration was profiled with piecewise CUDA graphs and the run does
+    not price them, or the other way round (its launch terms are the other engine's), or when
+    the run's graphs stop short of its chunk (`capped`: --piecewise-max-tokens) but the profile
+    timed no fully eager step, so the eager_launch_s those steps take was not measured; None
+    when they agree or there is no calibration."""
+    if calibration is None:
+        return None
+    source, sizes = calibration.source, calibration.piecewise_sizes
+    if bool(sizes) == piecewise:
+        kinds = timed_launch_kinds(calibration.data, source)
+        if piecewise and capped and kinds is not None and not kinds[0]:
+            return (f"{source} timed every step through piecewise graphs (up to {max(sizes)} "
+                    "tokens), so its eager_launch_s was not measured; the steps past "
+                    "--piecewise-max-tokens are priced with it: profile with the same "
+                    "--piecewise-max-tokens")
+        return None
+    if sizes:
+        return (f"{source} was profiled with piecewise CUDA graphs (its launch terms are "
+                "theirs): add --piecewise-graphs to price prefill steps as that engine ran them")
+    return (f"{source} was profiled without piecewise CUDA graphs (its eager_launch_s is a "
+            "fully eager step's): --piecewise-graphs pads the steps but keeps that launch time")
+
+
+def pricing_line(calibration: Calibration | None) -> str:
+    """The line a printed table ends with: what priced it."""
+    return f"pricing: {describe(calibration)}"
+
+
+def describe(calibration: Calibration | None) -> str:
+    """One line naming what priced an output: the file, its GPU, model, engine and date."""
+    if calibration is None:
+        return UNCALIBRATED
+    p = calibration.provenance
+    date = f"measured {p.measured_on}" if p.measured_on else "date measured not recorded"
+    variant = f" ({p.engine_variant})" if p.engine_variant else ""
+    derived = f"; {p.derived_from}" if p.derived_from else ""
+    return (f"{calibration.source} ({p.gpu}, {p.model or 'an unrecorded model'}, "
+            f"{p.engine.label} engine{variant}, {date}{derived})")
+
+
+def pricing(calibration: Calibration | None) -> dict:
+    """What priced an output, for its JSON: the line `describe` prints, the file and its
+    provenance (null for all but the line where uncalibrated)."""
+    if calibration is None:
+        return {"description": UNCALIBRATED, "calibration": None, "provenance": None}
+    return {"description": describe(calibration), "calibration": calibration.source,
+            "provenance": calibration.provenance.to_dict()}
+
+
+def uncalibrated_warning(model_name: str, gpu_name: str, engine_kind: EngineKind | str,
+                         forced: bool) -> str:
+    """The stderr line of a run priced without a calibration: why, and what to give."""
+    kind = EngineKind.parse(engine_kind) if isinstance(engine_kind, str) else engine_kind
+    if forced:
+        return f"warning: {UNCALIBRATED} (--calibration none)"
+    return (f"warning: {UNCALIBRATED}: no calibration ships for {get_model(model_name).name} "
+            f"on {get_gpu(gpu_name).name} for the {kind.label} engine; measure one with "
+            "`python -m gpu_backend profile` and pass --calibration FILE")
+
+
+def _gpu_folders(gpu: str, root: Path) -> list[Path]:
+    """The folders under `root` named for GPU preset `gpu` (by its name or an alias)."""
+    if not root.is_dir():
+        return []
+    folders = []
+    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+        try:
+            if get_gpu(folder.name).name == gpu:
+                folders.append(folder)
+        except ValueError:  # a folder of other files (profiles, host fits)
+            continue
+    return folders
+
+
+def _shown(path: Path, root: Path) -> Path:
+    """A shipped file as outputs name it: relative to the project (calibration/h200/...)."""
+    try:
+        return path.relative_to(root.parent)
+    except ValueError:
+        return path

@@ -1,0 +1,75 @@
+"""Carry a calibration to a model or GPU that has none (docs/calibration.md).
+
+What a calibration holds, and how each part moves:
+
+    device rates      linear_compute, memory, kv_memory, attention_compute, attention_program,
+                      interconnect: shares of the datasheet peak. The cost model multiplies
+                      them by the target GPU's datasheet rates and the target model's FLOPs
+                      and bytes, so they carry as they are (same kernels, similar shapes).
+    shares            the *_serial_fraction terms: dimensionless, carried as they are.
+    launch terms      eager_launch_s, piecewise_launch_s, split_launch_s: host time to
+                      enqueue a step's kernels, a fixed number per layer, so scaled by the
+                      target's layer count over the source's. Host-bound: on another host
+                      they do not carry (`host_slower` is the what-if for that).
+    per-step host     step_overhead_s, per_seq_overhead_s: the engine's Python work per step
+                      and per sequence, independent of the model; host-bound as above.
+    activation        the engine's measured activation bytes per token, scaled by the
+                      analytic per-token bytes of the target over the source
+                      (sim.core.memory_plan); fixed and non-torch bytes carried.
+    vmm costs         driver time per handle: the same driver and GPU family carries them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, replace
+
+from sim.core.calibration.schema import Calibration, parse_calibration
+from sim.core.catalog import GpuSpec, ModelSpec, get_gpu, get_model
+from sim.core.memory_plan import ActivationProfile, activation_bytes
+
+LAUNCH_TERMS = ("eager_launch_s", "piecewise_launch_s", "split_launch_s")  # per layer, host
+# the measured grid and its errors belong to the source model: a refit of them would fit it
+SOURCE_ONLY_KEYS = ("measurements", "attention_measurements", "fit_error",
+                    "attention_fit_error", "activation_peaks", "weights_bytes", "fit")
+SLOPE_TOKENS = 8192  # tokens at which the analytic activation slope is read (forward-bound)
+
+
+def transfer(calibration: Calibration, model: ModelSpec | str,
+             gpu: GpuSpec | str | None = None) -> Calibration:
+    """`calibration` carried to `model` (and `gpu`, default the calibration's): launch terms
+    scaled by layer count, activation bytes per token by the models' analytic ratio, the rest
+    as measured (module docstring). Its provenance keeps the measurement's and says where it
+    came from."""
+    source = calibration.provenance
+    if source.model is None:
+        raise ValueError(f"{calibration.source}: its model is not recorded; a transfer scales "
+                         "from the model it was measured on")
+    before, after = get_model(source.model), model if isinstance(model, ModelSpec) \
+        else get_model(model)
+    target_gpu = gpu if isinstance(gpu, GpuSpec) else get_gpu(gpu or source.gpu_preset or "")
+    layers = after.num_layers / before.num_layers
+    eff = calibration.efficiency
+    efficiency = replace(eff, **{name: getattr(eff, name) * layers for name in LAUNCH_TERMS
+                                 if getattr(eff, name) is not None})
+    note = (f"transferred from {source.model}"
+            + (f" on {source.gpu_preset}" if target_gpu.name != source.gpu_preset else "")
+            + f" ({calibration.source})")
+    provenance = replace(source, model=after.name, gpu_preset=target_gpu.name, derived_from=note)
+    data = {key: value for key, value in calibration.data.items() if key not in SOURCE_ONLY_KEYS}
+    data.update(model=after.name, gpu_preset=target_gpu.name, efficiency=asdict(efficiency),
+                provenance=provenance.to_dict())
+    if calibration.activation is not None:
+        data["activation"] = asdict(scaled_activation(calibration.activation, before, after))
+    return parse_calibration(data, f"{calibration.source} -> {after.name}")
+
+
+def scaled_activation(profile: ActivationProfile, before: ModelSpec,
+                      after: ModelSpec) -> ActivationProfile:
+    """`profile` measured on `before`, its bytes per token scaled to `after` by the analytic
+    forward's bytes per token (the MLP intermediate dominates both)."""
+    def slope(model: ModelSpec) -> float:
+        return (activation_bytes(model, 2 * SLOPE_TOKENS)
+                - activation_bytes(model, SLOPE_TOKENS)) / SLOPE_TOKENS
+
+    return replace(profile, bytes_per_token=profile.bytes_per_token * slope(after) / slope(before))
+

@@ -1,0 +1,75 @@
+"""Which calibration prices each case of a sweep or plan, and the lines that say so.
+
+A sweep may span several models and GPUs; a calibration is measured for one model, GPU and
+engine kind. Given `--calibration FILE` (or a sweep YAML's), that file prices every case; given
+none, each case takes the calibration shipped for its own model, GPU and engine
+(sim.core.calibration.select), and the cases without one are priced by the datasheet roofline
+with default efficiencies, with a warning.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from sim.core.calibration import (
+    Calibration,
+    EngineKind,
+    choose_calibration,
+    describe,
+    parts_of,
+    uncalibrated_warning,
+)
+from sim.core.catalog import get_gpu, get_model
+from sim.planning.cases import Case, EngineOptions
+
+
+def options_engine(options: EngineOptions) -> EngineKind:
+    """The engine kind cases of these options run (piecewise graphs, capped or not)."""
+    cap = options.piecewise_max_tokens if options.piecewise_graphs else None
+    return EngineKind(options.piecewise_graphs, cap)
+
+
+def case_engine(case: Case) -> EngineKind:
+    return options_engine(case.options)
+
+
+def price_cases(cases: Sequence[Case], choice: str | Path | None
+                ) -> tuple[list[Case], list[Calibration | None]]:
+    """Each case with the calibration that prices it (`choice` for every case, or each case's
+    shipped one), and that calibration (None: the roofline). A case whose model or GPU is
+    unknown is left as it is: running it reports that."""
+    found: dict[tuple, Calibration | None] = {}
+    priced, calibrations = [], []
+    for case in cases:
+        try:
+            key = (get_model(case.model).name, get_gpu(case.gpu).name, case_engine(case))
+        except ValueError:
+            priced.append(case)
+            calibrations.append(None)
+            continue
+        if key not in found:
+            found[key] = choose_calibration(choice, *key)
+        efficiency, profile, vmm_costs = parts_of(found[key])
+        priced.append(replace(case, efficiency=efficiency, profile=profile,
+                              vmm_costs=vmm_costs))
+        calibrations.append(found[key])
+    return priced, calibrations
+
+
+def pricing_lines(cases: Sequence[Case], calibrations: Sequence[Calibration | None],
+                  forced: bool) -> tuple[list[str], list[str]]:
+    """(one `pricing:` line per distinct calibration, one warning per model, GPU and engine
+    priced uncalibrated), in case order."""
+    lines: dict[str, None] = {}
+    warnings: dict[str, None] = {}
+    for case, calibration in zip(cases, calibrations, strict=True):
+        lines.setdefault(f"pricing: {describe(calibration)}", None)
+        if calibration is None:
+            try:
+                warning = uncalibrated_warning(case.model, case.gpu, case_engine(case), forced)
+            except ValueError:  # an unknown model or GPU: its row says so
+                continue
+            warnings.setdefault(warning, None)
+    return list(lines), list(warnings)

@@ -1,0 +1,265 @@
+"""The calibration module (sim.core.calibration): the file checked with errors that name the
+file and key, provenance, the shipped calibration a run takes by default, the line naming what
+priced an output, and a calibration carried to another model."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from sim.core.calibration import (
+    ROOFLINE,
+    SHIPPED_DIR,
+    UNCALIBRATED,
+    EngineKind,
+    choose_calibration,
+    describe,
+    invoked_command,
+    load_calibration,
+    pricing,
+    save_calibration,
+    select_calibration,
+    transfer,
+)
+from sim.core.catalog import get_gpu, get_model
+from sim.core.cost_model import Efficiency
+from sim.core.elastic import VmmCosts
+from sim.core.memory_plan import ActivationProfile
+
+EFF = Efficiency(linear_compute=0.65, memory=0.88, step_overhead_s=2e-3,
+                 piecewise_launch_s=1.6e-3, split_launch_s=1.2e-3)
+PROFILE = ActivationProfile(96_000.0, 46_000_000, 1_386_000_000)
+VMM = VmmCosts(attach_handle_s=4e-4, attach_gib_s=0.0, detach_handle_s=4e-4, detach_gib_s=0.0)
+SIZES = [16, 32, 512, 2048, 8192]
+
+
+def calibration_data(model: str = "llama-3.2-3b", sizes: list[int] | None = SIZES,
+                     **provenance) -> dict:
+    """A profile's calibration as `python -m gpu_backend profile` writes it (no grid)."""
+    record = {"gpu": "NVIDIA H200", "driver": "580.159.04", "torch": "2.11.0+cu130",
+              "measured_on": "2026-11-30", "engine": "piecewise" if sizes else "eager",
+              "command": f"python -m gpu_backend profile --model {model}", **provenance}
+    return {"model": model, "gpu_preset": "h200-141gb", "efficiency": asdict(EFF),
+            "activation": asdict(PROFILE), "vmm": {"costs": asdict(VMM)},
+            "piecewise_sizes": sizes, "provenance": record}
+
+
+def write(path: Path, data) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+    return path
+
+
+# ------------------------------------------------------------------------------ the file
+def test_a_saved_calibration_loads_back_with_its_parts_and_provenance(tmp_path):
+    path = tmp_path / "out" / "cal.json"
+    save_calibration(path, calibration_data())
+    cal = load_calibration(path)
+    assert cal.parts() == (EFF, PROFILE, VMM)
+    assert cal.piecewise_sizes == tuple(SIZES)
+    p = cal.provenance
+    assert (p.model, p.gpu_preset, p.gpu_name, p.measured_on) == (
+        "llama-3.2-3b", "h200-141gb", "NVIDIA H200", "2026-11-30")
+    assert (p.driver, p.torch, p.engine) == ("580.159.04", "2.11.0+cu130", EngineKind(True))
+    assert p.command == "python -m gpu_backend profile --model llama-3.2-3b"
+
+
+@pytest.mark.parametrize("change, named", [
+    ({"efficiency": {"memory": "0.8"}}, "efficiency.memory is '0.8'; expected a number"),
+    ({"efficiency": {"linaer_compute": 0.5}}, "unknown efficiency keys ['linaer_compute']"),
+    ({"efficiency": None}, 'no "efficiency" object'),
+    ({"efficiency": {"memory": 1.5}}, "memory=1.5 is out of range"),
+    ({"activation": {"bytes_per_token": "96k", "fixed_bytes": 0}},
+     "activation.bytes_per_token is '96k'"),
+    ({"activation": [1, 2]}, '"activation" needs an object'),
+    ({"vmm": {"costs": {"attach_s": 1e-3}}}, '"vmm" needs a "costs" object'),
+    ({"vmm": {"costs": {**asdict(VMM), "detach_handle_s": "fast"}}},
+     "vmm.costs.detach_handle_s is 'fast'"),
+    ({"piecewise_sizes": "16,32"}, "piecewise_sizes is '16,32'"),
+    ({"provenance": {"measured_on": 20261130}}, "provenance.measured_on is 20261130"),
+    ({"provenance": {"date": "2026-11-30"}}, '"provenance" needs an object with keys'),
+    ({"provenance": {"engine": "eager"}}, "provenance.engine is 'eager' but piecewise_sizes"),
+    ({"model": 8}, "model is 8; expected a string"),
+    ({"measurements": [{"kind": "prefill", "prefills": [["a", 0]]}]}, "measurements[0] needs"),
+])
+def test_a_wrong_type_or_key_is_one_error_naming_the_file_and_key(tmp_path, change, named):
+    path = write(tmp_path / "bad.json", {**calibration_data(), **change})
+    with pytest.raises(ValueError) as info:
+        load_calibration(path)
+    assert str(path) in str(info.value) and named in str(info.value)
+
+
+@pytest.mark.parametrize("text, named", [
+    ("{not json", "cannot read calibration JSON"),
+    ("[1, 2]", 'no "efficiency" object'),
+])
+def test_an_unreadable_file_is_named(tmp_path, text, named):
+    path = tmp_path / "c.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=named):
+        load_calibration(path)
+    with pytest.raises(ValueError, match="cannot read calibration JSON"):
+        load_calibration(tmp_path / "absent.json")
+
+
+def test_save_refuses_what_load_would_refuse_and_writes_nothing(tmp_path):
+    with pytest.raises(ValueError, match="efficiency.memory"):
+        save_calibration(tmp_path / "c.json", {**calibration_data(), "efficiency": {"memory": -1}})
+    assert not (tmp_path / "c.json").exists()
+
+
+def test_files_without_provenance_read_it_from_their_top_level_keys(tmp_path):
+    """Profiles written before "provenance": model, GPU and versions from the top level, the
+    engine kind from the piecewise sizes and which steps the grid timed fully eager."""
+    old = {"gpu": "NVIDIA H200", "gpu_preset": "h200-141gb", "model": "llama-3.1-8b",
+           "versions": {"driver": "580.1", "cuda": "13.0"}, "efficiency": {},
+           "piecewise_sizes": [16, 256, 512],
+           "measurements": [{"kind": "prefill", "prefills": [[n, 0]], "num_decodes": 0}
+                            for n in (100, 1024, 2048, 4096)]}
+    cal = load_calibration(write(tmp_path / "old.json", old))
+    p = cal.provenance
+    assert (p.model, p.gpu_name, p.driver, p.cuda, p.measured_on, p.command) == (
+        "llama-3.1-8b", "NVIDIA H200", "580.1", "13.0", None, None)
+    assert p.engine == EngineKind(True, 512)  # three steps past the graphs ran fully eager
+    uncapped = {**old, "measurements": old["measurements"][:2]}
+    assert load_calibration(write(tmp_path / "u.json", uncapped)).engine == EngineKind(True)
+    assert "date measured not recorded" in describe(cal)
+
+
+def test_an_engine_variant_is_kept_beside_the_kind(tmp_path):
+    data = calibration_data(sizes=None, engine="torch layers without the fused kernels")
+    cal = load_calibration(write(tmp_path / "v.json", data))
+    assert cal.engine == EngineKind()
+    assert cal.provenance.engine_variant == "torch layers without the fused kernels"
+    assert "eager engine (torch layers without the fused kernels)" in describe(cal)
+
+
+# ----------------------------------------------------------------------------- engine kind
+def test_engine_kinds_of_runs_and_their_labels():
+    assert EngineKind.of_run((), 8192).label == "eager"
+    assert EngineKind.of_run((16, 8192), 8192).label == "piecewise"
+    assert EngineKind.of_run((16, 512), 8192).label == "piecewise512"
+    assert EngineKind.of_run((16, 300), 300).label == "piecewise"  # the chunk under the cap
+    for label in ("eager", "piecewise", "piecewise512"):
+        assert EngineKind.parse(label).label == label
+    assert EngineKind.parse("piecewise512").fallbacks() == (EngineKind(True, 512),
+                                                            EngineKind(True))
+    for bad in ("eager512", "graphs", "piecewise-512"):
+        with pytest.raises(ValueError, match="expected eager, piecewise or piecewise<N>"):
+            EngineKind.parse(bad)
+
+
+# -------------------------------------------------------------------------------- selection
+@pytest.fixture
+def shipped(tmp_path) -> Path:
+    root = tmp_path / "calibration"
+    write(root / "h200" / "llama-3.2-3b-piecewise.json", calibration_data())
+    write(root / "h200" / "llama-3.2-3b.json", calibration_data(sizes=None))
+    write(root / "host_fit" / "llama-3.2-3b.json", {"efficiency": {}})  # not a GPU folder
+    return root
+
+
+def test_a_run_takes_the_shipped_calibration_of_its_model_gpu_and_engine(shipped):
+    eager = select_calibration("llama-3.2-3b", "h200-141gb", "eager", shipped)
+    assert eager.source == "calibration/h200/llama-3.2-3b.json" and not eager.piecewise_sizes
+    piecewise = select_calibration("llama-3.2-3b", "h200", EngineKind(True), shipped)
+    assert piecewise.source == "calibration/h200/llama-3.2-3b-piecewise.json"
+    # no capped profile shipped: the capped engine takes the uncapped piecewise one
+    capped = select_calibration("llama-3.2-3b", "h200", "piecewise512", shipped)
+    assert capped.source == piecewise.source
+    assert select_calibration("llama-3.1-8b", "h200", "eager", shipped) is None
+    assert select_calibration("llama-3.2-3b", "h100", "eager", shipped) is None
+
+
+def test_a_misfiled_calibration_is_refused_with_its_place_named(shipped):
+    write(shipped / "h200" / "llama-3.1-8b.json", calibration_data(sizes=None))  # a 3B profile
+    with pytest.raises(ValueError, match=r"calibration/h200/llama-3.1-8b.json: measured "
+                                         r"llama-3.2-3b on h200-141gb, but filed as llama-3.1-8b"):
+        select_calibration("llama-3.1-8b", "h200", "eager", shipped)
+
+
+def test_none_forces_the_roofline_and_a_file_is_taken_as_given(shipped, tmp_path):
+    assert choose_calibration(ROOFLINE, "llama-3.2-3b", "h200", "eager", shipped) is None
+    assert choose_calibration(Path("none"), "llama-3.2-3b", "h200", "eager", shipped) is None
+    given = write(tmp_path / "mine.json", calibration_data(model="llama-3.1-8b", sizes=None))
+    chosen = choose_calibration(given, "llama-3.2-3b", "h200", "eager", shipped)
+    assert chosen.source == str(given) and chosen.provenance.model == "llama-3.1-8b"
+    assert choose_calibration(None, "llama-3.2-3b", "h200", "eager", shipped).source == (
+        "calibration/h200/llama-3.2-3b.json")
+
+
+def test_outputs_name_the_file_gpu_model_engine_and_date(shipped):
+    cal = select_calibration("llama-3.2-3b", "h200", "piecewise", shipped)
+    assert describe(cal) == ("calibration/h200/llama-3.2-3b-piecewise.json (NVIDIA H200, "
+                             "llama-3.2-3b, piecewise engine, measured 2026-11-30)")
+    record = pricing(cal)
+    assert record["calibration"] == "calibration/h200/llama-3.2-3b-piecewise.json"
+    assert record["provenance"]["measured_on"] == "2026-11-30"
+    assert json.loads(json.dumps(record)) == record  # goes into summary.json as it is
+    assert describe(None) == UNCALIBRATED == "uncalibrated: datasheet roofline, default efficiencies"
+    assert pricing(None)["calibration"] is None
+
+
+def test_every_shipped_calibration_loads_and_is_filed_where_its_provenance_says():
+    """calibration/<gpu>/<model>[-<engine>].json: the folder names its GPU, the name its model
+    and engine kind (or another variant of the engine), and the provenance records the date
+    and the command that measured it."""
+    files = [f for d in sorted(SHIPPED_DIR.iterdir()) if d.is_dir() for f in sorted(d.glob("*"))
+             if _gpu_folder(d)]
+    for path in files:
+        cal = load_calibration(path)
+        p = cal.provenance
+        gpu = get_gpu(path.parent.name).name
+        assert p.gpu_preset == gpu, path
+        assert path.stem.startswith(f"{p.model}"), path
+        suffix = path.stem[len(p.model):].lstrip("-")
+        assert suffix in ("", p.engine.label) or p.engine_variant, path
+        assert p.measured_on and p.command and p.gpu_name, path
+
+
+def _gpu_folder(folder: Path) -> bool:
+    try:
+        get_gpu(folder.name)
+    except ValueError:
+        return False
+    return True
+
+
+# ---------------------------------------------------------------------------------- transfer
+def test_a_transfer_scales_launches_by_layers_and_activation_by_the_models_shapes(tmp_path):
+    source = load_calibration(write(tmp_path / "3b.json", calibration_data()))
+    moved = transfer(source, "llama-3.1-8b")
+    eff = moved.efficiency
+    # rates are shares of the datasheet peak: carried as they are
+    assert (eff.linear_compute, eff.memory, eff.step_overhead_s) == (0.65, 0.88, 2e-3)
+    # a launch enqueues a fixed number of kernels per layer: 32 layers over 28
+    assert eff.piecewise_launch_s == pytest.approx(1.6e-3 * 32 / 28)
+    assert eff.split_launch_s == pytest.approx(1.2e-3 * 32 / 28)
+    # per token the forward holds 2 hidden rows and the MLP block (3 x intermediate + hidden)
+    # in bf16, and 20 bytes of inputs: 8B (4096, 14336) 110,612 B over 3B (3072, 8192) 67,604
+    assert moved.activation.bytes_per_token == pytest.approx(96_000 * 110_612 / 67_604)
+    assert moved.activation.fixed_bytes == PROFILE.fixed_bytes
+    assert moved.vmm_costs == VMM
+    p = moved.provenance
+    assert (p.model, p.measured_on, p.engine) == ("llama-3.1-8b", "2026-11-30", EngineKind(True))
+    assert "transferred from llama-3.2-3b" in describe(moved)
+    save_calibration(tmp_path / "8b.json", moved.data)  # a valid calibration on its own
+    assert load_calibration(tmp_path / "8b.json").parts() == moved.parts()
+
+
+def test_a_transfer_needs_the_source_model(tmp_path):
+    data = calibration_data()
+    del data["model"]
+    with pytest.raises(ValueError, match="its model is not recorded"):
+        transfer(load_calibration(write(tmp_path / "c.json", data)), get_model("llama-3.1-8b"))
+
+
+def test_the_command_recorded_is_the_one_typed(monkeypatch):
+    monkeypatch.setattr("sys.argv", ["/x/gpu_backend/__main__.py", "profile", "--out", "a b.json"])
+    assert invoked_command() == "python -m gpu_backend profile --out 'a b.json'"
+    monkeypatch.setattr("sys.argv", ["bench.py", "--quick"])
+    assert invoked_command() == "python bench.py --quick"
+
