@@ -1,4 +1,5 @@
-"""ElasticKVPool on a real GPU: data through torch views across detach/attach, in both modes.
+"""ElasticKVPool on a real GPU: data through torch views across detach/attach, in both modes,
+and a child process sent SIGTERM in the middle of an attach.
 
 Run on the GPU machine: ``python -m pytest tests_gpu/test_vmm_gpu.py -q``. Skipped without CUDA.
 Promise checked here: base blocks are always preserved; elastic contents are undefined after
@@ -7,6 +8,14 @@ come back, which the test uses to prove that the arena and the elastic blocks sh
 """
 
 from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
 
 import pytest
 
@@ -135,3 +144,97 @@ def test_release_mode_gives_memory_to_torch_and_stats(pool: ElasticKVPool) -> No
     assert 0 < stats.last_attach_s < 1 and 0 < stats.last_detach_s < 1
     assert stats.mapped_bytes == pool.plan.total_bytes
     assert stats.num_handles_live == 2 + 4
+
+
+CHILD = textwrap.dedent("""
+    import json, signal, sys
+    from cuda.bindings import driver as cu
+    from gpu_backend.vmm import MIB, ElasticKVPool, KVLayout
+
+    class Terminated(Exception):
+        pass
+
+    phase = ["build"]
+    if sys.argv[2] == "handler":
+        def on_term(signum, frame):
+            raise Terminated(phase[0])
+        signal.signal(signal.SIGTERM, on_term)
+
+    def driver_disagrees(pool):
+        \"\"\"Ask the driver itself at every handle's place in the KV range.\"\"\"
+        said = {r.address: r for r in pool.mapped_ranges()}
+        top, problems = pool.kv_address + pool.plan.base_bytes, []
+        arena = pool._holdings.activation_address  # remap mode: where the reserve is lent
+        places = [pool.kv_address] + [top + i * 2 * MIB for i in range(256)]
+        places += [arena + i * 2 * MIB for i in range(256)] if arena is not None else []
+        for address in places + [a for a in said if a not in places]:
+            err, handle = cu.cuMemRetainAllocationHandle(cu.CUdeviceptr(address))
+            if err != cu.CUresult.CUDA_SUCCESS:
+                if address in said:
+                    problems.append(f"{address:#x}: pool says mapped, driver says {err.name}")
+                continue
+            cu.cuMemRelease(handle)
+            if address not in said or int(said[address].handle) != int(handle):
+                problems.append(f"{address:#x}: driver maps a handle the pool does not say")
+        return problems
+
+    pool = ElasticKVPool(KVLayout(4, 8, 128, 16), 64, 512 * MIB, elastic_handle_bytes=2 * MIB,
+                         base_handle_bytes=16 * MIB, reclaim=sys.argv[1])
+    report = {"cycles": 0}
+    try:
+        print("ready", flush=True)
+        while True:
+            phase[0] = "attach"
+            print("attach", flush=True)
+            pool.attach()
+            phase[0] = "detach"
+            pool.detach()
+            report["cycles"] += 1
+    except Terminated as exc:
+        report.update(handler_ran_in=str(exc), mapped_handles=pool.num_mapped_handles,
+                      location=pool.location.value, problems=driver_disagrees(pool))
+        pool.close()
+        report["closed"] = True
+    print(json.dumps(report), flush=True)
+""")
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_bytes() -> int:
+    torch.cuda.synchronize()
+    return torch.cuda.mem_get_info()[0]
+
+
+def terminate_mid_attach(reclaim: str, handler: str) -> tuple[int, dict | None]:
+    """Start the child, SIGTERM it right after it announces its fourth attach, and return its
+    exit code and report (None when the default SIGTERM action ended it)."""
+    child = subprocess.Popen([sys.executable, "-c", CHILD, reclaim, handler], cwd=REPO, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        for _ in range(4):
+            assert child.stdout.readline().strip() == "attach"
+        child.send_signal(signal.SIGTERM)  # an attach of 256 handles takes milliseconds
+        out, err = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    reports = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert reports or handler == "default", err[-2000:]
+    return child.returncode, reports[0] if reports else None
+
+
+@pytest.mark.parametrize("reclaim", ["remap", "release"])
+def test_sigterm_mid_attach_leaves_a_consistent_pool_and_frees_the_gpu(reclaim: str) -> None:
+    torch.zeros(1, device="cuda")  # the parent's own context first, then the baseline
+    before = free_bytes()
+    code, report = terminate_mid_attach(reclaim, "handler")
+    assert code == 0 and report is not None and report["closed"] and report["problems"] == []
+    assert report["location"] in ("kv", "activations", "nowhere")  # a clean state, never mixed
+    if report["handler_ran_in"] == "attach":  # deferred to the end of the attach, which finished
+        assert report["mapped_handles"] in (0, 256)
+    code, report = terminate_mid_attach(reclaim, "default")
+    assert code == -signal.SIGTERM and report is None  # ended just after the attach section
+    deadline = time.monotonic() + 20
+    while free_bytes() < before - 8 * MIB and time.monotonic() < deadline:
+        time.sleep(0.2)  # the driver frees a dead process's memory asynchronously
+    assert free_bytes() >= before - 8 * MIB

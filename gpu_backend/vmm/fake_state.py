@@ -144,6 +144,7 @@ class FakeDeviceState:
         self._hooks[len(self.call_log) + nth].append(hook)
 
     def on_every_call(self, hook: Hook) -> None:
+        """Run ``hook(call_name)`` inside every call from now on (e.g. to make calls slow)."""
         self._every_call.append(hook)
 
     def live_handle_ids(self) -> set[int]:
@@ -188,7 +189,6 @@ class FakeDeviceState:
         if self.primary_ctx_refs:
             leaks.append(f"primary context retained {self.primary_ctx_refs} time(s) too many")
         return leaks
-
 
     # -- helpers ----------------------------------------------------------------------------
 
