@@ -5,25 +5,35 @@ model), the elastic reserve's attach/detach and drain costs (timed events of the
 KV memory. It does not model sampling quality, networking between client and server, or
 request cancellation.
 
-Same-time events: an arrival is scheduled with SimPy's URGENT priority, so a request arriving
-at the very instant a step ends is seen by the next `schedule()`. Decode runs follow the same
-rule: a run stops before the first step that would start at or after the next arrival.
+Same-time events, through SimPy's public API only: the arrivals process delivers each request
+at its arrival time, and a replica whose step ends also delivers, before it closes the step,
+every request whose arrival time has come (`Fleet.deliver_due`). So a request arriving at the
+very instant a step ends is routed and queued before that step's `update()` and is seen by
+the next `schedule()`, whichever of the two same-time events SimPy runs first. Decode runs
+follow the same rule: a run stops before the first step that would start at or after the next
+arrival.
+
+Nothing polls. An idle replica sleeps on an event its next request triggers; the arrivals
+process sleeps until the next arrival; the fleet's `done` event fires when the last request
+has ended, so a gap of 1e12 s between two arrivals costs one event, not 2e11.
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 
 import numpy as np
 import simpy
-from simpy.core import URGENT
 
 from sim.core.cost_model import CostModel
 from sim.core.engine_config import EngineCore
-from sim.core.request import RequestState
+from sim.core.request import RequestState, RequestStatus
 from sim.core.step import SchedulerOutput
 from sim.recording.metrics import ReplicaRecorder
-from traces import Request
+from traces import Request, Trace
+
+ProgressFn = Callable[[float, int], None]
+"""progress(simulated_s, num_finished)."""
 
 
 class Replica:
@@ -42,32 +52,38 @@ class Replica:
     def submit(self, req: Request) -> None:
         state = RequestState(req.request_id, req.arrival_s, req.prompt_tokens, req.output_tokens,
                              req.block_hashes)
+        num_waiting = len(self.scheduler.waiting)
         if self.scheduler.add_request(state):
             self.outstanding_tokens += req.prompt_tokens + req.output_tokens
-        self.recorder.requests.append(state)
+        self.recorder.arrival(self.env.now, state, num_waiting)
         if not self._wakeup.triggered:
             self._wakeup.succeed()
 
     def run(self, env: simpy.Environment) -> Generator[simpy.Event, None, None]:
-        sched = self.scheduler
+        sched, fleet, recorder = self.scheduler, self.fleet, self.recorder
+        limit = self._decode_run_limit
         while True:
             if not sched.has_unfinished():
                 self._wakeup = env.event()
                 yield self._wakeup
                 continue
             self._run_durations = None
-            out = sched.schedule(decode_run_limit=self._decode_run_limit)
+            out = sched.schedule(decode_run_limit=limit)
+            stats = sched.make_stats()
             if out.elastic is not None:
                 pause_s = out.elastic.duration_s + self.cost.migration_s(out.elastic.migrated_bytes)
-                self.recorder.elastic(env.now, out.elastic, pause_s)
+                recorder.elastic(env.now, out.elastic, pause_s)
                 yield env.timeout(pause_s)
             start_s = env.now
             durations = self._durations(out)
-            yield env.timeout(float(durations.sum()))
+            yield env.timeout(float(durations[0]) if durations.size == 1 else float(durations.sum()))
+            fleet.deliver_due(env.now)  # same-time arrivals join before the step closes
             for req in sched.update(out, env.now):
                 self.outstanding_tokens -= req.num_prompt_tokens + req.max_output_tokens
-                self.num_finished += 1
-            self.recorder.step(start_s, out, durations)
+                self.num_finished += req.status is RequestStatus.FINISHED
+                recorder.done(req)
+            recorder.step(start_s, out, stats, durations)
+            fleet.check_done()
 
     def _durations(self, out: SchedulerOutput) -> np.ndarray:
         if out.num_steps > 1:
@@ -88,6 +104,25 @@ class Replica:
         return max(1, int(np.searchsorted(starts, next_arrival_s, side="left")))
 
 
+class TraceRequests(Sequence[Request]):
+    """A trace's requests, each made when it is read: a 10M-request trace held as Request
+    objects would take gigabytes, its columns take 24 bytes a request."""
+
+    def __init__(self, trace: Trace) -> None:
+        self.trace = trace
+
+    def __len__(self) -> int:
+        return len(self.trace)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return [self[i] for i in range(len(self))[index]]
+        t = self.trace
+        hashes = t.block_hashes[index] if t.block_hashes is not None else None
+        return Request(index, float(t.arrival_s[index]), int(t.prompt_tokens[index]),
+                       int(t.output_tokens[index]), hashes)
+
+
 class Fleet:
     """Replicas behind a router; holds the arrival schedule so decode runs know the next one."""
 
@@ -96,14 +131,14 @@ class Fleet:
             raise ValueError(f"unknown router {router!r}; known: round-robin, least-tokens")
         self.env, self.requests, self.router = env, requests, router
         self.replicas: list[Replica] = []
+        self.done = env.event()  # fires once every request has arrived and ended
         self._next_index = 0
         self._round_robin = 0
+        self.next_arrival_s: float | None = requests[0].arrival_s if len(requests) else None
 
     @property
-    def next_arrival_s(self) -> float | None:
-        if self._next_index < len(self.requests):
-            return self.requests[self._next_index].arrival_s
-        return None
+    def num_finished(self) -> int:
+        return sum(r.num_finished for r in self.replicas)
 
     def route(self, req: Request) -> Replica:
         if self.router == "round-robin":
@@ -112,14 +147,42 @@ class Fleet:
             return replica
         return min(self.replicas, key=lambda r: (r.outstanding_tokens, r.replica_id))
 
-    def arrivals(self, env: simpy.Environment) -> Generator[simpy.Event, None, None]:
-        while self._next_index < len(self.requests):
-            req = self.requests[self._next_index]
-            delay = max(0.0, req.arrival_s - env.now)
-            event = env.event()
-            event._ok = True
-            event._value = None
-            env.schedule(event, URGENT, delay)
-            yield event
-            self._next_index += 1
+    def deliver_due(self, now_s: float) -> None:
+        """Route every request whose arrival time is at or before `now_s`."""
+        next_s = self.next_arrival_s
+        if next_s is None or next_s > now_s:
+            return
+        requests, index, num_requests = self.requests, self._next_index, len(self.requests)
+        while next_s is not None and next_s <= now_s:
+            req = requests[index]
+            index += 1
+            self._next_index = index
+            next_s = requests[index].arrival_s if index < num_requests else None
+            self.next_arrival_s = next_s
             self.route(req).submit(req)
+
+    def check_done(self) -> None:
+        if self.next_arrival_s is None and not self.done.triggered and all(
+                not r.scheduler.has_unfinished() for r in self.replicas):
+            self.done.succeed()
+
+    def arrivals(self, env: simpy.Environment) -> Generator[simpy.Event, None, None]:
+        while self.next_arrival_s is not None:
+            due_s = self.next_arrival_s
+            if due_s > env.now:
+                yield env.timeout(due_s - env.now)
+            # now + (due - now) may round just below due: the timeout stands for `due_s`
+            self.deliver_due(max(env.now, due_s))
+        self.check_done()
+
+    def monitor(self, env: simpy.Environment, progress: ProgressFn,
+                every_s: float) -> Generator[simpy.Event, None, None]:
+        """Report progress every `every_s` simulated seconds while there is work; across an
+        idle gap, once at its end."""
+        while not self.done.triggered:
+            progress(env.now, self.num_finished)
+            idle = all(not r.scheduler.has_unfinished() for r in self.replicas)
+            wait_s = every_s
+            if idle and self.next_arrival_s is not None:
+                wait_s = max(every_s, self.next_arrival_s - env.now)
+            yield env.timeout(wait_s)

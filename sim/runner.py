@@ -12,7 +12,7 @@ from sim.core.cost_model import CostModel, Efficiency
 from sim.core.elastic import VmmCosts
 from sim.core.engine_config import EngineConfig, EngineCore, build_core
 from sim.core.memory_plan import ActivationProfile
-from sim.engine import Fleet, Replica
+from sim.engine import Fleet, Replica, TraceRequests
 from sim.recording.metrics import ReplicaRecorder, Slo, summarize
 from sim.recording.outputs import config_fields, run_label
 from traces import Trace
@@ -59,7 +59,7 @@ def simulate(spec: RunSpec, trace: Trace, progress: ProgressFn | None = None,
              recorder: RecorderFactory = ReplicaRecorder) -> RunResult:
     wall_start = time.perf_counter()
     env = simpy.Environment()
-    requests = trace.requests()
+    requests = TraceRequests(trace)  # made one at a time as they arrive
     fleet = Fleet(env, requests, spec.router)
     vmm = spec.engine.vmm_cost(spec.vmm_costs)
     cores = [build_core(spec.engine, spec.profile, vmm) for _ in range(spec.num_replicas)]
@@ -74,34 +74,11 @@ def simulate(spec: RunSpec, trace: Trace, progress: ProgressFn | None = None,
     for replica in fleet.replicas:
         env.process(replica.run(env))
     if progress is not None:
-        env.process(_monitor(env, fleet, progress))
-    env.run(until=_all_done(env, fleet))
+        env.process(fleet.monitor(env, progress, PROGRESS_EVERY_S))
+    env.run(until=fleet.done)
     recorders = [r.recorder for r in fleet.replicas]
     summary = summarize(recorders, spec.slo)
     summary.update(config_fields(cores[0], spec.num_replicas))
     wall_s = time.perf_counter() - wall_start
     summary["sim_wall_s"] = wall_s
     return RunResult(spec, summary, recorders, cores[0], wall_s)
-
-
-def _all_done(env: simpy.Environment, fleet: Fleet) -> simpy.Event:
-    """An event that fires once every request has arrived and every replica is idle."""
-    done = env.event()
-
-    def watch(env: simpy.Environment):
-        while True:
-            yield env.timeout(PROGRESS_EVERY_S)
-            idle = all(not r.scheduler.has_unfinished() for r in fleet.replicas)
-            if fleet.next_arrival_s is None and idle:
-                done.succeed()
-                return
-
-    env.process(watch(env))
-    return done
-
-
-def _monitor(env: simpy.Environment, fleet: Fleet, progress: ProgressFn):
-    while fleet.next_arrival_s is not None or any(
-            r.scheduler.has_unfinished() for r in fleet.replicas):
-        progress(env.now, sum(r.num_finished for r in fleet.replicas))
-        yield env.timeout(PROGRESS_EVERY_S)

@@ -29,8 +29,7 @@ def output(num_prefill: int = 0, prefill_chunks=(), num_decode: int = 0,
         step_id=1, scheduled=items, num_steps=1, num_prefill_tokens=num_prefill,
         num_decode_tokens=num_decode, prefill_chunks=tuple(prefill_chunks),
         decode_context_tokens=decode_context, preempted_ids=(), elastic=None, oom=None,
-        activation_bytes=0, activation_available_bytes=0, num_used_blocks=0,
-        num_usable_blocks=1, num_lent_blocks=0, num_sampled_rows=num_rows,
+        num_sampled_rows=num_rows,
     )
 
 
@@ -447,9 +446,7 @@ def step_of(*rows_: tuple[int, int]) -> SchedulerOutput:
         step_id=1, scheduled=scheduled, num_steps=1,
         num_prefill_tokens=sum(n for n, _ in prefills), num_decode_tokens=len(decodes),
         prefill_chunks=prefills, decode_context_tokens=sum(c + 1 for c, _ in decodes),
-        preempted_ids=(), elastic=None, oom=None, activation_bytes=0,
-        activation_available_bytes=0, num_used_blocks=0, num_usable_blocks=0,
-        num_lent_blocks=0, num_sampled_rows=len(scheduled))
+        preempted_ids=(), elastic=None, oom=None, num_sampled_rows=len(scheduled))
 
 
 @pytest.mark.parametrize("rows_, splits", [

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from core_helpers import make_scheduler, request, run_to_completion
+from core_helpers import make_scheduler, request
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -73,6 +73,20 @@ def test_vmm_cost_is_per_handle():
         VmmCostModel(handle_bytes=3 * 1024**2)
 
 
+def run_with_stats(sched, max_steps: int = 100_000):
+    """Drive the scheduler to completion (every step 1 s); (output, stats) per step."""
+    steps = []
+    now = 0.0
+    while sched.has_unfinished():
+        out = sched.schedule()
+        steps.append((out, sched.make_stats()))
+        now += out.num_steps
+        sched.update(out, now)
+        sched.pool.check_invariants()
+        assert len(steps) < max_steps, "scheduler made no progress"
+    return steps
+
+
 def _elastic(drain=DrainStrategy.PREEMPT, base=20, elastic=10, **kw):
     kw.setdefault("max_num_batched_tokens", 64)
     kw.setdefault("max_num_seqs", 4)
@@ -89,29 +103,33 @@ def test_elastic_attaches_for_decode_and_detaches_before_prefill():
     out = sched.schedule()  # decode-only: attach
     assert out.elastic.kind is ElasticActionKind.ATTACH and out.is_decode_only
     # reserve 644 B less one decode row's 11 B leaves 633 B: all 10 blocks of 50 B fit
-    assert out.num_lent_blocks == 10
+    assert out.elastic.num_blocks == sched.make_stats().num_lent_blocks == 10
     sched.update(out, 2.0)
     sched.add_request(request(1, prompt=8, output=4))
     out = sched.schedule()  # a prefill is admissible: detach first, then admit
     assert out.elastic.kind is ElasticActionKind.DETACH
     assert any(s.request_id == 1 for s in out.scheduled)
-    assert out.activation_bytes <= out.activation_available_bytes
+    stats = sched.make_stats()
+    assert stats.activation_bytes <= stats.activation_available_bytes
+    assert stats.num_lent_blocks == 0 and stats.step_id == out.step_id
 
 
 @pytest.mark.parametrize("drain", list(DrainStrategy))
 def test_drain_strategies_finish_everything_and_never_detach_live_blocks(drain):
     sched = _elastic(drain, base=24, elastic=12)
-    for i in range(8):
-        sched.add_request(request(i, prompt=6 + i, output=30 + 3 * i, arrival_s=i))
-    outputs = run_to_completion(sched)
-    assert all(r.status is RequestStatus.FINISHED for r in sched.requests.values())
+    reqs = [request(i, prompt=6 + i, output=30 + 3 * i, arrival_s=i) for i in range(8)]
+    for req in reqs:
+        sched.add_request(req)
+    steps = run_with_stats(sched)
+    outputs = [out for out, _ in steps]
+    assert all(r.status is RequestStatus.FINISHED for r in reqs)
     kinds = [o.elastic.kind for o in outputs if o.elastic]
     assert ElasticActionKind.ATTACH in kinds
-    for out in outputs:
+    for out, stats in steps:
         assert out.oom is None
-        assert out.activation_bytes <= out.activation_available_bytes
+        assert stats.activation_bytes <= stats.activation_available_bytes
         if out.num_prefill_tokens:
-            assert out.num_lent_blocks == 0  # no prefill while the reserve is lent
+            assert stats.num_lent_blocks == 0  # no prefill while the reserve is lent
     if drain is DrainStrategy.MIGRATE:
         assert any(o.elastic and o.elastic.migrations for o in outputs)
 
@@ -124,20 +142,23 @@ def test_overcommit_reports_oom_when_kv_uses_the_reserve_and_a_prefill_arrives()
     # 10 new blocks land in the reserve too, leaving 644 - 16 x 40 = 4 B.
     sched = make_scheduler(8, policy=Policy.OVERCOMMIT, num_elastic_blocks=16, block_size=4,
                            block_bytes=40, max_num_batched_tokens=64, max_num_seqs=4)
-    sched.add_request(request(0, prompt=16, output=60))
-    outputs = []
+    early, late = request(0, prompt=16, output=60), request(1, prompt=40, output=2)
+    sched.add_request(early)
+    outputs, ended = [], []
     for step in range(45):
         if step == 40:
-            sched.add_request(request(1, prompt=40, output=2))
+            sched.add_request(late)
         out = sched.schedule()
-        sched.update(out, float(step))
+        ended += sched.update(out, float(step))
         sched.pool.check_invariants()
         outputs.append(out)
     ooms = [(i, o.oom) for i, o in enumerate(outputs) if o.oom]
     assert len(ooms) == 1
     step, oom = ooms[0]
     assert step == 40 and (oom.needed_bytes, oom.available_bytes) == (412, 4)
-    assert sched.requests[1].status is RequestStatus.FAILED_OOM
+    # the step held both requests: both fail, and update() reports each once, in that step
+    assert early.status is late.status is RequestStatus.FAILED_OOM
+    assert ended == [early, late] and sched.requests == {}
     assert all(o.oom is None for o in outputs[:40])
 
 
@@ -145,8 +166,8 @@ def test_static_never_lends_and_never_ooms():
     sched = make_scheduler(30, block_size=4, max_num_batched_tokens=32, max_num_seqs=8)
     for i in range(10):
         sched.add_request(request(i, prompt=5 + 3 * i, output=10 + i))
-    outputs = run_to_completion(sched)
-    assert all(o.num_lent_blocks == 0 and o.oom is None for o in outputs)
+    steps = run_with_stats(sched)
+    assert all(stats.num_lent_blocks == 0 and out.oom is None for out, stats in steps)
 
 
 trace_strategy = st.lists(
@@ -163,29 +184,35 @@ def test_random_traces_conserve_requests_tokens_and_memory(trace, policy, drain,
     elastic = 8 if policy is Policy.ELASTIC else 0
     sched = make_scheduler(32, policy=policy, num_elastic_blocks=elastic, drain=drain,
                            block_size=4, max_num_batched_tokens=48, max_num_seqs=6)
-    accepted = 0
+    accepted: list = []
     pending = list(enumerate(trace))
     now = 0.0
     steps = 0
+    ended: list = []
     limit = (lambda b, c, k: k) if decode_run else None
     while pending or sched.has_unfinished():
         while pending and pending[0][1][2] <= now:  # arrivals due by now
             i, (prompt, output, _) = pending.pop(0)
-            accepted += sched.add_request(request(i, prompt, output, arrival_s=now))
+            req = request(i, prompt, output, arrival_s=now)
+            if sched.add_request(req):
+                accepted.append(req)
         if not sched.has_unfinished():
             now = float(pending[0][1][2]) if pending else now
             continue
         out = sched.schedule(decode_run_limit=limit)
+        stats = sched.make_stats()
         assert out.num_scheduled_tokens <= 48
-        assert out.num_used_blocks <= out.num_usable_blocks
-        assert out.activation_bytes <= out.activation_available_bytes
+        assert stats.num_used_blocks <= stats.num_usable_blocks
+        assert stats.activation_bytes <= stats.activation_available_bytes
         now += out.num_steps
-        sched.update(out, now)
+        ended += sched.update(out, now)
         sched.pool.check_invariants()
         steps += 1
         assert steps < 20_000
-    finished = [r for r in sched.requests.values() if r.status is RequestStatus.FINISHED]
-    assert len(finished) == accepted  # every accepted request finishes exactly once
+    assert sched.requests == {}
+    finished = [r for r in accepted if r.status is RequestStatus.FINISHED]
+    assert len(finished) == len(accepted)  # every accepted request finishes exactly once
+    assert sorted(r.request_id for r in ended) == sorted(r.request_id for r in accepted)
     for r in finished:
         assert r.num_output_tokens == r.max_output_tokens
         assert r.first_token_s is not None and r.finish_s >= r.first_token_s
@@ -202,9 +229,11 @@ def test_attach_lends_what_the_current_decode_batch_leaves_free():
             sched.add_request(request(i, prompt=4, output=50))
         sched.update(sched.schedule(), 1.0)
         out = sched.schedule()
+        stats = sched.make_stats()
         assert out.elastic.kind is ElasticActionKind.ATTACH
-        assert out.activation_bytes <= out.activation_available_bytes
-        return out.num_lent_blocks
+        assert stats.activation_bytes <= stats.activation_available_bytes
+        assert out.elastic.num_blocks == stats.num_lent_blocks
+        return stats.num_lent_blocks
 
     assert lent_with(1) == 10
     assert lent_with(4) == 9
@@ -227,7 +256,8 @@ def test_an_attach_pays_for_the_activations_the_allocator_still_caches():
     sched.update(out, 2.0)  # a decode step of one row: 11 B
     sched.add_request(request(1, prompt=8, output=4))
     out = sched.schedule()  # detach, then 8 prefill tokens beside 1 decode, 2 rows: 92 B
-    assert out.elastic.kind is ElasticActionKind.DETACH and out.activation_bytes == 92
+    assert out.elastic.kind is ElasticActionKind.DETACH
+    assert sched.make_stats().activation_bytes == 92
     sched.update(out, 3.0)
     out = sched.schedule()
     while out.elastic is None or out.elastic.kind is not ElasticActionKind.ATTACH:

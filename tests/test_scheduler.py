@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from core_helpers import make_scheduler, request, run_to_completion
 
-from sim.core.request import RequestStatus
+from sim.core.request import RejectReason, RequestStatus
 
 
 def test_long_prompt_is_split_into_budget_sized_chunks():
@@ -52,8 +52,9 @@ def test_preemption_takes_the_tail_and_recomputes():
     # 8 blocks of 4 tokens = 32 slots. Two requests of 12-token prompts use 3 blocks each;
     # decoding to 16 tokens each would need 8 blocks total, then more: the tail is preempted.
     sched = make_scheduler(8, block_size=4, max_num_batched_tokens=64)
-    sched.add_request(request(0, prompt=12, output=10))
-    sched.add_request(request(1, prompt=12, output=10))
+    reqs = [request(0, prompt=12, output=10), request(1, prompt=12, output=10)]
+    for req in reqs:
+        sched.add_request(req)
     preempted = []
     now = 0.0
     while sched.has_unfinished():
@@ -64,10 +65,11 @@ def test_preemption_takes_the_tail_and_recomputes():
         sched.pool.check_invariants()
         assert now < 1000
     assert preempted and preempted[0] == 1  # the tail of the running list goes first
-    r1 = sched.requests[1]
+    r1 = reqs[1]
     assert r1.num_preemptions >= 1 and r1.num_recomputed_tokens > 0
-    assert all(r.status is RequestStatus.FINISHED for r in sched.requests.values())
-    assert all(r.num_output_tokens == 10 for r in sched.requests.values())
+    assert all(r.status is RequestStatus.FINISHED for r in reqs)
+    assert all(r.num_output_tokens == 10 for r in reqs)
+    assert sched.requests == {}  # finished requests leave the scheduler
 
 
 def test_no_admission_in_a_step_that_preempted():
@@ -98,18 +100,23 @@ def test_decode_only_detection_and_samples_flag():
 
 def test_requests_that_can_never_run_are_rejected_with_a_reason():
     sched = make_scheduler(4, block_size=16, max_model_len=1000)
-    assert not sched.add_request(request(0, prompt=990, output=20))
-    assert "max_model_len" in sched.requests[0].reject_reason
-    assert not sched.add_request(request(1, prompt=100, output=10))  # 7 blocks > pool of 4
-    assert "KV blocks" in sched.requests[1].reject_reason
-    assert not sched.has_unfinished()
+    too_long = request(0, prompt=990, output=20)  # 1010 tokens > max_model_len 1000
+    assert not sched.add_request(too_long)
+    assert too_long.status is RequestStatus.REJECTED
+    assert too_long.reject_reason is RejectReason.EXCEEDS_MAX_MODEL_LEN
+    too_big = request(1, prompt=100, output=10)  # ceil(110 / 16) = 7 blocks > pool of 4
+    assert not sched.add_request(too_big)
+    assert too_big.reject_reason is RejectReason.EXCEEDS_KV_POOL
+    fits = request(2, prompt=50, output=14)  # 64 tokens = exactly the 4 blocks
+    assert sched.add_request(fits) and fits.reject_reason is None
+    assert list(sched.requests) == [2]
 
 
 def test_first_token_and_finish_times_come_from_the_executor():
     sched = make_scheduler(64, max_num_batched_tokens=10)
-    sched.add_request(request(0, prompt=25, output=3))
+    req = request(0, prompt=25, output=3)
+    sched.add_request(req)
     run_to_completion(sched)
-    req = sched.requests[0]
     # 3 prefill steps (10 + 10 + 5, the last samples) then 2 decode steps, 1 s each.
     assert req.first_token_s == 3.0
     assert req.finish_s == 5.0
@@ -117,18 +124,21 @@ def test_first_token_and_finish_times_come_from_the_executor():
 
 def test_decode_run_matches_step_by_step():
     def build():
-        s = make_scheduler(40, block_size=4, max_num_batched_tokens=32)
-        for i, (p, o) in enumerate([(10, 30), (7, 45), (20, 12), (3, 60)]):
-            s.add_request(request(i, prompt=p, output=o))
-        return s
+        s = make_scheduler(24, block_size=4, max_num_batched_tokens=32)
+        reqs = [request(i, prompt=p, output=o)
+                for i, (p, o) in enumerate([(10, 30), (7, 45), (20, 12), (3, 60)])]
+        for req in reqs:
+            s.add_request(req)
+        return s, reqs
 
-    a, b = build(), build()
+    (a, reqs_a), (b, reqs_b) = build(), build()
     steps_a = run_to_completion(a)
     steps_b = run_to_completion(b, decode_run=True)
     assert sum(o.num_steps for o in steps_b) == len(steps_a)
     assert len(steps_b) < len(steps_a)
-    for rid in a.requests:
-        ra, rb = a.requests[rid], b.requests[rid]
+    assert any(r.num_preemptions for r in reqs_a), "no preemption: the test proves less"
+    for ra, rb in zip(reqs_a, reqs_b, strict=True):
+        assert ra.status is rb.status is RequestStatus.FINISHED
         assert (ra.first_token_s, ra.finish_s, ra.num_preemptions) == (
             rb.first_token_s, rb.finish_s, rb.num_preemptions)
 

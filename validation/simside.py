@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from sim.core.cost_model import step_extents
-from sim.core.step import SchedulerOutput
+from sim.core.step import OutOfMemory, SchedulerOutput, SchedulerStats
 from sim.recording.metrics import ReplicaRecorder
 from sim.runner import RunResult, RunSpec, simulate
 from traces import Trace
@@ -30,8 +30,9 @@ class StepLogRecorder(ReplicaRecorder):
         self.step_rows: list[tuple] = []
         self.step_chunks: list[str] = []
 
-    def step(self, start_s: float, out: SchedulerOutput, durations: np.ndarray) -> None:
-        super().step(start_s, out, durations)
+    def step(self, start_s: float, out: SchedulerOutput, stats: SchedulerStats,
+             durations: np.ndarray, failed: OutOfMemory | None = None) -> None:
+        super().step(start_s, out, stats, durations, failed)
         chunks = format_chunks(list(out.prefill_chunks))
         pairs = chunk_pairs(list(out.prefill_chunks))
         seqs, decode = len(out.scheduled), out.num_decode_tokens
@@ -43,7 +44,7 @@ class StepLogRecorder(ReplicaRecorder):
                 float(starts[i]), out.num_prefill_tokens, decode,
                 out.decode_context_tokens + i * decode, seqs, out.num_sampled_rows, pairs,
                 float(durations[i]), len(out.preempted_ids) if first else 0,
-                out.num_used_blocks, out.num_usable_blocks, out.num_lent_blocks,
+                stats.num_used_blocks, stats.num_usable_blocks, stats.num_lent_blocks,
                 max_query, max_seq + i,  # a decode run's rows grow by one token per step
             ))
             self.step_chunks.append(chunks)

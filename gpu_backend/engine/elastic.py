@@ -94,7 +94,7 @@ class ElasticExecutor:
         if action is None or action.kind is ElasticActionKind.DRAIN_WAIT:
             return 0.0
         if action.kind is ElasticActionKind.ATTACH:
-            return self.attach(out.num_lent_blocks, out.step_id)
+            return self.attach(action.num_blocks, out.step_id)
         return self.detach(action.migrations, out.step_id)
 
     def attach(self, num_lent_blocks: int, step_id: int = -1) -> float:

@@ -1,10 +1,13 @@
 """The GPU engine's step: schedule, elastic action, forward, update, record.
 
     out = scheduler.schedule()          the shared core decides (incl. the elastic action)
+    stats = scheduler.make_stats()      pool usage and activation need, apart from the output
     pause = elastic.apply(out)          map / migrate + unmap on the real pool, timed
     mirror.apply(out); batch = build    executor-side block tables and token ids
     ids = runner.execute(batch)         eager or CUDA graph; a real OOM fails the step's requests
-    scheduler.update(out, end_s)        the same close as the simulator's
+    scheduler.update(out, end_s)        the same close as the simulator's; a real OOM is
+                                        reported to the scheduler (fail_oom), never written
+                                        into the output
 
 Time comes from a `Clock`: the wall clock (arrivals in real time) or a virtual clock that
 advances by each measured step and skips idle gaps (`--no-wait`).
@@ -15,7 +18,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -23,8 +26,8 @@ import numpy as np
 from gpu_backend.engine.elastic import ElasticExecutor
 from gpu_backend.engine.inputs import BlockTableError, RequestMirror
 from sim.core.engine_config import EngineCore
-from sim.core.request import RequestState
-from sim.core.step import OutOfMemory, SchedulerOutput
+from sim.core.request import RequestState, RequestStatus
+from sim.core.step import OutOfMemory, SchedulerOutput, SchedulerStats
 from sim.recording.metrics import ReplicaRecorder
 
 STEP_COLUMNS = ("step_id", "start_s", "num_prefill_tokens", "num_decode_tokens",
@@ -95,8 +98,10 @@ class GpuEngine:
 
     def add_request(self, state: RequestState) -> bool:
         self.prompt_len[state.request_id] = state.num_prompt_tokens
-        self.recorder.requests.append(state)
-        return self.scheduler.add_request(state)
+        num_waiting = len(self.scheduler.waiting)
+        accepted = self.scheduler.add_request(state)
+        self.recorder.arrival(state.arrival_s, state, num_waiting)
+        return accepted
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -104,6 +109,7 @@ class GpuEngine:
     def step(self, clock: Clock) -> list[RequestState]:
         """Run one scheduler step at `clock`; returns the requests that finished."""
         out = self.scheduler.schedule()
+        stats = self.scheduler.make_stats()
         if out.elastic is not None:
             pause_start_s = clock.now()
             pause_s = self._agree_seconds(self.elastic.apply(out))
@@ -111,15 +117,18 @@ class GpuEngine:
             clock.advance(pause_s)
         self.mirror.apply(out, self.prompt_len)
         start_s = clock.now()
-        out, duration_s, graph = self._run(out)
+        duration_s, graph, failed = self._run(out, stats)
         duration_s = self._agree_seconds(duration_s)
         clock.advance(duration_s)
         end_s = clock.now()
         duration_s = end_s - start_s if isinstance(clock, WallClock) else duration_s
-        finished = self.scheduler.update(out, end_s)
+        ended = self.scheduler.update(out, end_s)
+        finished = [r for r in ended if r.status is RequestStatus.FINISHED]
         self.mirror.finish(r.request_id for r in finished)
-        self.recorder.step(start_s, out, np.array([duration_s]))
-        self._record_step(out, start_s, duration_s, graph)
+        for req in ended:
+            self.recorder.done(req)
+        self.recorder.step(start_s, out, stats, np.array([duration_s]), failed)
+        self._record_step(out, stats, start_s, duration_s, graph, failed)
         return finished
 
     # Agreement points: one GPU agrees with itself; the TP engine reduces over its ranks.
@@ -129,14 +138,16 @@ class GpuEngine:
     def _agree_flags(self, oom: bool, compiled: bool) -> tuple[bool, bool]:
         return oom, compiled
 
-    def _run(self, out: SchedulerOutput) -> tuple[SchedulerOutput, float, bool]:
+    def _run(self, out: SchedulerOutput,
+             stats: SchedulerStats) -> tuple[float, bool, OutOfMemory | None]:
+        """(seconds, ran as a CUDA graph?, the out-of-memory that failed the step or None)."""
         start = self.timer()
         self._phases = (math.nan, math.nan, math.nan)
         if not out.scheduled:
-            return out, self.timer() - start, False
+            return self.timer() - start, False, None
         build_start = time.perf_counter()  # phases: wall-clock diagnostics beside the timer
         self.elastic.ensure_mapped(out)
-        batch = self.mirror.build(out)
+        batch = self.mirror.build(out, stats.num_usable_blocks)
         self._check_mapped(batch.block_tables)
         build_s = time.perf_counter() - build_start
         graph = bool(getattr(self.runner, "graphs", None)) and batch.is_decode_only
@@ -153,9 +164,9 @@ class GpuEngine:
         self._phases = (build_s, getattr(phases, "enqueue_s", math.nan),
                         getattr(phases, "device_s", math.nan))
         if oom:
-            return self._fail_step(out), end - start, False
+            return end - start, False, self._fail_step(out, stats)
         self.mirror.append_sampled(batch.sample_request_ids, ids)
-        return out, end - start, graph
+        return end - start, graph, None
 
     def _execute(self, batch):
         """(sampled ids, False), or (None, True) when the GPU ran out of memory."""
@@ -170,24 +181,29 @@ class GpuEngine:
             raise BlockTableError(f"a block table points at device block {int(tables.max())} but "
                                   f"only blocks below {mapped} are mapped")
 
-    def _fail_step(self, out: SchedulerOutput) -> SchedulerOutput:
-        """A real out-of-memory the activation model did not predict: fail the step's requests."""
+    def _fail_step(self, out: SchedulerOutput, stats: SchedulerStats) -> OutOfMemory:
+        """A real out-of-memory the activation model did not predict: the scheduler fails the
+        step's requests (the output stays as it was scheduled)."""
         if self.on_oom is not None:
             self.on_oom()
         failed = tuple(s.request_id for s in out.scheduled)
         self.scheduler.fail_oom(failed)
         self.mirror.drop(failed)
         self.num_real_oom += 1
-        oom = OutOfMemory(out.activation_bytes, out.activation_available_bytes, failed)
-        return replace(out, scheduled=(), num_prefill_tokens=0, num_decode_tokens=0,
-                       prefill_chunks=(), decode_context_tokens=0, oom=oom, num_sampled_rows=0)
+        return OutOfMemory(stats.activation_bytes, stats.activation_available_bytes, failed)
 
-    def _record_step(self, out: SchedulerOutput, start_s: float, duration_s: float,
-                     graph: bool) -> None:
-        self.steps.append((out.step_id, start_s, out.num_prefill_tokens, out.num_decode_tokens,
-                           out.decode_context_tokens, len(out.scheduled), duration_s, int(graph),
-                           out.num_lent_blocks, self.elastic.mapped_bytes,
-                           int(out.oom is not None), out.num_sampled_rows,
-                           max((s.num_computed_tokens + 1 for s in out.scheduled if s.is_decode),
+    def _record_step(self, out: SchedulerOutput, stats: SchedulerStats, start_s: float,
+                     duration_s: float, graph: bool, failed: OutOfMemory | None) -> None:
+        """One STEP_COLUMNS row; a step failed by a real OOM ran no tokens."""
+        ran = failed is None
+        items = out.scheduled if ran else ()
+        self.steps.append((out.step_id, start_s, out.num_prefill_tokens if ran else 0,
+                           out.num_decode_tokens if ran else 0,
+                           out.decode_context_tokens if ran else 0, len(items), duration_s,
+                           int(graph), stats.num_lent_blocks, self.elastic.mapped_bytes,
+                           int(out.oom is not None or not ran),
+                           out.num_sampled_rows if ran else 0,
+                           max((s.num_computed_tokens + 1 for s in items if s.is_decode),
                                default=0),
-                           ";".join(f"{c}:{p}" for c, p in out.prefill_chunks), *self._phases))
+                           ";".join(f"{c}:{p}" for c, p in out.prefill_chunks) if ran else "",
+                           *self._phases))

@@ -10,7 +10,7 @@ is scratch), so a big grid reuses a bounded cache: step time does not depend on 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -113,9 +113,7 @@ def scheduler_output(shape: StepShape) -> SchedulerOutput:
         step_id=0, scheduled=tuple(items), num_steps=1,
         num_prefill_tokens=sum(n for n, _ in shape.prefills), num_decode_tokens=len(shape.decodes),
         prefill_chunks=shape.prefills, decode_context_tokens=sum(shape.decodes),
-        preempted_ids=(), elastic=None, oom=None, activation_bytes=0,
-        activation_available_bytes=0, num_used_blocks=0, num_usable_blocks=0, num_lent_blocks=0,
-        num_sampled_rows=len(items))
+        preempted_ids=(), elastic=None, oom=None, num_sampled_rows=len(items))
 
 
 def engine_step(shape: StepShape, block_size: int, num_pool_blocks: int,
@@ -124,7 +122,7 @@ def engine_step(shape: StepShape, block_size: int, num_pool_blocks: int,
     the SchedulerOutput it builds from. `mirror.build(out)` gives the arrays `host_batch` gives
     (same tables, slots and token ids), by the code a replay runs, so a calibration that times
     build + execute times what a replay's step time holds."""
-    out = replace(scheduler_output(shape), num_usable_blocks=num_pool_blocks)
+    out = scheduler_output(shape)  # build it with num_usable_blocks=num_pool_blocks
     mirror = RequestMirror(vocab_size, block_size, block_id_offset=1)
     usable, first = num_pool_blocks - 1, 0
     for item in out.scheduled:

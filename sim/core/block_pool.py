@@ -12,7 +12,13 @@ unmapped memory.
 
 Prefix caching follows vLLM: a full block can be registered under a hash key; a block whose
 reference count drops to zero keeps its key and sits in an LRU of evictable blocks, counted
-as free, until an allocation evicts it or a new request hits it.
+as free, until an allocation evicts it or a new request hits it. `cache_epoch` counts the
+events that can take a cached block out of reach (an eviction, an elastic state change, an
+elastic cached block freed while the region is not lendable), so a caller may keep a prefix
+lookup while the epoch stands and only look further along it.
+
+Every operation takes a list of blocks at once: a long prompt holds thousands of blocks, and
+one call per block was most of a prefix-cached run's time.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ class BlockPool:
         self.num_used_elastic = 0
         self.elastic_state = ElasticState.DETACHED
         self.num_attached_elastic = 0
+        self.cache_epoch = 0
         if elastic_attached and num_elastic_blocks:
             self.attach_elastic()
 
@@ -109,51 +116,92 @@ class BlockPool:
             return taken
         if not self.can_allocate(num_blocks):
             return None
-        taken = []
-        for _ in range(num_blocks):
-            taken.append(self._take_one())
+        taken = self._free_base[::-1]  # the stack's pop order
+        self._free_base = []
+        num_base = len(taken)
+        if len(taken) < num_blocks and self._free_elastic and \
+                self.elastic_state is ElasticState.ATTACHED:
+            more = min(num_blocks - len(taken), len(self._free_elastic))
+            taken += self._free_elastic[:-more - 1:-1]
+            del self._free_elastic[-more:]
+        num_elastic = len(taken) - num_base
+        if len(taken) < num_blocks:
+            evicted = self._evict_lru(num_blocks - len(taken))
+            num_evicted_base = sum(1 for b in evicted if b < self.num_base_blocks)
+            num_base += num_evicted_base
+            num_elastic += len(evicted) - num_evicted_base
+            taken += evicted
+        ref_count = self._ref_count
+        for block_id in taken:
+            ref_count[block_id] = 1
+        self.num_used_base += num_base
+        self.num_used_elastic += num_elastic
         return taken
 
-    def _take_one(self) -> int:
-        if self._free_base:
-            block_id = self._free_base.pop()
-        elif self._free_elastic and self.elastic_state is ElasticState.ATTACHED:
-            block_id = self._free_elastic.pop()
-        else:
-            block_id = self._evict_lru()
-        self._ref_count[block_id] = 1
-        self._count_used(block_id, +1)
-        return block_id
-
-    def _evict_lru(self) -> int:
-        for block_id in self._cached_free:
-            if block_id < self.num_base_blocks or self.elastic_state is ElasticState.ATTACHED:
-                self._drop_cached_free(block_id)
-                del self._block_of[self._key_of.pop(block_id)]
-                return block_id
-        raise AssertionError("no evictable block although can_allocate said yes")
-
-    def _count_used(self, block_id: int, delta: int) -> None:
-        if block_id < self.num_base_blocks:
-            self.num_used_base += delta
-        else:
-            self.num_used_elastic += delta
+    def _evict_lru(self, num_blocks: int) -> list[int]:
+        """Take `num_blocks` evictable cached blocks, least recently freed first."""
+        cached, key_of, block_of = self._cached_free, self._key_of, self._block_of
+        num_base = self.num_base_blocks
+        evicted: list[int] = []
+        if self.elastic_state is ElasticState.ATTACHED or \
+                self._num_cached_free_base == len(cached):
+            for _ in range(num_blocks):  # every cached block is evictable: the oldest ones
+                block_id, key = cached.popitem(last=False)
+                evicted.append(block_id)
+        else:  # elastic cached blocks are out of reach: skip them
+            for block_id in cached:
+                if block_id < num_base:
+                    evicted.append(block_id)
+                    if len(evicted) == num_blocks:
+                        break
+            for block_id in evicted:
+                del cached[block_id]
+        if len(evicted) < num_blocks:
+            raise AssertionError("no evictable block although can_allocate said yes")
+        for block_id in evicted:
+            del block_of[key_of.pop(block_id)]
+        self._num_cached_free_base -= sum(1 for b in evicted if b < num_base)
+        self.cache_epoch += 1
+        return evicted
 
     def free(self, block_ids: Iterable[int]) -> None:
         """Drop one reference to each block. Pass a request's blocks tail first, as vLLM does,
         so that its last blocks are the first to be evicted from the prefix cache."""
+        ref_count, key_of = self._ref_count, self._key_of
+        num_base = self.num_base_blocks
+        released: list[int] = []
         for block_id in block_ids:
-            count = self._ref_count[block_id]
-            if count <= 0:
+            count = ref_count[block_id]
+            if count == 1:
+                ref_count[block_id] = 0
+                released.append(block_id)
+            elif count > 1:
+                ref_count[block_id] = count - 1
+            else:
                 raise ValueError(f"block {block_id} freed but not allocated")
-            self._ref_count[block_id] = count - 1
-            if count > 1:
-                continue
-            self._count_used(block_id, -1)
-            if block_id in self._key_of:
-                self._cached_free[block_id] = self._key_of[block_id]
-                self._num_cached_free_base += block_id < self.num_base_blocks
-            elif block_id < self.num_base_blocks:
+        if not released:
+            return
+        num_elastic = sum(1 for b in released if b >= num_base)
+        self.num_used_base -= len(released) - num_elastic
+        self.num_used_elastic -= num_elastic
+        if not key_of:  # no prefix cache in use: straight back onto the free stacks
+            if num_elastic:
+                self._free_elastic.extend(b for b in released if b >= num_base)
+                self._free_base.extend(b for b in released if b < num_base)
+            else:
+                self._free_base.extend(released)
+            return
+        cached = self._cached_free
+        lendable = self.elastic_state is ElasticState.ATTACHED
+        for block_id in released:
+            key = key_of.get(block_id)
+            if key is not None:
+                cached[block_id] = key
+                if block_id < num_base:
+                    self._num_cached_free_base += 1
+                elif not lendable:
+                    self.cache_epoch += 1  # a hit on it is no longer usable
+            elif block_id < num_base:
                 self._free_base.append(block_id)
             else:
                 self._free_elastic.append(block_id)
@@ -172,23 +220,33 @@ class BlockPool:
                 return None
         return block_id
 
-    def touch(self, block_id: int) -> None:
-        """Take a reference to a cached block (a prefix-cache hit)."""
-        if self._ref_count[block_id] == 0:
-            self._drop_cached_free(block_id)
-            self._count_used(block_id, +1)
-        self._ref_count[block_id] += 1
+    def num_unreferenced(self, block_ids: list[int]) -> int:
+        """How many of `block_ids` no request references (cached but free)."""
+        return list(map(self._ref_count.__getitem__, block_ids)).count(0)
 
-    def _drop_cached_free(self, block_id: int) -> None:
-        del self._cached_free[block_id]
-        self._num_cached_free_base -= block_id < self.num_base_blocks
+    def touch(self, block_ids: list[int]) -> None:
+        """Take a reference to each cached block (prefix-cache hits)."""
+        ref_count, cached = self._ref_count, self._cached_free
+        num_base = self.num_base_blocks
+        for block_id in block_ids:
+            count = ref_count[block_id]
+            if count == 0:
+                del cached[block_id]
+                if block_id < num_base:
+                    self._num_cached_free_base -= 1
+                    self.num_used_base += 1
+                else:
+                    self.num_used_elastic += 1
+            ref_count[block_id] = count + 1
 
-    def register(self, block_id: int, key: Hashable) -> None:
-        """Name a full, used block by its content key so later requests can share it."""
-        if key in self._block_of or block_id in self._key_of:
-            return
-        self._key_of[block_id] = key
-        self._block_of[key] = block_id
+    def register(self, block_ids: list[int], keys: list[Hashable]) -> None:
+        """Name full, used blocks by their content keys so later requests can share them.
+        A key already cached elsewhere, or a block already named, is left as it is."""
+        key_of, block_of = self._key_of, self._block_of
+        for block_id, key in zip(block_ids, keys):
+            if key not in block_of and block_id not in key_of:
+                key_of[block_id] = key
+                block_of[key] = block_id
 
     # ----------------------------------------------------------------- elastic
     def attach_elastic(self, num_blocks: int | None = None) -> None:
@@ -204,15 +262,18 @@ class BlockPool:
         self._free_elastic = list(range(first + num - 1, first - 1, -1))
         self.num_attached_elastic = num
         self.elastic_state = ElasticState.ATTACHED
+        self.cache_epoch += 1
 
     def resume_lending(self) -> None:
         """Undo `start_draining`: the prefill that asked for the reserve went away."""
         if self.elastic_state is ElasticState.DRAINING:
             self.elastic_state = ElasticState.ATTACHED
+            self.cache_epoch += 1
 
     def start_draining(self) -> None:
         if self.elastic_state is ElasticState.ATTACHED:
             self.elastic_state = ElasticState.DRAINING
+            self.cache_epoch += 1
 
     def detach_elastic(self) -> None:
         if self.num_used_elastic:
@@ -227,6 +288,7 @@ class BlockPool:
         self._free_elastic = []
         self.num_attached_elastic = 0
         self.elastic_state = ElasticState.DETACHED
+        self.cache_epoch += 1
 
     def elastic_blocks_in_use(self) -> list[int]:
         return [

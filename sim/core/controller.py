@@ -129,7 +129,8 @@ class ElasticController:
         self.lent_handles = self.vmm.num_handles(self.lent_bytes)
         duration_s = self.vmm.attach_s(self.lent_bytes, self.cached_bytes)
         self.cached_bytes = 0  # handed back
-        return ElasticAction(ElasticActionKind.ATTACH, self.lent_handles, duration_s)
+        return ElasticAction(ElasticActionKind.ATTACH, self.lent_handles, duration_s,
+                             num_blocks=num_blocks)
 
     def _drain_and_detach(self, sched: SchedulerView) -> ElasticAction:
         pool = sched.pool

@@ -22,6 +22,13 @@ class RequestStatus(enum.Enum):
     FAILED_OOM = "failed_oom"  # its step ran out of activation memory (overcommit policy)
 
 
+class RejectReason(enum.Enum):
+    """Why a request was refused on arrival: it could never run on this engine."""
+
+    EXCEEDS_MAX_MODEL_LEN = "exceeds_max_model_len"  # prompt + output > max_model_len
+    EXCEEDS_KV_POOL = "exceeds_kv_pool"  # its KV would need more blocks than a request can hold
+
+
 @dataclass(slots=True, eq=False)
 class RequestState:
     request_id: int
@@ -38,7 +45,7 @@ class RequestState:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     first_token_s: float | None = None
     finish_s: float | None = None
-    reject_reason: str | None = None
+    reject_reason: RejectReason | None = None
 
     @property
     def num_tokens(self) -> int:

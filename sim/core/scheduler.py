@@ -14,18 +14,30 @@ the region detached under the elastic policy, because a prefill needs the reserv
 For the simulator, `schedule(decode_run_limit=...)` returns a run of identical decode-only
 steps in one output when nothing can change in between (no admission, no finish, no block
 shortage): the caller's limit function says how many of them fit before the next arrival.
+
+`schedule()` returns what to run; `make_stats()` then reports the pool's usage and the step's
+activation need (`SchedulerStats`), as vLLM v1 keeps its SchedulerStats apart. A request
+leaves `requests` once it finishes or fails, so a long trace holds only the live ones.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sim.core.block_pool import BlockPool
 from sim.core.controller import ElasticController
-from sim.core.request import RequestState, RequestStatus
-from sim.core.step import ElasticAction, OutOfMemory, ScheduledRequest, SchedulerOutput
+from sim.core.decode_run import decode_run_bounds, steps_that_fit
+from sim.core.prefix_cache import PrefixCache
+from sim.core.request import RejectReason, RequestState, RequestStatus
+from sim.core.step import (
+    ElasticAction,
+    OutOfMemory,
+    ScheduledRequest,
+    SchedulerOutput,
+    SchedulerStats,
+)
 
 DecodeRunLimit = Callable[[int, int, int], int]
 """limit(batch_size, context_tokens, max_steps) -> steps (1..max_steps) to run at once."""
@@ -61,25 +73,28 @@ class Scheduler:
         self.controller = controller
         self.waiting: deque[RequestState] = deque()
         self.running: list[RequestState] = []
-        self.requests: dict[int, RequestState] = {}
-        self._block_keys: dict[int, list[Hashable]] = {}
-        self._num_registered: dict[int, int] = {}  # prompt blocks already named, per request
+        self.requests: dict[int, RequestState] = {}  # waiting and running, by id
+        self.prefix: PrefixCache | None = (
+            PrefixCache(pool, config.block_size, config.hash_block_tokens)
+            if config.enable_prefix_caching else None)
         self._step_id = 0
+        self._stats: SchedulerStats | None = None
+        self._failed: list[RequestState] = []  # failed since the last update()
 
     # -------------------------------------------------------------- requests
     def add_request(self, req: RequestState) -> bool:
-        """Queue a request; reject it (status REJECTED, reason set) if it can never run."""
-        self.requests[req.request_id] = req
+        """Queue a request; refuse it (status REJECTED, `reject_reason` set) if it can never
+        run: longer than max_model_len, or needing more KV blocks than a request may hold."""
         total_tokens = req.num_prompt_tokens + req.max_output_tokens
         blocks = -(-total_tokens // self.config.block_size)
         if total_tokens > self.config.max_model_len:
-            req.reject_reason = f"{total_tokens} tokens > max_model_len {self.config.max_model_len}"
+            req.reject_reason = RejectReason.EXCEEDS_MAX_MODEL_LEN
         elif blocks > self.controller.max_blocks_per_request(self.pool):
-            limit = self.controller.max_blocks_per_request(self.pool)
-            req.reject_reason = f"needs {blocks} KV blocks > {limit} it could ever hold"
-        if req.reject_reason:
+            req.reject_reason = RejectReason.EXCEEDS_KV_POOL
+        if req.reject_reason is not None:
             req.status = RequestStatus.REJECTED
             return False
+        self.requests[req.request_id] = req
         self.waiting.append(req)
         return True
 
@@ -95,7 +110,8 @@ class Scheduler:
         req.num_computed_tokens = 0
         req.num_preemptions += 1
         req.status = RequestStatus.WAITING
-        self._num_registered.pop(req.request_id, None)
+        if self.prefix is not None:
+            self.prefix.reset(req.request_id)
         self.waiting.appendleft(req)
 
     # ------------------------------------------------------------ predicates
@@ -108,7 +124,11 @@ class Scheduler:
         return head.blocks_needed(num_new, self.config.block_size)
 
     def has_prefill_running(self) -> bool:
-        return any(not _is_decode(r) for r in self.running)
+        for r in self.running:
+            if r.num_output_tokens == 0 or (
+                    r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens != 1):
+                return True
+        return False
 
     # -------------------------------------------------------------- schedule
     def schedule(self, decode_run_limit: DecodeRunLimit | None = None) -> SchedulerOutput:
@@ -122,24 +142,34 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         scheduled: list[tuple[RequestState, int, list[int]]] = []
         budget = self._schedule_running(budget, scheduled, preempted)
-        if not preempted and self.controller.admission_allowed(self.pool):
+        if not preempted and self.waiting and self.controller.admission_allowed(self.pool):
             self._schedule_waiting(budget, scheduled)
         return self._finish_output(scheduled, preempted, action)
 
+    def make_stats(self) -> SchedulerStats:
+        """Pool usage and activation need of the step the last `schedule()` returned."""
+        if self._stats is None:
+            raise RuntimeError("make_stats() reports on a scheduled step: call schedule() first")
+        return self._stats
+
     def _schedule_running(self, budget: int, scheduled: list, preempted: list[int]) -> int:
         block_size = self.config.block_size
+        allocate = self.pool.allocate
+        running = self.running
         i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
-            num_new = min(req.num_uncomputed_tokens, budget)
-            new_blocks = self.pool.allocate(req.blocks_needed(num_new, block_size))
+        while i < len(running) and budget > 0:
+            req = running[i]
+            num_computed = req.num_computed_tokens
+            num_new = min(req.num_prompt_tokens + req.num_output_tokens - num_computed, budget)
+            num_held = len(req.block_ids)
+            new_blocks = allocate(max(0, -(-(num_computed + num_new) // block_size) - num_held))
             while new_blocks is None:
-                victim = self.running[-1]
+                victim = running[-1]
                 self.preempt(victim)
                 preempted.append(victim.request_id)
                 if victim is req:
                     break
-                new_blocks = self.pool.allocate(req.blocks_needed(num_new, block_size))
+                new_blocks = allocate(req.blocks_needed(num_new, block_size))
             if new_blocks is None:
                 break
             req.block_ids.extend(new_blocks)
@@ -150,69 +180,32 @@ class Scheduler:
 
     def _schedule_waiting(self, budget: int, scheduled: list) -> None:
         block_size = self.config.block_size
+        pool, prefix = self.pool, self.prefix
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
-            hits = self._prefix_hits(req) if req.num_computed_tokens == 0 else []
+            hits = prefix.hits(req) if prefix is not None else []
             num_cached = len(hits) * block_size
-            num_new = min(req.num_tokens - num_cached, budget)
+            num_new = min(req.num_prompt_tokens + req.num_output_tokens - num_cached, budget)
             needed = -(-(num_cached + num_new) // block_size) - len(hits)
-            # A hit sitting free in the cache stops being free once touched.
-            free_hits = sum(1 for b in hits if self.pool.ref_count(b) == 0)
-            if not self.pool.can_allocate(needed + free_hits):
+            if not pool.can_allocate(needed):
                 break
-            for block_id in hits:
-                self.pool.touch(block_id)
-            new_blocks = self.pool.allocate(needed)
+            # A hit sitting free in the cache stops being free once touched.
+            if hits and not pool.can_allocate(needed + pool.num_unreferenced(hits)):
+                break
+            pool.touch(hits)
+            new_blocks = pool.allocate(needed)
             assert new_blocks is not None
             self.waiting.popleft()
             req.block_ids = hits + new_blocks
             req.num_computed_tokens = num_cached
             if req.num_preemptions == 0:  # as vLLM: counted at the first admission only
                 req.num_cached_tokens = num_cached
+            if prefix is not None:
+                prefix.admitted(req, len(hits))
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             scheduled.append((req, num_new, req.block_ids))
             budget -= num_new
-
-    # ----------------------------------------------------------- prefix cache
-    def _keys(self, req: RequestState) -> list[Hashable]:
-        """Content keys of the request's full prompt blocks named by its trace hashes."""
-        keys = self._block_keys.get(req.request_id)
-        if keys is None:
-            keys = []
-            if self.config.enable_prefix_caching and req.block_hashes:
-                per_hash = self.config.hash_block_tokens // self.config.block_size
-                num_full = req.num_prompt_tokens // self.config.block_size
-                chain: Hashable = None
-                for j, block_hash in enumerate(req.block_hashes):
-                    chain = (chain, block_hash)
-                    for sub in range(per_hash):
-                        if j * per_hash + sub >= num_full:
-                            break
-                        keys.append((chain, sub))
-            self._block_keys[req.request_id] = keys
-        return keys
-
-    def _prefix_hits(self, req: RequestState) -> list[int]:
-        keys = self._keys(req)
-        # Always compute at least the last prompt token, so the request samples.
-        max_hits = (req.num_tokens - 1) // self.config.block_size
-        hits: list[int] = []
-        for key in keys[:max_hits]:
-            block_id = self.pool.cached_block(key)
-            if block_id is None:
-                break
-            hits.append(block_id)
-        return hits
-
-    def _register_full_blocks(self, req: RequestState) -> None:
-        """Name the prompt blocks this step filled (those before were named already)."""
-        keys = self._keys(req)
-        num_full = min(len(keys), req.num_computed_tokens // self.config.block_size)
-        first = self._num_registered.get(req.request_id, 0)
-        for index in range(first, num_full):
-            self.pool.register(req.block_ids[index], keys[index])
-        self._num_registered[req.request_id] = max(first, num_full)
 
     # ------------------------------------------------------------- decode run
     def _decode_run(self, limit: DecodeRunLimit) -> SchedulerOutput | None:
@@ -220,27 +213,29 @@ class Scheduler:
         running = self.running
         if not running or len(running) > self.config.max_num_batched_tokens:
             return None
-        if self.has_prefill_running() or self._admission_possible():
+        bounds = decode_run_bounds(running)
+        if bounds is None or bounds[0] < 2 or self._admission_possible():
             return None
-        max_steps = min(r.max_output_tokens - r.num_output_tokens for r in running)
-        max_steps = self._limit_by_blocks(max_steps)
+        block_size = self.config.block_size
+        max_steps = steps_that_fit(running, self.pool.num_free_blocks, block_size, bounds[0])
         if max_steps < 2:
             return None
-        context_tokens = sum(r.num_tokens for r in running)
+        context_tokens = bounds[1]
         num_steps = max(1, min(max_steps, limit(len(running), context_tokens, max_steps)))
-        block_size = self.config.block_size
+        allocate = self.pool.allocate
         scheduled = []
         for req in running:
             needed = -(-(req.num_computed_tokens + num_steps) // block_size) - len(req.block_ids)
-            new_blocks = self.pool.allocate(needed) if needed > 0 else []
-            assert new_blocks is not None, "decode run horizon allowed too many blocks"
-            req.block_ids.extend(new_blocks)
-            scheduled.append(
-                ScheduledRequest(req.request_id, req.num_computed_tokens, 1, tuple(new_blocks),
-                                 True, True)
-            )
+            new_ids: tuple[int, ...] = ()
+            if needed > 0:
+                new_blocks = allocate(needed)
+                assert new_blocks is not None, "decode run horizon allowed too many blocks"
+                req.block_ids.extend(new_blocks)
+                new_ids = tuple(new_blocks)
+            scheduled.append(ScheduledRequest(req.request_id, req.num_computed_tokens, 1,
+                                              new_ids, True, True))
         return self._output(tuple(scheduled), num_steps, 0, len(running), (), context_tokens,
-                            [], None, None)
+                            [], None, None, len(running))
 
     def _admission_possible(self) -> bool:
         needed = self.head_chunk_blocks()
@@ -248,54 +243,40 @@ class Scheduler:
             return False
         return self.pool.can_allocate(needed)
 
-    def _limit_by_blocks(self, max_steps: int) -> int:
-        """Largest k <= max_steps whose new blocks fit in the free blocks."""
-        free = self.pool.num_free_blocks
-        block_size = self.config.block_size
-        slots = [(r.num_computed_tokens, len(r.block_ids) * block_size) for r in self.running]
-
-        def blocks_for(k: int) -> int:
-            return sum(max(0, -(-(c + k - held) // block_size)) for c, held in slots)
-
-        if blocks_for(max_steps) <= free:
-            return max_steps
-        low, high = 0, max_steps  # blocks_for(low) fits, blocks_for(high) does not
-        while high - low > 1:
-            mid = (low + high) // 2
-            if blocks_for(mid) <= free:
-                low = mid
-            else:
-                high = mid
-        return low
-
     # ---------------------------------------------------------------- output
     def _finish_output(self, scheduled: list, preempted: list[int],
                        action: ElasticAction | None) -> SchedulerOutput:
         items = []
         prefill_chunks = []
-        num_prefill = num_decode = decode_context = 0
+        num_prefill = num_decode = decode_context = num_rows = 0
         for req, num_new, new_blocks in scheduled:
-            decode = _is_decode(req) and num_new == 1
-            samples = req.num_computed_tokens + num_new == req.num_tokens
-            items.append(ScheduledRequest(req.request_id, req.num_computed_tokens, num_new,
+            num_computed = req.num_computed_tokens
+            num_tokens = req.num_prompt_tokens + req.num_output_tokens
+            decode = num_new == 1 and req.num_output_tokens > 0 and num_tokens - num_computed == 1
+            samples = num_computed + num_new == num_tokens
+            items.append(ScheduledRequest(req.request_id, num_computed, num_new,
                                           tuple(new_blocks), decode, samples,
                                           new_table=new_blocks is req.block_ids))
+            num_rows += samples
             if decode:
                 num_decode += 1
-                decode_context += req.num_tokens
+                decode_context += num_tokens
             else:
                 num_prefill += num_new
-                prefill_chunks.append((num_new, req.num_computed_tokens))
-        oom = self._check_memory(num_prefill + num_decode, items)
+                prefill_chunks.append((num_new, num_computed))
+        oom = self._check_memory(num_prefill + num_decode, num_rows, items)
         if oom is not None:
             items, num_prefill, num_decode, prefill_chunks, decode_context = [], 0, 0, [], 0
+            num_rows = 0
         return self._output(tuple(items), 1, num_prefill, num_decode, tuple(prefill_chunks),
-                            decode_context, preempted, action, oom)
+                            decode_context, preempted, action, oom, num_rows)
 
-    def _check_memory(self, num_tokens: int, items: list[ScheduledRequest]) -> OutOfMemory | None:
-        num_rows = sum(1 for s in items if s.samples)
+    def _check_memory(self, num_tokens: int, num_rows: int,
+                      items: list[ScheduledRequest]) -> OutOfMemory | None:
+        if not items:
+            return None
         needed, available = self.controller.activation_need(self.pool, num_tokens, num_rows)
-        if needed <= available or not items:
+        if needed <= available:
             return None
         failed = tuple(s.request_id for s in items)
         self.fail_oom(failed)
@@ -308,53 +289,55 @@ class Scheduler:
         executor when the GPU raises one the model did not predict.
         """
         for request_id in request_ids:
-            req = self.requests[request_id]
-            if req.status is not RequestStatus.RUNNING:
+            req = self.requests.get(request_id)
+            if req is None or req.status is not RequestStatus.RUNNING:
                 continue
             self.running.remove(req)
             self.pool.free(reversed(req.block_ids))
             req.block_ids = []
             req.status = RequestStatus.FAILED_OOM
-            self._num_registered.pop(request_id, None)
+            self._forget(req)
+            self._failed.append(req)
 
     def _output(self, items, num_steps, num_prefill, num_decode, prefill_chunks,
-                decode_context, preempted, action, oom) -> SchedulerOutput:
-        num_rows = sum(1 for s in items if s.samples)
+                decode_context, preempted, action, oom, num_rows) -> SchedulerOutput:
+        pool = self.pool
         needed, available = self.controller.activation_need(
-            self.pool, num_prefill + num_decode, num_rows)
+            pool, num_prefill + num_decode, num_rows)
         if items:  # a step ran: its activations stay in the allocator's cache
             self.controller.note_step(needed)
-        lent = self.pool.num_attached_elastic
+        self._stats = SchedulerStats(
+            self._step_id, len(self.running), len(self.waiting), pool.num_used_blocks,
+            pool.num_usable_blocks, pool.num_attached_elastic, needed, available)
         return SchedulerOutput(
-            step_id=self._step_id, scheduled=items, num_steps=num_steps,
-            num_prefill_tokens=num_prefill, num_decode_tokens=num_decode,
-            prefill_chunks=prefill_chunks, decode_context_tokens=decode_context,
-            preempted_ids=tuple(preempted), elastic=action, oom=oom,
-            activation_bytes=needed, activation_available_bytes=available,
-            num_used_blocks=self.pool.num_used_blocks,
-            num_usable_blocks=self.pool.num_usable_blocks, num_lent_blocks=lent,
-            num_sampled_rows=num_rows,
-        )
+            self._step_id, items, num_steps, num_prefill, num_decode, prefill_chunks,
+            decode_context, tuple(preempted), action, oom, num_rows)
 
     # ---------------------------------------------------------------- update
     def update(self, out: SchedulerOutput, end_s: float) -> list[RequestState]:
-        """Close a step that ended at `end_s`; return the requests that finished in it."""
+        """Close a step that ended at `end_s`; return the requests that ended in it: those
+        that finished, then those that failed (out of memory) since the last update."""
         finished = []
+        requests, num_steps = self.requests, out.num_steps
+        prefix = self.prefix
         for item in out.scheduled:
-            req = self.requests[item.request_id]
-            if req.status is not RequestStatus.RUNNING:
+            req = requests.get(item.request_id)
+            if req is None or req.status is not RequestStatus.RUNNING:
                 continue
-            req.num_computed_tokens += item.num_new_tokens * out.num_steps
-            if self.config.enable_prefix_caching and req.block_hashes and not item.is_decode:
-                self._register_full_blocks(req)
+            req.num_computed_tokens += item.num_new_tokens * num_steps
+            if prefix is not None and not item.is_decode and req.block_hashes:
+                prefix.register_full_blocks(req)
             if not item.samples:
                 continue
-            req.num_output_tokens += out.num_steps
+            req.num_output_tokens += num_steps
             if req.first_token_s is None:
                 req.first_token_s = end_s
             if req.num_output_tokens >= req.max_output_tokens:
                 self._finish(req, end_s)
                 finished.append(req)
+        if self._failed:
+            finished += self._failed
+            self._failed = []
         return finished
 
     def _finish(self, req: RequestState, end_s: float) -> None:
@@ -363,9 +346,10 @@ class Scheduler:
         self.running.remove(req)
         self.pool.free(reversed(req.block_ids))
         req.block_ids = []
-        self._block_keys.pop(req.request_id, None)
-        self._num_registered.pop(req.request_id, None)
+        self._forget(req)
 
-
-def _is_decode(req: RequestState) -> bool:
-    return req.num_output_tokens > 0 and req.num_uncomputed_tokens == 1
+    def _forget(self, req: RequestState) -> None:
+        """A finished or failed request leaves the scheduler for good."""
+        del self.requests[req.request_id]
+        if self.prefix is not None:
+            self.prefix.forget(req.request_id)

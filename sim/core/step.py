@@ -1,9 +1,14 @@
-"""Plain-data contracts between the scheduler and an executor (simulated or real GPU)."""
+"""Plain-data contracts between the scheduler and an executor (simulated or real GPU).
+
+As in vLLM v1, `SchedulerOutput` says only what to run; how full the pool is and what the
+step costs in activation memory travel apart in `SchedulerStats` (`Scheduler.make_stats`),
+so an executor never has to read, or rewrite, bookkeeping to run a step.
+"""
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +36,7 @@ class ElasticAction:
     preempted_ids: tuple[int, ...] = ()  # drain victims preempted by recompute
     migrations: tuple[tuple[int, int], ...] = ()  # (elastic block, base block) copies to run
     migrated_bytes: int = 0
+    num_blocks: int = 0  # ATTACH: the first num_blocks elastic blocks become usable
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +50,8 @@ class OutOfMemory:
 
 @dataclass(frozen=True, slots=True)
 class SchedulerOutput:
+    """What to run: the requests of one step (or of a run of identical decode steps)."""
+
     step_id: int
     scheduled: tuple[ScheduledRequest, ...]
     num_steps: int  # > 1 only for a fast-forwarded run of identical decode-only steps
@@ -53,13 +61,8 @@ class SchedulerOutput:
     decode_context_tokens: int  # sum of decode rows' context lengths at the run's first step
     preempted_ids: tuple[int, ...]
     elastic: ElasticAction | None
-    oom: OutOfMemory | None
-    activation_bytes: int  # activation peak this step needs
-    activation_available_bytes: int  # reserve not lent to the KV pool at this step
-    num_used_blocks: int
-    num_usable_blocks: int
-    num_lent_blocks: int  # elastic blocks mapped into the KV pool (0 when detached)
-    num_sampled_rows: int = field(default=0)
+    oom: OutOfMemory | None  # the step was not run: its requests failed (overcommit)
+    num_sampled_rows: int = 0
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -68,3 +71,18 @@ class SchedulerOutput:
     @property
     def is_decode_only(self) -> bool:
         return self.num_prefill_tokens == 0 and self.num_decode_tokens > 0
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerStats:
+    """Pool usage and activation need of one scheduled step, as it was scheduled (after its
+    blocks were allocated, before `update` frees finished requests' blocks)."""
+
+    step_id: int
+    num_running_reqs: int
+    num_waiting_reqs: int
+    num_used_blocks: int
+    num_usable_blocks: int  # base blocks plus the elastic blocks attached now
+    num_lent_blocks: int  # elastic blocks mapped into the KV pool (0 when detached)
+    activation_bytes: int  # activation peak this step needs
+    activation_available_bytes: int  # reserve not lent to the KV pool at this step

@@ -1,50 +1,166 @@
 """What a run records (per request, per step, per elastic action) and the summary users read.
 
-The recorder is executor-neutral: the simulator and the GPU engine both feed it scheduler
-outputs and step durations, so their summaries are computed by the same code.
+The recorder is executor-neutral: the simulator and the GPU engine both feed it arrivals,
+scheduler outputs with their stats and step durations, and the requests that ended, so their
+summaries are computed by the same code. It holds memory bounded by the run's length only
+where percentiles need it (8 bytes per finished request per latency, see
+`sim.recording.distribution`); rows go to sinks (`sim.recording.sinks`) in blocks, and every
+other figure is a running total. Nothing is dropped unsaid: every request that arrived ends
+counted as finished, rejected (by reason) or failed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from sim.core.request import RequestState, RequestStatus
-from sim.core.step import ElasticAction, ElasticActionKind, SchedulerOutput
-
-PERCENTILES = (50, 90, 99)
-TIMELINE_COLUMNS = (
-    "start_s", "duration_s", "num_steps", "prefill_tokens", "decode_tokens", "num_seqs",
-    "kv_blocks_used", "kv_blocks_usable", "reserve_lent_blocks", "num_preempted", "oom",
+from sim.core.request import RejectReason, RequestState, RequestStatus
+from sim.core.step import (
+    ElasticAction,
+    ElasticActionKind,
+    OutOfMemory,
+    SchedulerOutput,
+    SchedulerStats,
 )
+from sim.recording.distribution import (
+    PERCENTILES,
+    FloatColumn,
+    WeightedSample,
+    merged_percentiles,
+    percentiles,
+    weighted_percentiles,
+)
+from sim.recording.overload import QueueSamples, fleet_trend
+from sim.recording.sinks import (
+    REQUEST_COLUMNS,
+    TIMELINE_COLUMNS,
+    RequestSink,
+    TimelineMemory,
+    TimelineSink,
+    request_row,
+)
+from sim.recording.timeline import TimelineTotals
+
+__all__ = ["PERCENTILES", "REQUEST_COLUMNS", "TIMELINE_COLUMNS", "ReplicaRecorder", "Slo",
+           "percentiles", "weighted_percentiles", "request_table", "summarize", "timeline_array"]
+
+TIMELINE_BLOCK_ROWS = 1 << 16
+REQUEST_BLOCK_ROWS = 1 << 12
 
 
-@dataclass
 class ReplicaRecorder:
-    replica_id: int
-    block_size: int
-    requests: list[RequestState] = field(default_factory=list)
-    timeline: list[tuple] = field(default_factory=list)
-    itl_durations: list[np.ndarray] = field(default_factory=list)
-    itl_weights: list[int] = field(default_factory=list)
-    elastic_events: list[tuple[float, str, float, int, int]] = field(default_factory=list)
+    """Records one replica. Without sinks it keeps every request's state (`requests`, in
+    arrival order) and the timeline in memory; with them it streams both."""
 
-    def step(self, start_s: float, out: SchedulerOutput, durations: np.ndarray) -> None:
-        self.timeline.append((
-            start_s, float(durations.sum()), out.num_steps, out.num_prefill_tokens,
-            out.num_decode_tokens, len(out.scheduled), out.num_used_blocks,
-            out.num_usable_blocks, out.num_lent_blocks, len(out.preempted_ids),
-            int(out.oom is not None),
+    def __init__(self, replica_id: int, block_size: int, *,
+                 request_sink: RequestSink | None = None,
+                 timeline_sink: TimelineSink | None = None) -> None:
+        self.replica_id, self.block_size = replica_id, block_size
+        self.requests: list[RequestState] = []
+        self.request_sink = request_sink
+        self.timeline_sink: TimelineSink = timeline_sink or TimelineMemory()
+        self.elastic_events: list[tuple[float, str, float, int, int]] = []
+        self.queue = QueueSamples()
+        self.itl = WeightedSample()
+        self.totals = TimelineTotals()
+        self.ttft_s, self.tpot_s, self.e2e_s = FloatColumn(), FloatColumn(), FloatColumn()
+        self.num_arrived = self.num_finished = self.num_failed_oom = 0
+        self.num_rejected = dict.fromkeys(RejectReason, 0)
+        self.num_output_tokens = self.num_preemptions = 0
+        self.num_recomputed_tokens = self.num_cached_tokens = 0
+        self.first_arrival_s: float | None = None
+        self.last_finish_s: float | None = None
+        self._rows: list[tuple] = []
+        self._steps: list[tuple] = []
+
+    # ------------------------------------------------------------- requests
+    def arrival(self, now_s: float, req: RequestState, num_waiting: int) -> None:
+        """A request reached the scheduler, which found `num_waiting` requests waiting (and
+        may have rejected it already)."""
+        self.num_arrived += 1
+        if self.first_arrival_s is None:
+            self.first_arrival_s = req.arrival_s
+        self.queue.add(now_s, num_waiting)
+        if self.request_sink is None:
+            self.requests.append(req)
+        if req.status is RequestStatus.REJECTED:
+            self.done(req)
+
+    def done(self, req: RequestState) -> None:
+        """A request ended: finished, rejected or failed."""
+        self.num_preemptions += req.num_preemptions
+        self.num_recomputed_tokens += req.num_recomputed_tokens
+        self.num_cached_tokens += req.num_cached_tokens
+        status = req.status
+        if status is RequestStatus.FINISHED:
+            self._finished(req)
+        elif status is RequestStatus.REJECTED:
+            assert req.reject_reason is not None, "a rejected request carries its reason"
+            self.num_rejected[req.reject_reason] += 1
+        elif status is RequestStatus.FAILED_OOM:
+            self.num_failed_oom += 1
+        else:
+            raise ValueError(f"request {req.request_id} has not ended: {status.value}")
+        if self.request_sink is not None:
+            self._rows.append(request_row(req))
+            if len(self._rows) >= REQUEST_BLOCK_ROWS:
+                self.request_sink.write(self._rows)
+                self._rows = []
+
+    def _finished(self, req: RequestState) -> None:
+        assert req.first_token_s is not None and req.finish_s is not None
+        self.num_finished += 1
+        self.ttft_s.append(req.first_token_s - req.arrival_s)
+        self.e2e_s.append(req.finish_s - req.arrival_s)
+        outputs = req.num_output_tokens
+        self.tpot_s.append((req.finish_s - req.first_token_s) / (outputs - 1) if outputs > 1
+                           else float("nan"))
+        self.num_output_tokens += outputs
+        if self.last_finish_s is None or req.finish_s > self.last_finish_s:
+            self.last_finish_s = req.finish_s
+
+    # ---------------------------------------------------------------- steps
+    def step(self, start_s: float, out: SchedulerOutput, stats: SchedulerStats,
+             durations: np.ndarray, failed: OutOfMemory | None = None) -> None:
+        """A step (or decode run, one duration per step) ran from `start_s`. `failed`: the
+        executor hit an out-of-memory the scheduler did not predict; nothing ran."""
+        duration_s = float(durations[0]) if durations.size == 1 else float(durations.sum())
+        oom = out.oom is not None or failed is not None
+        ran = failed is None
+        self._steps.append((
+            start_s, duration_s, out.num_steps, out.num_prefill_tokens if ran else 0,
+            out.num_decode_tokens if ran else 0, len(out.scheduled) if ran else 0,
+            stats.num_used_blocks, stats.num_usable_blocks, stats.num_lent_blocks,
+            len(out.preempted_ids), int(oom),
         ))
-        if out.num_decode_tokens:
-            self.itl_durations.append(durations)
-            self.itl_weights.append(out.num_decode_tokens)
+        if ran and out.num_decode_tokens:
+            self.itl.add(durations, out.num_decode_tokens)
+        if len(self._steps) >= TIMELINE_BLOCK_ROWS:
+            self._flush_steps()
 
     def elastic(self, now_s: float, action: ElasticAction, pause_s: float) -> None:
         self.elastic_events.append((now_s, action.kind.value, pause_s,
                                     len(action.preempted_ids), action.migrated_bytes))
+
+    def _flush_steps(self) -> None:
+        if self._steps:
+            rows = np.array(self._steps, dtype=np.float64).reshape(-1, len(TIMELINE_COLUMNS))
+            self._steps = []
+            self.totals.add(rows)
+            self.timeline_sink.write(self.replica_id, rows)
+
+    def flush(self) -> None:
+        """Hand every pending row to the sinks (the summary and readers call it)."""
+        self._flush_steps()
+        if self._rows and self.request_sink is not None:
+            self.request_sink.write(self._rows)
+            self._rows = []
+
+    @property
+    def timeline(self) -> np.ndarray:
+        return timeline_array(self)
 
 
 @dataclass(frozen=True)
@@ -53,130 +169,76 @@ class Slo:
     tpot_s: float | None = None
 
 
-def percentiles(values: np.ndarray) -> dict[str, float | None]:
-    if values.size == 0:
-        return {"p50": None, "p90": None, "p99": None, "mean": None}
-    result: dict[str, float | None] = {
-        f"p{p}": float(v) for p, v in zip(PERCENTILES, np.percentile(values, PERCENTILES))
-    }
-    result["mean"] = float(values.mean())
-    return result
-
-
-def weighted_percentiles(values: np.ndarray, weights: np.ndarray) -> dict[str, float | None]:
-    if values.size == 0:
-        return {"p50": None, "p90": None, "p99": None, "mean": None}
-    order = np.argsort(values)
-    values, weights = values[order], weights[order]
-    cumulative = np.cumsum(weights) / weights.sum()
-    result: dict[str, float | None] = {
-        f"p{p}": float(values[min(np.searchsorted(cumulative, p / 100.0), values.size - 1)])
-        for p in PERCENTILES
-    }
-    result["mean"] = float(np.average(values, weights=weights))
-    return result
-
-
 def request_table(requests: Sequence[RequestState]) -> dict[str, np.ndarray]:
     """Column arrays over requests, NaN where a time does not exist (never finished)."""
-    def col(getter, dtype=float):
-        return np.array([getter(r) for r in requests], dtype=dtype)
+    rows = [request_row(r) for r in requests]
+    columns = list(zip(*rows)) if rows else [()] * len(REQUEST_COLUMNS)
+    kinds = (np.int64, float, float, float, np.int64, np.int64, np.int64, np.int64, np.int64,
+             str, str)
+    return {name: np.array(col, dtype=kind)
+            for name, col, kind in zip(REQUEST_COLUMNS, columns, kinds)}
 
-    nan = float("nan")
-    return {
-        "request_id": col(lambda r: r.request_id, np.int64),
-        "arrival_s": col(lambda r: r.arrival_s),
-        "first_token_s": col(lambda r: nan if r.first_token_s is None else r.first_token_s),
-        "finish_s": col(lambda r: nan if r.finish_s is None else r.finish_s),
-        "prompt_tokens": col(lambda r: r.num_prompt_tokens, np.int64),
-        "output_tokens": col(lambda r: r.num_output_tokens, np.int64),
-        "cached_tokens": col(lambda r: r.num_cached_tokens, np.int64),
-        "preemptions": col(lambda r: r.num_preemptions, np.int64),
-        "recomputed_tokens": col(lambda r: r.num_recomputed_tokens, np.int64),
-        "status": np.array([r.status.value for r in requests]),
-    }
+
+def timeline_array(rec: ReplicaRecorder) -> np.ndarray:
+    """The replica's timeline rows (TIMELINE_COLUMNS), when they were kept in memory."""
+    rec.flush()
+    if not isinstance(rec.timeline_sink, TimelineMemory):
+        raise ValueError(f"replica {rec.replica_id}'s timeline went to its sink "
+                         f"({type(rec.timeline_sink).__name__}); read it from there")
+    return rec.timeline_sink.array()
 
 
 def summarize(recorders: Sequence[ReplicaRecorder], slo: Slo = Slo()) -> dict:
-    requests = [r for rec in recorders for r in rec.requests]
-    table = request_table(requests)
-    done = table["status"] == RequestStatus.FINISHED.value
-    ttft = (table["first_token_s"] - table["arrival_s"])[done]
-    e2e = (table["finish_s"] - table["arrival_s"])[done]
-    outputs = table["output_tokens"][done]
-    multi = outputs > 1
-    tpot = ((table["finish_s"] - table["first_token_s"])[done][multi] / (outputs[multi] - 1))
-    span_s = _makespan(table, done)
-    good = np.ones(done.sum(), dtype=bool)
+    for rec in recorders:
+        rec.flush()
+    ttft = _column(recorders, "ttft_s")
+    tpot_all = _column(recorders, "tpot_s")
+    e2e = _column(recorders, "e2e_s")
+    num_finished = sum(r.num_finished for r in recorders)
+    single = np.isnan(tpot_all)
+    span_s = _makespan(recorders)
+    good = np.ones(num_finished, dtype=bool)
     if slo.ttft_s is not None:
         good &= ttft <= slo.ttft_s
     if slo.tpot_s is not None:
-        tpot_all = np.zeros(done.sum())
-        tpot_all[multi] = tpot
-        good &= tpot_all <= slo.tpot_s
+        good &= np.where(single, 0.0, tpot_all) <= slo.tpot_s
+    rejected = {reason.value: sum(r.num_rejected[reason] for r in recorders)
+                for reason in RejectReason}
+    outputs = sum(r.num_output_tokens for r in recorders)
     summary = {
-        "num_requests": len(requests),
-        "num_finished": int(done.sum()),
-        "num_rejected": int((table["status"] == RequestStatus.REJECTED.value).sum()),
-        "num_failed_oom": int((table["status"] == RequestStatus.FAILED_OOM.value).sum()),
-        "ttft_s": percentiles(ttft), "tpot_s": percentiles(tpot), "e2e_s": percentiles(e2e),
-        "itl_s": _itl(recorders),
+        "num_requests": sum(r.num_arrived for r in recorders),
+        "num_finished": num_finished,
+        "num_rejected": sum(rejected.values()),
+        "num_rejected_by_reason": rejected,
+        "num_failed_oom": sum(r.num_failed_oom for r in recorders),
+        "ttft_s": percentiles(ttft), "tpot_s": percentiles(tpot_all[~single]),
+        "e2e_s": percentiles(e2e), "itl_s": merged_percentiles([r.itl for r in recorders]),
         "makespan_s": span_s,
-        "throughput_tok_s": float(outputs.sum() / span_s) if span_s else 0.0,
-        "throughput_req_s": float(done.sum() / span_s) if span_s else 0.0,
+        "throughput_tok_s": float(outputs / span_s) if span_s else 0.0,
+        "throughput_req_s": float(num_finished / span_s) if span_s else 0.0,
         "goodput_req_s": float(good.sum() / span_s) if span_s else 0.0,
-        "num_preemptions": int(table["preemptions"].sum()),
-        "num_recomputed_tokens": int(table["recomputed_tokens"].sum()),
-        "num_cached_tokens": int(table["cached_tokens"].sum()),
+        "num_preemptions": sum(r.num_preemptions for r in recorders),
+        "num_recomputed_tokens": sum(r.num_recomputed_tokens for r in recorders),
+        "num_cached_tokens": sum(r.num_cached_tokens for r in recorders),
     }
-    summary.update(_timeline_stats(recorders))
+    summary.update(fleet_trend([r.queue.trend() for r in recorders]))
+    block_size = recorders[0].block_size if recorders else 16
+    summary.update(TimelineTotals.merged([r.totals for r in recorders]).summary(block_size))
     summary.update(_elastic_stats(recorders))
     return summary
 
 
-def _makespan(table: dict[str, np.ndarray], done: np.ndarray) -> float:
-    if not done.any():
+def _column(recorders: Sequence[ReplicaRecorder], name: str) -> np.ndarray:
+    arrays = [getattr(r, name).array() for r in recorders]
+    return np.concatenate(arrays) if arrays else np.zeros(0)
+
+
+def _makespan(recorders: Sequence[ReplicaRecorder]) -> float:
+    finishes = [r.last_finish_s for r in recorders if r.last_finish_s is not None]
+    arrivals = [r.first_arrival_s for r in recorders if r.first_arrival_s is not None]
+    if not finishes:
         return 0.0
-    return float(np.nanmax(table["finish_s"][done]) - np.nanmin(table["arrival_s"]))
-
-
-def _itl(recorders: Sequence[ReplicaRecorder]) -> dict[str, float | None]:
-    durations = [d for rec in recorders for d in rec.itl_durations]
-    if not durations:
-        return weighted_percentiles(np.array([]), np.array([]))
-    weights = [np.full(d.size, w) for rec in recorders
-               for d, w in zip(rec.itl_durations, rec.itl_weights)]
-    return weighted_percentiles(np.concatenate(durations), np.concatenate(weights))
-
-
-def timeline_array(rec: ReplicaRecorder) -> np.ndarray:
-    return np.array(rec.timeline, dtype=np.float64).reshape(-1, len(TIMELINE_COLUMNS))
-
-
-def _timeline_stats(recorders: Sequence[ReplicaRecorder]) -> dict:
-    rows = [timeline_array(rec) for rec in recorders]
-    tl = np.concatenate(rows) if rows else np.zeros((0, len(TIMELINE_COLUMNS)))
-    col = {name: tl[:, i] for i, name in enumerate(TIMELINE_COLUMNS)}
-    busy_s = float(col["duration_s"].sum())
-    block_size = recorders[0].block_size if recorders else 16
-
-    def time_share(mask: np.ndarray) -> float:
-        return float(col["duration_s"][mask].sum() / busy_s) if busy_s else 0.0
-
-    usable = np.maximum(col["kv_blocks_usable"], 1)
-    util = float((col["kv_blocks_used"] / usable * col["duration_s"]).sum() / busy_s) if busy_s else 0.0
-    lent = col["reserve_lent_blocks"]
-    return {
-        "num_engine_steps": int(col["num_steps"].sum()),
-        "busy_s": busy_s,
-        "decode_only_time_share": time_share((col["prefill_tokens"] == 0) & (col["decode_tokens"] > 0)),
-        "kv_utilization_mean": util,
-        "reserve_lent_time_share": time_share(lent > 0),
-        "reserve_lent_tokens_max": int(lent.max() * block_size) if lent.size else 0,
-        "reserve_lent_tokens_mean": float((lent * col["duration_s"]).sum() / busy_s * block_size)
-        if busy_s else 0.0,
-        "num_oom": int(col["oom"].sum()),
-    }
+    return float(max(finishes) - min(arrivals))
 
 
 def _elastic_stats(recorders: Sequence[ReplicaRecorder]) -> dict:

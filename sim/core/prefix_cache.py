@@ -1,0 +1,98 @@
+"""Content keys of prompt blocks and the cached prefix of a waiting request (prefix caching).
+
+A trace names a prompt's content by block hashes, one per `hash_block_tokens` tokens
+(Mooncake's `hash_ids`). As in vLLM, a block's key covers its whole prefix: the key of hash j
+chains every hash before it, so two prompts share a key only where they share the prefix up
+to it. Each KV block (`block_size` tokens) of a hash block gets its own key.
+
+Keys are small ints. A chain (the previous chain's id, a hash) is interned to an id the first
+time it is seen, and a KV block's key is `chain_id * blocks_per_hash + sub_block`. This is
+exact (no two different chains ever share an id) and, unlike a nested tuple, hashes in
+constant time: the tuple chain's hash was recomputed from its whole depth on every lookup.
+The interning table grows with the distinct prefixes of the trace (Mooncake's conversation
+trace: ~300k, tens of MB).
+
+A request waiting at the head of the queue is looked up again at every step until it fits.
+Its hits are kept while the pool's `cache_epoch` stands (no cached block left reach since),
+and only the blocks after them are looked up again, so a long wait costs O(1) per step.
+"""
+
+from __future__ import annotations
+
+from sim.core.block_pool import BlockPool
+from sim.core.request import RequestState
+
+
+class PrefixCache:
+    def __init__(self, pool: BlockPool, block_size: int, hash_block_tokens: int) -> None:
+        self.pool = pool
+        self.block_size = block_size
+        self.blocks_per_hash = hash_block_tokens // block_size
+        self._chain_ids: dict[tuple[int, int], int] = {}
+        self._keys: dict[int, list[int]] = {}  # per live request
+        self._num_registered: dict[int, int] = {}  # prompt blocks already named, per request
+        self._memo: tuple[int, int, list[int]] | None = None  # (request id, epoch, hits)
+
+    def keys(self, req: RequestState) -> list[int]:
+        """Keys of the request's full prompt blocks named by its trace hashes."""
+        keys = self._keys.get(req.request_id)
+        if keys is None:
+            keys = []
+            if req.block_hashes:
+                per_hash = self.blocks_per_hash
+                num_full = req.num_prompt_tokens // self.block_size
+                chain_ids = self._chain_ids
+                chain_id = 0
+                for block_hash in req.block_hashes:
+                    if len(keys) >= num_full:
+                        break
+                    link = (chain_id, block_hash)
+                    chain_id = chain_ids.get(link, 0)
+                    if not chain_id:
+                        chain_id = chain_ids[link] = len(chain_ids) + 1
+                    first = chain_id * per_hash
+                    keys.extend(range(first, first + min(per_hash, num_full - len(keys))))
+            self._keys[req.request_id] = keys
+        return keys
+
+    def hits(self, req: RequestState) -> list[int]:
+        """Cached blocks holding the longest prefix of the request's prompt (a fresh list).
+
+        At least the last prompt token is always computed, so the request samples."""
+        keys = self.keys(req)
+        max_hits = min(len(keys), (req.num_prompt_tokens + req.num_output_tokens - 1)
+                       // self.block_size)
+        epoch = self.pool.cache_epoch
+        memo = self._memo
+        hits = memo[2] if memo and memo[0] == req.request_id and memo[1] == epoch else []
+        cached_block = self.pool.cached_block
+        while len(hits) < max_hits:
+            block_id = cached_block(keys[len(hits)])
+            if block_id is None:
+                break
+            hits.append(block_id)
+        self._memo = (req.request_id, epoch, hits)
+        return list(hits)
+
+    def admitted(self, req: RequestState, num_hits: int) -> None:
+        """Its first `num_hits` blocks came from the cache: they are named already."""
+        self._num_registered[req.request_id] = num_hits
+        self._memo = None
+
+    def register_full_blocks(self, req: RequestState) -> None:
+        """Name the prompt blocks this step filled (those before were named already)."""
+        keys = self.keys(req)
+        num_full = min(len(keys), req.num_computed_tokens // self.block_size)
+        first = self._num_registered.get(req.request_id, 0)
+        if num_full > first:
+            self.pool.register(req.block_ids[first:num_full], keys[first:num_full])
+            self._num_registered[req.request_id] = num_full
+
+    def reset(self, request_id: int) -> None:
+        """The request lost its blocks (preempted, failed): none of them is named by it."""
+        self._num_registered.pop(request_id, None)
+
+    def forget(self, request_id: int) -> None:
+        """The request is done: drop its keys."""
+        self._keys.pop(request_id, None)
+        self._num_registered.pop(request_id, None)
