@@ -2,10 +2,13 @@
 
     python -m gpu_backend replay --trace azure-conv --limit 300 --model qwen2.5-0.5b \
         --policy elastic --chunk 2048 --no-wait --out out/gpu_elastic
+    python -m gpu_backend replay --trace azure-conv --engine-config run.json --no-wait --out o/
     python -m gpu_backend profile --model llama-3.1-8b --out calib_llama8b.json
 
-`replay` runs one policy per process (each builds its own memory plan and pool); `profile`
-writes the calibration JSON the simulator reads with `--calibration`.
+The engine flags and their defaults are EngineConfig's, the simulator's own. `replay` runs one
+policy per process (each builds its own memory plan and pool) and writes config.json, the
+configuration it ran, beside summary.json; `profile` writes the calibration JSON the simulator
+reads with `--calibration`.
 """
 
 from __future__ import annotations
@@ -17,94 +20,79 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from sim.core.catalog import MIB, get_gpu, get_model
-from sim.core.elastic import DrainStrategy, Policy
+from sim.core.config_flags import CommandParser, add_engine_flags, engine_config, positive_int
+from sim.core.elastic import Policy
 from sim.core.engine_config import EngineConfig
 from traces import TraceError, add_trace_arguments, trace_from_args
 
-
-def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("engine")
-    g.add_argument("--model", default="qwen2.5-0.5b", help="preset name or a config.json path")
-    g.add_argument("--gpu", default="h200", help="GPU preset for peak rates (memory is measured)")
-    g.add_argument("--max-num-batched-tokens", "--chunk", type=int, default=None, dest="chunk")
-    g.add_argument("--max-num-seqs", type=int, default=256)
-    g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    g.add_argument("--max-model-len", type=int, default=None)
-    g.add_argument("--block-size", type=int, default=16)
-    g.add_argument("--vmm-handle-mib", type=int, default=512)
+# Engine settings the GPU engine decides itself (it captures its own decode graph sizes and
+# records them in config.json), or that a profile does not use.
+REPLAY_EXCLUDED = ("cuda_graph_sizes",)
+PROFILE_EXCLUDED = ("cuda_graph_sizes", "policy", "drain", "reclaim", "enable_prefix_caching",
+                    "hash_block_tokens")
 
 
-def add_piecewise_arguments(parser: argparse.ArgumentParser, what: str) -> None:
-    parser.add_argument("--piecewise-graphs", action="store_true", help=what)
-    parser.add_argument("--piecewise-max-tokens", type=int, default=None, metavar="N",
-                        help="with --piecewise-graphs: capture up to N tokens only (default: the "
-                             "chunk); a longer step runs fully eager, as vLLM's default cap of "
-                             "512 does")
+def gpu_config(args: argparse.Namespace) -> EngineConfig:
+    """The flags' EngineConfig, refused where the GPU engine cannot run it as configured."""
+    config = engine_config(args)
+    if config.reclaim != "release":
+        raise ValueError(f"--reclaim {config.reclaim}: the GPU engine's activations come from "
+                         "torch's allocator, which only a released handle's memory reaches; "
+                         "use --reclaim release (the default)")
+    model = config.model
+    if config.dtype not in ("auto", "bfloat16") or model.dtype_bytes != 2 \
+            or model.kv_dtype_bytes is not None or model.linear_dtype_bytes is not None:
+        raise ValueError("the GPU engine runs bfloat16 weights and KV cache: drop --dtype, "
+                         "--kv-cache-dtype and --quantization (the simulator prices the others)")
+    return config
 
 
-def piecewise_cap(args: argparse.Namespace) -> int | None:
-    """--piecewise-max-tokens, checked: only with --piecewise-graphs, at least 1."""
-    cap = args.piecewise_max_tokens
-    if cap is not None and not args.piecewise_graphs:
-        raise ValueError("--piecewise-max-tokens caps the piecewise graphs: add --piecewise-graphs")
-    if cap is not None and cap < 1:
-        raise ValueError(f"--piecewise-max-tokens {cap}: give 1 or more tokens")
-    return cap
-
-
-def engine_config(args: argparse.Namespace, policy: Policy) -> EngineConfig:
-    return EngineConfig(
-        model=get_model(args.model), gpu=get_gpu(args.gpu), max_num_batched_tokens=args.chunk,
-        tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),
-        max_num_seqs=args.max_num_seqs, gpu_memory_utilization=args.gpu_memory_utilization,
-        max_model_len=args.max_model_len, block_size=args.block_size, policy=policy,
-        drain=DrainStrategy.parse(getattr(args, "drain", "preempt")),
-        vmm_handle_bytes=args.vmm_handle_mib * MIB, reclaim="release")
+def piecewise_of(config: EngineConfig) -> tuple[bool, int | None]:
+    """(piecewise graphs on, their token cap or None at the chunk), from the configuration's
+    piecewise_graph_sizes (set by --piecewise-graphs and --piecewise-max-tokens)."""
+    sizes = config.piecewise_graph_sizes
+    if not sizes:
+        return False, None
+    return True, (max(sizes) if max(sizes) < config.chunk_tokens else None)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m gpu_backend",
-                                     description="Real-GPU paged-KV engine with an elastic reserve.")
+    parser = CommandParser(prog="python -m gpu_backend",
+                           description="Real-GPU paged-KV engine with an elastic reserve.")
     sub = parser.add_subparsers(dest="command", required=True)
     rp = sub.add_parser("replay", help="replay a trace through the engine (one policy)")
     add_trace_arguments(rp)
-    add_engine_arguments(rp)
-    rp.add_argument("--policy", default="static", choices=[p.value for p in Policy])
-    rp.add_argument("--drain", default="preempt", choices=[d.value for d in DrainStrategy],
-                    help="preempt (default here: the path measured on the H200) or migrate "
-                         "(the simulator's default; block copies tested on CPU only)")
-    rp.add_argument("--no-wait", action="store_true",
-                    help="virtual clock: advance by measured step times, skip idle gaps")
-    rp.add_argument("--no-graphs", action="store_true", help="run decode steps eagerly")
-    add_piecewise_arguments(rp, "steps with prefill tokens replay piecewise CUDA graphs (the "
-                                "layers between attentions) captured at padded token counts")
-    rp.add_argument("--torch-cap", default="auto", choices=["auto", "on", "off"],
-                    help="cap torch's allocator at the unlent reserve (auto: overcommit only)")
-    rp.add_argument("--max-kv-blocks", type=int, default=None,
-                    help="cap the base KV pool (memory pressure on a large GPU)")
-    rp.add_argument("--tensor-parallel-size", "--tp", type=int, default=1,
-                    dest="tensor_parallel_size",
-                    help="GPUs per model (one process each, NCCL; needs --no-wait)")
-    rp.add_argument("--out", type=Path, default=None)
+    add_engine_flags(rp, exclude=REPLAY_EXCLUDED)
+    g = rp.add_argument_group("replay")
+    g.add_argument("--no-wait", action="store_true",
+                   help="virtual clock: advance by measured step times, skip idle gaps "
+                        "(needed with --tensor-parallel-size above 1)")
+    g.add_argument("--no-graphs", action="store_true", help="run decode steps eagerly")
+    g.add_argument("--torch-cap", default="auto", choices=["auto", "on", "off"],
+                   help="cap torch's allocator at the unlent reserve (default: auto, overcommit "
+                        "only)")
+    g.add_argument("--max-kv-blocks", type=positive_int, default=None,
+                   help="cap the base KV pool (memory pressure on a large GPU; default: none)")
+    g.add_argument("--out", type=Path, default=None,
+                   help="write summary.json, config.json, steps.csv and the run's CSVs here")
     pp = sub.add_parser("profile", help="measure step times and fit the cost model")
-    add_engine_arguments(pp)
-    pp.add_argument("--seed", type=int, default=0, help="seed of the random weights")
-    pp.add_argument("--quick", action="store_true", help="a small grid (tests, smoke runs)")
-    pp.add_argument("--passes", type=int, default=2,
-                    help="time the grid this many times, every other pass in reverse order, and "
-                         "keep each point's median (a drift of the host's speed cancels)")
-    pp.add_argument("--replay-setup", action="store_true",
-                    help="time the grid as a replay runs its steps: graphs of the replay's "
-                         "capture sizes, tables --max-model-len wide, a pool over 60%% of free "
-                         "memory with blocks scattered")
-    add_piecewise_arguments(pp, "time steps with prefill tokens through piecewise CUDA graphs, "
-                                "as a replay with --piecewise-graphs runs them")
-    pp.add_argument("--no-attention-profile", action="store_true",
-                    help="skip timing each prefill launch's attention on its own (the attention's "
-                         "terms are then fitted on the whole steps, as before 2026-11-30's ninth "
-                         "session)")
-    pp.add_argument("--out", type=Path, default=None)
+    add_engine_flags(pp, exclude=PROFILE_EXCLUDED)
+    g = pp.add_argument_group("profile")
+    g.add_argument("--seed", type=int, default=0, help="seed of the random weights (default: 0)")
+    g.add_argument("--quick", action="store_true", help="a small grid (tests, smoke runs)")
+    g.add_argument("--passes", type=positive_int, default=2,
+                   help="time the grid this many times, every other pass in reverse order, and "
+                        "keep each point's median (a drift of the host's speed cancels; "
+                        "default: 2)")
+    g.add_argument("--replay-setup", action="store_true",
+                   help="time the grid as a replay runs its steps: graphs of the replay's "
+                        "capture sizes, tables --max-model-len wide, a pool over 60%% of free "
+                        "memory with blocks scattered")
+    g.add_argument("--no-attention-profile", action="store_true",
+                   help="skip timing each prefill launch's attention on its own (the "
+                        "attention's terms are then fitted on the whole steps)")
+    g.add_argument("--out", type=Path, default=None,
+                   help="calibration JSON to write (default: calibration_<model>.json)")
     fp = sub.add_parser("refit", help="fit a calibration's stored measurements again (no GPU)")
     fp.add_argument("calibration", type=Path)
     fp.add_argument("--out", type=Path, default=None, help="default: overwrite the input")
@@ -149,23 +137,22 @@ def read_json(path: Path) -> dict:
 
 
 def run_replay(args: argparse.Namespace) -> int:
-    import torch
-
     from gpu_backend.engine.hostprobe import HostProbe
     from gpu_backend.engine.replay import (
         engine_summary,
         print_headline,
+        ran_config,
         replay,
         replay_fields,
         write_outputs,
     )
     from gpu_backend.engine.setup import build_gpu_engine
-    from gpu_backend.env import versions
 
     trace = trace_from_args(args)
-    config = engine_config(args, Policy.parse(args.policy))
+    config = gpu_config(args)
+    piecewise, cap = piecewise_of(config)
     if config.tensor_parallel_size > 1:
-        if args.piecewise_graphs:
+        if piecewise:
             raise ValueError("--piecewise-graphs runs on one GPU only: drop it or --tp")
         from gpu_backend.tp.launch import run_tp_replay
 
@@ -173,10 +160,9 @@ def run_replay(args: argparse.Namespace) -> int:
     setup_start = time.perf_counter()
     setup = build_gpu_engine(config, seed=args.seed, use_graphs=not args.no_graphs,
                              torch_cap=args.torch_cap, max_kv_blocks=args.max_kv_blocks,
-                             piecewise=args.piecewise_graphs,
-                             piecewise_max_tokens=piecewise_cap(args))
+                             piecewise=piecewise, piecewise_max_tokens=cap)
     setup_s = time.perf_counter() - setup_start
-    engine, m = setup.engine, setup.measurement
+    engine = setup.engine
     print(f"setup {setup_s:.1f} s: KV {engine.core.plan.num_kv_blocks} blocks "
           f"(+{engine.core.layout.num_elastic_blocks} elastic), reserve "
           f"{engine.core.plan.activation_reserve_bytes / 2**30:.2f} GiB", flush=True)
@@ -187,11 +173,28 @@ def run_replay(args: argparse.Namespace) -> int:
     wall_start = time.perf_counter()
     probe = HostProbe() if args.no_wait else None
     replay(engine, trace.requests(), wait=not args.no_wait, progress=progress, host_probe=probe)
-    measured = {
+    measured = measured_fields(setup, probe, setup_s, time.perf_counter() - wall_start,
+                               "wall" if not args.no_wait else "virtual")
+    summary = engine_summary(engine, measured)
+    summary.update(replay_fields(args, config))
+    print_headline(summary)
+    if args.out is not None:
+        write_outputs(args.out, engine, summary, trace.source, len(trace),
+                      config=ran_config(config, measured))
+    return 0
+
+
+def measured_fields(setup, probe, setup_s: float, replay_wall_s: float, clock: str) -> dict:
+    """What a single-GPU replay measured besides its steps: setup, memory, graphs, host."""
+    import torch
+
+    from gpu_backend.env import versions
+
+    m = setup.measurement
+    return {
         # the host's speed during the replay (a fixed Python loop; gpu_backend.engine.hostprobe)
         "host_probe": probe.summary() if probe is not None else None,
-        "setup_s": setup_s, "replay_wall_s": time.perf_counter() - wall_start,
-        "clock": "wall" if not args.no_wait else "virtual",
+        "setup_s": setup_s, "replay_wall_s": replay_wall_s, "clock": clock,
         "gpu_name": torch.cuda.get_device_name(), "versions": versions(),
         "weights_bytes": m.weights_bytes if m else None,
         "activation_peaks": {str(k): v for k, v in (m.activation_peaks if m else {}).items()},
@@ -207,21 +210,17 @@ def run_replay(args: argparse.Namespace) -> int:
         "total_bytes": m.total_bytes if m else None,
         "torch_cap_bytes": setup.budget.cap_bytes if setup.budget else None,
     }
-    summary = engine_summary(engine, measured)
-    summary.update(replay_fields(args, config))
-    print_headline(summary)
-    if args.out is not None:
-        write_outputs(args.out, engine, summary, trace.source, len(trace))
-    return 0
 
 
 def run_profile(args: argparse.Namespace) -> int:
     from gpu_backend.engine.calibrate import calibrate, write_calibration
 
-    config = engine_config(args, Policy.STATIC)
+    config = gpu_config(args).with_(policy=Policy.STATIC)
+    if config.tensor_parallel_size > 1:
+        raise ValueError("the profile runs on one GPU: drop --tensor-parallel-size")
+    piecewise, cap = piecewise_of(config)
     result = calibrate(config, seed=args.seed, quick=args.quick, replay_setup=args.replay_setup,
-                       passes=args.passes, piecewise=args.piecewise_graphs,
-                       piecewise_max_tokens=piecewise_cap(args),
+                       passes=args.passes, piecewise=piecewise, piecewise_max_tokens=cap,
                        attention=not args.no_attention_profile)
     out = args.out or Path(f"calibration_{config.model.name}.json")
     write_calibration(out, result)
@@ -234,8 +233,8 @@ GPU_PACKAGES = ("torch", "triton", "cuda", "cuda.bindings")
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         if args.command == "replay":
             return run_replay(args)
         if args.command == "refit":

@@ -227,3 +227,42 @@ def test_help_shows_the_rules_of_rule_derived_defaults(capsys):
     assert "the model's max_position_embeddings" in text
     assert "8192 on GPUs of >= 70 GiB other than A100, else 2048" in text
     assert json.dumps(EngineConfig().to_dict())  # JSON-safe
+
+
+# ------------------------------------------------------- a replay's configuration, read back
+def test_validation_reads_a_replays_config_json_as_written(tmp_path):
+    from validation.runs import engine_config as run_config
+    from validation.runs import load_summary
+
+    ran = EngineConfig(get_model("qwen2.5-0.5b"), max_num_batched_tokens=2048,
+                       policy=Policy.ELASTIC, cuda_graph_sizes=(1, 2, 4, 8))
+    (tmp_path / "summary.json").write_text(json.dumps({"chunk": 2048, "model": "other"}))
+    (tmp_path / "config.json").write_text(ran.to_json())
+    summary = load_summary(tmp_path).summary
+    assert run_config(summary) == ran
+    assert run_config(summary, "a100-80gb") == ran.with_(gpu=A100_80)
+    (tmp_path / "config.json").write_text('{"max_num_seqs": -1}')
+    with pytest.raises(ValueError, match="config.json: --max-num-seqs -1"):
+        load_summary(tmp_path)
+
+
+def test_a_replay_without_config_json_is_read_with_the_defaults_it_ran_under():
+    from validation.runs import engine_config as run_config
+
+    summary = {"model": "llama-3.1-8b", "gpu": "h200-141gb", "chunk": 8192, "policy": "elastic",
+               "max_num_seqs": 256, "max_model_len": None, "executor": "gpu",
+               "measured": {"graph_sizes": [4, 1, 2], "piecewise_sizes": None}}
+    config = run_config(summary)
+    assert config == EngineConfig(max_num_batched_tokens=8192, policy=Policy.ELASTIC,
+                                  max_num_seqs=256, max_model_len=32768,
+                                  drain=DrainStrategy.PREEMPT, enable_prefix_caching=False,
+                                  cuda_graph_sizes=(1, 2, 4))
+
+
+def test_a_replay_records_the_graph_sizes_its_engine_captured():
+    from gpu_backend.engine.replay import ran_config
+
+    given = EngineConfig(cuda_graph_sizes=(512,))
+    ran = ran_config(given, {"graph_sizes": [8, 1, 2], "piecewise_sizes": None})
+    assert ran == given.with_(cuda_graph_sizes=(1, 2, 8))
+    assert EngineConfig.from_json(ran.to_json()) == ran

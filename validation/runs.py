@@ -6,6 +6,9 @@ A folder written by `python -m gpu_backend replay --out DIR` holds:
                        (policy, chunk, model, gpu, tensor_parallel_size, max_num_seqs, ...), the
                        trace slice (trace, limit, window, rate_scale) and measured memory fields.
                        Either one summary object or the simulator's {"trace", "runs": [one]}.
+    config.json        the EngineConfig the replay ran (EngineConfig.to_json), which the
+                       simulation takes as it is; replays written before it are read from
+                       summary.json's columns (legacy_config)
     steps.csv          one row per executed step (see validation.steps)
     timeline*.csv      the simulator's timeline columns (optional)
     requests*.csv      the simulator's request columns (optional)
@@ -36,6 +39,10 @@ from validation.steps import StepTable, open_csv, read_steps_csv
 MEASURED_KV_KEYS = ("measured_kv_capacity_tokens", "kv_capacity_tokens_measured",
                     "kv_capacity_tokens")
 MEASURED_KV_BLOCK_KEYS = ("measured_num_kv_blocks", "num_kv_blocks_allocated", "num_kv_blocks")
+# The EngineConfig a replay ran (gpu_backend.engine.replay.CONFIG_FILE), and the summary key
+# load_summary keeps it under.
+CONFIG_FILE = "config.json"
+ENGINE_CONFIG_KEY = "engine_config"
 
 
 @dataclass
@@ -136,6 +143,10 @@ def load_summary(folder: Path) -> RunSummary:
         raise ValueError(f"{folder}/summary.json has no 'chunk': the run's config is missing")
     for key in MEASURED_SIZES:
         measured_sizes(summary, key, folder / "summary.json")  # malformed: named with its path
+    config_path = folder / CONFIG_FILE
+    if config_path.is_file():  # checked here, so that a bad one is named with its path
+        config = EngineConfig.from_json(config_path.read_text(), source=config_path)
+        summary[ENGINE_CONFIG_KEY] = config.to_dict()
     return RunSummary(folder, summary)
 
 
@@ -167,25 +178,40 @@ def _with_timeline(steps: StepTable, timeline: dict[str, np.ndarray] | None) -> 
 
 
 def engine_config(summary: dict, gpu_name: str | None = None) -> EngineConfig:
-    """The EngineConfig a GPU run used, from the configuration fields in its summary."""
-    def get(key: str, default=None):
+    """The EngineConfig a GPU run used: its config.json (which `load_summary` puts in the
+    summary under ENGINE_CONFIG_KEY), else, for a replay written before config.json, one
+    rebuilt from its summary's columns (`legacy_config`). `gpu_name` (a preset or a device
+    name) replaces its GPU."""
+    saved = summary.get(ENGINE_CONFIG_KEY)
+    config = (EngineConfig.from_dict(saved, CONFIG_FILE) if saved is not None
+              else legacy_config(summary))
+    return config if gpu_name is None else config.with_(gpu=_gpu(gpu_name))
+
+
+# The defaults a replay written before config.json ran under where its summary has no value:
+# max_model_len 32,768 (the memory plan's then), prefix caching off, the preempt drain.
+LEGACY_DEFAULTS = {"max_model_len": 32768, "enable_prefix_caching": False, "drain": "preempt",
+                   "gpu": "h200", "tensor_parallel_size": 1, "gpu_memory_utilization": 0.9,
+                   "block_size": 16, "policy": "static", "vmm_handle_bytes": 512 * 1024**2}
+
+
+def legacy_config(summary: dict) -> EngineConfig:
+    """The configuration of a replay without config.json, from its summary's columns (the
+    graph sizes from what it measured), with LEGACY_DEFAULTS where a column is missing."""
+    def get(key: str):
         value = summary.get(key)
-        return default if value is None else value
+        return LEGACY_DEFAULTS.get(key) if value is None else value
 
     return EngineConfig(
-        model=get_model(str(summary["model"])),
-        gpu=_gpu(gpu_name or str(get("gpu", "h200"))),
-        tensor_parallel_size=int(get("tensor_parallel_size", 1)),
-        max_num_batched_tokens=int(summary["chunk"]),
-        max_num_seqs=get("max_num_seqs"),
-        gpu_memory_utilization=float(get("gpu_memory_utilization", 0.9)),
-        max_model_len=get("max_model_len"),
-        block_size=int(get("block_size", 16)),
-        policy=Policy.parse(str(get("policy", "static"))),
-        drain=DrainStrategy.parse(str(get("drain", "preempt"))),
-        vmm_handle_bytes=int(get("vmm_handle_bytes", 512 * 1024**2)),
-        reclaim=str(get("reclaim", _default_reclaim(summary))),
-        enable_prefix_caching=bool(get("enable_prefix_caching", False)),
+        model=get_model(str(summary["model"])), gpu=_gpu(str(get("gpu"))),
+        tensor_parallel_size=int(get("tensor_parallel_size")),
+        max_num_batched_tokens=int(summary["chunk"]), max_num_seqs=get("max_num_seqs"),
+        gpu_memory_utilization=float(get("gpu_memory_utilization")),
+        max_model_len=int(get("max_model_len")), block_size=int(get("block_size")),
+        policy=Policy.parse(str(get("policy"))), drain=DrainStrategy.parse(str(get("drain"))),
+        vmm_handle_bytes=int(get("vmm_handle_bytes")),
+        reclaim=str(summary.get("reclaim") or _default_reclaim(summary)),
+        enable_prefix_caching=bool(get("enable_prefix_caching")),
         cuda_graph_sizes=measured_sizes(summary, "graph_sizes"),
         piecewise_graph_sizes=measured_sizes(summary, "piecewise_sizes"),
     )
@@ -249,8 +275,8 @@ def check_calibration_graphs(calibration: Calibration | Path | None,
 
 
 def _default_reclaim(summary: dict) -> str:
-    """gpu_backend replays release the reserve's handles (its engine_config says so) but do
-    not record it; the simulator's default is remap."""
+    """What a summary without a reclaim column ran: gpu_backend replays release the
+    reserve's handles; the simulator then remapped them."""
     return "release" if summary.get("executor") == "gpu" else "remap"
 
 

@@ -18,14 +18,15 @@ from sim.core.cost_model import Efficiency
 from sim.core.memory_plan import ActivationProfile
 from sim.recording.outputs import slug, write_request_csv, write_timeline_csv
 from sim.runner import RunSpec
-from validation.runs import TraceSlice
+from validation.runs import CONFIG_FILE, TraceSlice
 from validation.simside import simulate_logged
 from validation.steps import write_steps_csv
 
 
 def write_gpu_style_run(out_dir: Path, spec: RunSpec, ts: TraceSlice, *,
                         noise_rel: float = 0.0, seed: int = 0) -> Path:
-    """Simulate `spec` on `ts` and write summary.json, steps.csv, timeline and requests CSVs.
+    """Simulate `spec` on `ts` and write summary.json, config.json, steps.csv, timeline and
+    requests CSVs.
 
     `noise_rel` multiplies every step time by a lognormal factor of that relative spread
     (measurement noise) in steps.csv only; the summary stays the simulated one.
@@ -50,6 +51,7 @@ def write_gpu_style_run(out_dir: Path, spec: RunSpec, ts: TraceSlice, *,
     })
     doc = {"trace": ts.trace, "num_trace_requests": len(trace), "runs": [summary]}
     (folder / "summary.json").write_text(json.dumps(doc, indent=2))
+    (folder / CONFIG_FILE).write_text(spec.engine.to_json())  # as a GPU replay writes it
     table = recorder.table()
     if noise_rel > 0:
         rng = np.random.default_rng(seed)

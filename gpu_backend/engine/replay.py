@@ -6,7 +6,8 @@ sleeps (wall) to the next arrival.
 
 Outputs (same names and columns as `python -m sim --out`): summary.json, requests_<label>.csv,
 timeline_<label>.csv (plus a trailing `reserve_mapped_bytes` column), and steps.csv, one row
-per engine step for the validation layer's step-by-step comparison.
+per engine step for the validation layer's step-by-step comparison; and config.json, the
+EngineConfig the replay ran (`ran_config`), which validation reads back.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import numpy as np
 from gpu_backend.engine.elastic import TRANSITION_COLUMNS
 from gpu_backend.engine.engine import STEP_COLUMNS, GpuEngine, VirtualClock, WallClock
 from gpu_backend.engine.hostprobe import HostProbe
+from gpu_backend.engine.prompts import PromptSpec
 from sim.core.engine_config import EngineConfig
 from sim.core.request import RequestState
 from sim.recording.metrics import Slo, summarize
@@ -37,6 +39,7 @@ from sim.recording.outputs import (
 from traces import Request
 
 ProgressFn = Callable[[float, int, int], None]  # (now_s, num_submitted, num_steps)
+CONFIG_FILE = "config.json"  # the EngineConfig a replay ran, beside its summary.json
 
 
 def replay(engine: GpuEngine, requests: Sequence[Request], *, wait: bool,
@@ -70,7 +73,7 @@ def _drive(engine: GpuEngine, requests: Sequence[Request], wait: bool,
     while index < len(requests) or engine.has_unfinished():
         now_s = clock.now()
         while index < len(requests) and requests[index].arrival_s <= now_s:
-            engine.add_request(_state(requests[index]))
+            submit(engine, requests[index])
             index += 1
         if not engine.has_unfinished():
             if index < len(requests):
@@ -85,9 +88,19 @@ def _drive(engine: GpuEngine, requests: Sequence[Request], wait: bool,
     return clock.now()
 
 
-def _state(req: Request) -> RequestState:
-    return RequestState(req.request_id, req.arrival_s, req.prompt_tokens, req.output_tokens,
-                        req.block_hashes)
+def submit(engine: GpuEngine, req: Request) -> bool:
+    """Queue a trace request on the engine; False if the scheduler rejected it.
+
+    Its prompt ids are fixed by its block hashes (`PromptSpec`), so that a prefix-cache hit
+    reads KV written for the same tokens.
+    """
+    state = RequestState(req.request_id, req.arrival_s, req.prompt_tokens, req.output_tokens,
+                         req.block_hashes)
+    if not engine.add_request(state):
+        return False
+    engine.mirror.add_prompt(req.request_id, PromptSpec(
+        req.prompt_tokens, req.block_hashes, engine.core.config.hash_block_tokens))
+    return True
 
 
 def engine_summary(engine: GpuEngine, measured: dict, slo: Slo | None = None) -> dict:
@@ -136,10 +149,14 @@ def _stats(values: list[float]) -> dict:
 
 
 def write_outputs(out_dir: Path, engine: GpuEngine, summary: dict, trace_source: str,
-                  num_trace_requests: int) -> None:
+                  num_trace_requests: int, config: EngineConfig | None = None) -> None:
+    """summary.json, the run's CSVs and steps.csv; with `config` (`ran_config`), config.json:
+    the configuration validation reads back with EngineConfig.from_json."""
     out_dir.mkdir(parents=True, exist_ok=True)
     doc = {"trace": trace_source, "num_trace_requests": num_trace_requests, "runs": [summary]}
     (out_dir / "summary.json").write_text(json.dumps(doc, indent=2))
+    if config is not None:
+        (out_dir / CONFIG_FILE).write_text(config.to_json())
     name = slug(run_label(engine.core.config))
     write_request_csv(out_dir / f"requests_{name}.csv", engine.recorder.requests)
     mapped = [s[STEP_COLUMNS.index("mapped_elastic_bytes")] for s in engine.steps]
@@ -156,8 +173,16 @@ def write_outputs(out_dir: Path, engine: GpuEngine, summary: dict, trace_source:
             writer.writerows(astuple(t) for t in engine.elastic.transitions)
 
 
+def ran_config(config: EngineConfig, measured: dict) -> EngineConfig:
+    """The configuration a replay ran: the one it was given, with the decode and piecewise
+    CUDA graph sizes the engine captured (`measured`), which the simulator pads steps to."""
+    return config.with_(cuda_graph_sizes=tuple(sorted(measured.get("graph_sizes") or ())),
+                        piecewise_graph_sizes=tuple(sorted(measured.get("piecewise_sizes") or ())))
+
+
 def replay_fields(args: argparse.Namespace, config: EngineConfig) -> dict:
-    """What `python -m validation compare` needs to simulate the same run."""
+    """The trace slice `python -m validation compare` replays (its configuration is in
+    config.json), and the settings a repeat must share, as summary columns."""
     return {
         "trace_path": args.trace, "trace_format": args.format, "limit": args.limit,
         "window_s": list(args.window) if args.window else None, "rate_scale": args.rate_scale,

@@ -3,7 +3,7 @@
 Every rank loads the same requests, builds its shard engine (tp/setup.py) and replays the
 trace on the virtual clock (the ranks agree on every step's duration, so their schedules
 stay identical). Rank 0 writes what the single-GPU replay writes (summary.json with
-tensor_parallel_size = N, requests/timeline CSVs, steps.csv) plus, under
+tensor_parallel_size = N, config.json, requests/timeline CSVs, steps.csv) plus, under
 measured.tp_ranks, each rank's own memory: weights, activation peaks, non-torch bytes, the
 KV blocks it alone would have had, and the agreed per-GPU pool and reserve share.
 """
@@ -20,6 +20,7 @@ import torch
 from gpu_backend.engine.replay import (
     engine_summary,
     print_headline,
+    ran_config,
     replay,
     replay_fields,
     write_outputs,
@@ -95,5 +96,6 @@ def finish_rank(group: TpGroup, engine: TpEngine, rank_memory: dict, measured: d
     summary.update(replay_fields(args, config))
     print_headline(summary)
     if args.out is not None:
-        write_outputs(Path(args.out), engine, summary, source, num_requests)
+        write_outputs(Path(args.out), engine, summary, source, num_requests,
+                      config=ran_config(config, measured))
     return summary
