@@ -53,9 +53,13 @@ def test_ragged_row_names_its_line(tmp_path):
     assert "line 3" in str(error) and "expected 3" in str(error)
 
 
-@pytest.mark.parametrize("text", ["", AZURE_HEADER, "\n\n"])
-def test_empty_files_are_rejected(tmp_path, text):
-    error = error_for(tmp_path, text, name="empty.csv")
+@pytest.mark.parametrize(
+    ("text", "fmt"),
+    [("", None), (AZURE_HEADER, None), ("\n\n", None), ("", "azure"), (AZURE_HEADER, "azure"),
+     (" \n\n", "azure"), ("", "mooncake"), ("\n\n", "mooncake")],
+)
+def test_empty_files_are_rejected(tmp_path, text, fmt):
+    error = error_for(tmp_path, text, name="empty.csv", fmt=fmt)
     assert "empty.csv" in str(error) and "empty" in str(error)
 
 

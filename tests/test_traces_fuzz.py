@@ -21,7 +21,7 @@ import zstandard
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from traces import TraceError, load_trace
+from traces import FORMATS, TraceError, load_trace
 from traces.limits import MAX_TOKENS_PER_REQUEST
 from traces.loader import read_columns
 
@@ -171,9 +171,9 @@ def assert_valid(trace) -> None:
             assert all(type(block_id) is int for block_id in request.block_hashes)
 
 
-def raw_or_error(path, chunk_bytes):
+def raw_or_error(path, fmt, chunk_bytes):
     try:
-        return read_columns(path, chunk_bytes=chunk_bytes)
+        return read_columns(path, fmt, chunk_bytes=chunk_bytes)
     except TraceError:
         return None
 
@@ -185,15 +185,17 @@ def test_damaged_files_load_validly_or_raise_trace_error(workdir, fmt, data):
     seed = SEEDS[fmt]
     path = workdir / f"{fmt}.damaged"
     path.write_bytes(data.draw(damaged((seed.header + "".join(seed.records)).encode())))
+    forced = data.draw(st.sampled_from([None, None, *FORMATS]))  # a wrong one, at times
     try:
-        trace = load_trace(path)
+        trace = load_trace(path, forced)
     except TraceError as error:
         assert str(path) in str(error) and len(str(error)) < 1_000
         event("TraceError")
     else:
         assert_valid(trace)
         event("loaded")
-    whole, chunked = raw_or_error(path, None), raw_or_error(path, data.draw(st.integers(1, 40)))
+    whole = raw_or_error(path, forced, None)
+    chunked = raw_or_error(path, forced, data.draw(st.integers(1, 40)))
     assert (whole is None) == (chunked is None)
     if whole is not None:
         for column in ("arrival_s", "prompt_tokens", "output_tokens", "line_numbers"):

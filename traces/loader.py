@@ -1,9 +1,11 @@
 """``load_trace``: read any supported trace file into a validated, column-wise ``Trace``.
 
-Order of work: detect format -> read raw columns -> check token counts -> handle BurstGPT
-failed rows -> check (or, when asked, fix) arrival order -> re-base the first arrival to
-0.0 -> window -> limit -> rate scale. Out-of-order timestamps are an error unless
-``sort=True``: silently reordering would hide a broken file.
+Order of work: detect the format from the first non-blank line -> stream raw columns chunk
+by chunk (``traces.source`` checks the bytes) -> check arrival times and token counts ->
+handle BurstGPT failed rows -> check (or, when asked, fix) arrival order -> re-base the
+first arrival to 0.0 -> window -> limit -> rate scale. Out-of-order timestamps are an error
+unless ``sort=True``: silently reordering would hide a broken file. A window or limit that
+leaves no request is an error too: an empty run would look like a finished one.
 """
 
 from __future__ import annotations
@@ -55,7 +57,11 @@ def read_columns(path: Path, fmt: str | None = None, *, chunk_bytes: int | None 
     chunks = text_chunks(path, chunk_bytes)
     try:
         leading, first_line = _first_line(chunks)
-        fmt = _checked_format(name, fmt) if fmt else detect_format(name, first_line)
+        if first_line is None:
+            raise TraceError(name, "the file is empty (0 bytes or only blank lines)",
+                             fix="point at a trace file with a header and request rows")
+        header_line = leading[0].first_line
+        fmt = _checked_format(name, fmt) if fmt else detect_format(name, first_line, header_line)
         stream = prepended(leading, chunks)
         if fmt == "mooncake":
             return read_mooncake_trace(name, stream)
@@ -86,19 +92,17 @@ def cut_trace(trace: Trace, *, window_s: tuple[float, float] | None, limit: int 
     return trace
 
 
-def detect_format(path: str, first_line: bytes | None) -> str:
-    """The format named by the header (CSV) or first line (``{`` means Mooncake JSONL)."""
-    if first_line is None:
-        raise TraceError(path, "the file is empty (0 bytes or only blank lines)",
-                         fix="point at a trace file with a header and request rows")
+def detect_format(path: str, first_line: bytes, line: int = 1) -> str:
+    """The format named by the file's first non-blank line, file line ``line``: a CSV
+    header, or ``{`` for Mooncake JSONL."""
     if first_line.lstrip().startswith(b"{"):
         return "mooncake"
-    columns = header_columns(path, first_line, 1)
+    columns = header_columns(path, first_line, line)
     for fmt, spec in CSV_FORMATS.items():
         if matches_header(spec, columns):
             return fmt
     raise TraceError(path, f"unknown trace format; header columns found: {excerpt(columns)}",
-                     line=1,
+                     line=line,
                      fix=f"pass the format explicitly (--format / fmt=), one of {list(FORMATS)}")
 
 
