@@ -85,9 +85,18 @@ def test_table_names_the_runs(capsys):
 @pytest.mark.parametrize("args, named", [
     (["--model", "llama-9000"], "unknown model 'llama-9000'"),
     (["--gpu", "rtx-1"], "unknown GPU 'rtx-1'"),
-    (["--chunk", "abc"], "--max-num-batched-tokens takes integers"),
-    (["--chunk", "0,2048"], "--max-num-batched-tokens values must be positive"),
+    (["--chunk", "abc"], "--max-num-batched-tokens/--chunk: expected an integer, got 'abc'"),
+    (["--chunk", "0,2048"], "--max-num-batched-tokens/--chunk: give 1 or more, got '0'"),
+    (["--max-num-seqs", "0"], "--max-num-seqs: give 1 or more, got '0'"),
+    (["--chunk", "1", "--max-num-seqs", "1024"],
+     "max_num_batched_tokens (1) must be at least max_num_seqs (1024)"),
     (["--policy", "greedy"], "unknown policy 'greedy'"),
+    (["--policy", ","], "--policy: give one or more values separated by commas"),
+    (["--replicas", "0"], "--num-replicas/--replicas: give 1 or more, got '0'"),
+    (["--slo-ttft", "-1"], "--slo-ttft: give a number above 0, got '-1'"),
+    (["--dtype", "int4"], "--dtype: unknown value 'int4'; known: auto, bfloat16"),
+    (["--no-enable-chunked-prefill"], "cannot run it unsplit"),
+    (["--cuda-graph-sizes", "0,4"], "--cuda-graph-sizes: expected positive sizes"),
     (["--trace", "no/such/trace.csv"], "file not found"),
     (["--model", "llama-3.1-70b", "--gpu", "a100-40gb"], "does not fit on a100-40gb"),
     (["--calibration", "no/such/calibration.json"], "cannot read calibration JSON"),
@@ -106,10 +115,24 @@ def test_bad_input_exits_2_with_one_line_naming_the_problem(capsys, args, named)
 
 
 def test_argparse_type_errors_exit_2(capsys):
-    with pytest.raises(SystemExit) as info:
-        main(["--trace", "azure-conv", "--tp", "two"])
-    assert info.value.code == 2
-    assert "--tensor-parallel-size" in capsys.readouterr().err
+    assert main(["--trace", "azure-conv", "--tp", "two"]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: argument --tensor-parallel-size/--tp: expected an integer, got 'two'\n"
+
+
+def test_sim_memory_and_sim_report_the_same_kv_capacity(capsys):
+    """One EngineConfig and its defaults behind both commands: the memory plan and the run of
+    the same model and GPU hold the same KV pool."""
+    from sim.memory_cli import main as memory_main
+
+    for flags in ([], ["--model", "qwen2.5-7b", "--gpu", "a100-80gb", "--chunk", "4096"]):
+        assert memory_main(["--json", *flags]) == 0
+        plan = json.loads(capsys.readouterr().out)
+        assert main(["--trace", "azure-conv", "--limit", "5", "--policy", "static", "--json",
+                     "--no-progress", "--calibration", "none", *flags]) == 0
+        (run,) = json.loads(capsys.readouterr().out)
+        assert run["kv_capacity_tokens"] == plan["kv_capacity_tokens"]
+        assert run["max_num_seqs"] == plan["max_num_seqs"] == (1024 if not flags else 256)
 
 
 def test_synthetic_trace_from_the_command_line_is_seeded(capsys):
@@ -141,15 +164,16 @@ def test_bad_length_spec_is_a_one_line_error(capsys):
 
 
 def test_cuda_graph_sizes_flag_parses_sorted_sizes_or_none():
-    import argparse
+    from sim.cli import build_parser, engine_configs
 
-    from sim.cli import parse_graph_sizes
+    def sizes(text: str) -> tuple[int, ...]:
+        args = build_parser().parse_args(["--trace", "azure-conv", "--cuda-graph-sizes", text])
+        return engine_configs(args)[0].cuda_graph_sizes
 
-    assert parse_graph_sizes("8,1,2,8") == (1, 2, 8)
-    assert parse_graph_sizes("none") == () and parse_graph_sizes("") == ()
+    assert sizes("8,1,2,8") == (1, 2, 8)
+    assert sizes("none") == () and sizes("") == ()
     for bad in ("1,x", "0,4", "-2"):
-        with pytest.raises(argparse.ArgumentTypeError, match="--cuda-graph-sizes"):
-            parse_graph_sizes(bad)
+        assert main(["--trace", "azure-conv", "--cuda-graph-sizes", bad]) == 2
 
 
 def test_host_slowdown_what_if_lengthens_latency_and_rejects_nonsense(capsys):

@@ -179,17 +179,19 @@ def test_run_with_repeats_replays_each_round_and_reports_the_spread(tmp_path, mo
         out = Path(arg["--out"])
         replayed.append(out.relative_to(tmp_path).as_posix())
         eff = slower(Efficiency(), 1.1) if "gpu_repeat2" in out.parts else Efficiency()
-        config = EngineConfig(get_model(arg["--model"]), get_gpu("h200"),
-                              policy=Policy.parse(arg["--policy"]),
-                              max_num_batched_tokens=int(arg["--chunk"]), max_num_seqs=64)
+        config = EngineConfig.from_json(Path(arg["--engine-config"]).read_text())
+        assert config == EngineConfig(get_model("llama-3.1-8b"), get_gpu("h200"),
+                                      policy=Policy.STATIC, max_num_batched_tokens=2048,
+                                      max_num_seqs=64)
         write_gpu_style_run(out, RunSpec(config, efficiency=eff),
                             TraceSlice("azure-conv", limit=int(arg["--limit"])))
         return subprocess.CompletedProcess(cmd, 0)
 
     monkeypatch.setattr(commands.subprocess, "run", fake_replay)
     assert main(["run", "--trace", "azure-conv", "--limit", "40", "--model", "llama-3.1-8b",
-                 "--policies", "static", "--chunks", "2048", "--repeats", "2", "--no-fit",
-                 "--calibration", "none", "--no-plots", "--out", str(tmp_path / "v")]) == 0
+                 "--policy", "static", "--chunk", "2048", "--max-num-seqs", "64",
+                 "--repeats", "2", "--no-fit", "--calibration", "none", "--no-plots",
+                 "--out", str(tmp_path / "v")]) == 0
     assert replayed == ["v/gpu/static_chunk_2048", "v/gpu_repeat2/static_chunk_2048"]
     report = json.loads((tmp_path / "v" / "report" / "report.json").read_text())
     errors = report["runs"][0]["metrics"]
@@ -202,8 +204,8 @@ def test_run_with_repeats_replays_each_round_and_reports_the_spread(tmp_path, mo
 
 
 def test_run_with_profile_profiles_first_and_compares_with_it(tmp_path, monkeypatch, capsys):
-    """`validation run --profile`: `gpu_backend profile` runs first, with the engine flags of
-    --replay-args (not its replay-only ones) and the largest chunk, into OUT/calibration.json,
+    """`validation run --profile`: `gpu_backend profile` runs first, with the replays' engine
+    configuration at the largest chunk (a file, as each replay's), into OUT/calibration.json,
     and the report is made with that calibration; with --calibration as well it refuses."""
     import subprocess
 
@@ -223,16 +225,18 @@ def test_run_with_profile_profiles_first_and_compares_with_it(tmp_path, monkeypa
     def fake_gpu(cmd, **_):
         commands_run.append(cmd[3:])
         arg = {k: v for k, v in zip(cmd, cmd[1:]) if k.startswith("--")}
-        sizes = piecewise_capture_sizes(int(arg["--chunk"]))
+        given = EngineConfig.from_json(Path(arg["--engine-config"]).read_text())
+        sizes = piecewise_capture_sizes(given.chunk_tokens)
+        assert given.piecewise_graph_sizes == sizes and given.max_num_seqs == 64
         if cmd[3] == "profile":
             Path(arg["--out"]).parent.mkdir(parents=True, exist_ok=True)
             Path(arg["--out"]).write_text(json.dumps(
                 {"efficiency": vars(true), "piecewise_sizes": list(sizes)}))
             return subprocess.CompletedProcess(cmd, 0)
-        config = EngineConfig(get_model(arg["--model"]), get_gpu("h200"),
-                              policy=Policy.parse(arg["--policy"]),
-                              max_num_batched_tokens=int(arg["--chunk"]), max_num_seqs=64,
+        config = EngineConfig(get_model("qwen2.5-0.5b"), get_gpu("h200"), policy=Policy.STATIC,
+                              max_num_batched_tokens=given.chunk_tokens, max_num_seqs=64,
                               piecewise_graph_sizes=sizes)
+        assert given == config
         write_gpu_style_run(Path(arg["--out"]), RunSpec(config, efficiency=true),
                             TraceSlice("azure-conv", limit=int(arg["--limit"])))
         return subprocess.CompletedProcess(cmd, 0)
@@ -240,13 +244,15 @@ def test_run_with_profile_profiles_first_and_compares_with_it(tmp_path, monkeypa
     monkeypatch.setattr(commands.subprocess, "run", fake_gpu)
     out = tmp_path / "v"
     assert main(["run", "--trace", "azure-conv", "--limit", "30", "--model", "qwen2.5-0.5b",
-                 "--policies", "static", "--chunks", "1024,2048", "--no-fit", "--no-plots",
-                 "--replay-args", "--piecewise-graphs --max-num-seqs 64 --no-graphs",
+                 "--policy", "static", "--chunk", "1024,2048", "--no-fit", "--no-plots",
+                 "--piecewise-graphs", "--max-num-seqs", "64", "--replay-args=--no-graphs",
                  "--profile", "--out", str(out)]) == 0
-    assert commands_run[0] == ["profile", "--model", "qwen2.5-0.5b", "--chunk", "2048",
-                               "--out", str(out / "calibration.json"), "--max-num-seqs", "64",
-                               "--piecewise-graphs"]
+    assert commands_run[0] == ["profile", "--engine-config", str(out / "configs" / "profile.json"),
+                               "--out", str(out / "calibration.json")]
+    assert EngineConfig.from_json((out / "configs" / "profile.json").read_text()).chunk_tokens \
+        == 2048
     assert [c[0] for c in commands_run] == ["profile", "replay", "replay"]
+    assert all(c[-1] == "--no-graphs" for c in commands_run[1:])
     report = json.loads((out / "report" / "report.json").read_text())
     assert str(out / "calibration.json") in (out / "report" / "report.md").read_text()
     for run in report["runs"]:  # the profile's efficiencies: the replays simulated exactly
@@ -274,19 +280,31 @@ def test_transition_line_lists_each_replays_attaches_and_detaches():
     assert transition_line(runs[1:]) == ""
 
 
-def test_the_profile_command_takes_the_replays_piecewise_cap(tmp_path):
+def test_the_profile_takes_the_replays_piecewise_cap_and_replay_args_no_engine_flags(
+        tmp_path, capsys, monkeypatch):
     """`validation run --profile` profiles as the replays run: with their cap, the grid's
-    longer steps run fully eager, so the calibration measures both launch terms."""
-    import argparse
+    longer steps run fully eager, so the calibration measures both launch terms. Engine
+    settings go to `validation run` itself, never through --replay-args."""
+    import subprocess
 
-    from validation.commands import _profile_command
+    from sim.core.engine_config import EngineConfig
+    from validation import commands
+    from validation.cli import main
 
-    args = argparse.Namespace(model="llama-3.2-3b", chunks="2048,8192",
-                              replay_args="--piecewise-graphs --piecewise-max-tokens 512")
-    out = tmp_path / "calibration.json"
-    assert _profile_command(args, out)[3:] == [
-        "profile", "--model", "llama-3.2-3b", "--chunk", "8192", "--out", str(out),
-        "--piecewise-max-tokens", "512", "--piecewise-graphs"]
+    def no_gpu(cmd, **_):
+        return subprocess.CompletedProcess(cmd, 1)
+
+    out = tmp_path / "v"
+    monkeypatch.setattr(commands.subprocess, "run", no_gpu)
+    assert main(["run", "--trace", "azure-conv", "--model", "llama-3.2-3b", "--chunk",
+                 "2048,8192", "--piecewise-graphs", "--piecewise-max-tokens", "512",
+                 "--profile", "--out", str(out)]) == 1  # the stand-in GPU run fails
+    profiled = EngineConfig.from_json((out / "configs" / "profile.json").read_text())
+    assert profiled.chunk_tokens == 8192 and profiled.piecewise_graph_sizes[-1] == 512
+    capsys.readouterr()
+    assert main(["run", "--trace", "azure-conv", "--replay-args", "--chunk 2048 --no-graphs",
+                 "--out", str(out)]) == 2
+    assert "names engine flags (--chunk): give them to `validation run`" in capsys.readouterr().err
 
 
 def test_slowest_transition_line_names_its_phases():

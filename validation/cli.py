@@ -2,7 +2,7 @@
 
     # on a GPU machine (with `pip install simpy` there), everything in one command:
     python -m validation run --trace azure-conv --limit 400 --model llama-3.1-8b \\
-        --policies static,elastic --chunks 2048,8192 --out validation_out/
+        --policy static,elastic --chunk 2048,8192 --out validation_out/
     # GPU replays already produced (one folder per run): simulate here and write the report
     python -m validation compare --gpu-dir runs/ --out report/
     # fit the cost model on one set of runs, judge it on another
@@ -19,11 +19,21 @@ import argparse
 import sys
 from pathlib import Path
 
+from sim.core.config_flags import CommandParser, add_engine_flags
 from traces import TraceError, add_trace_arguments
+
+RUN_AXES = ("max_num_batched_tokens", "policy")  # several values: one run per combination
 
 
 def _add_slice_arguments(parser: argparse.ArgumentParser, *, required: bool) -> None:
     add_trace_arguments(parser, required=required)
+
+
+def _add_gpu_override(parser: argparse.ArgumentParser) -> None:
+    """--gpu as the engine flag, the simulator's GPU in place of the one the runs recorded."""
+    add_engine_flags(parser, include=("gpu",), keep_text=("gpu",), config_file=False,
+                     defaults_shown={"gpu": "the one the runs recorded"})
+    parser.set_defaults(gpu=None)
 
 
 def _add_compare_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,8 +42,6 @@ def _add_compare_arguments(parser: argparse.ArgumentParser) -> None:
                    help="calibration JSON for the simulator (default: the one shipped for the "
                         "runs' model, GPU and engine, if any; 'none': the datasheet roofline "
                         "with default efficiencies)")
-    g.add_argument("--gpu", default=None,
-                   help="GPU preset for the simulator (default: the one the runs recorded)")
     g.add_argument("--holdout", type=float, default=0.5,
                    help="fraction of each run's steps held out of the calibration fit")
     g.add_argument("--no-fit", action="store_true", help="skip the calibration fit")
@@ -45,8 +53,8 @@ def _add_compare_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m validation", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(prog="python -m validation", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
 
     compare = commands.add_parser("compare", help="simulate GPU runs' configs; write the report")
@@ -57,17 +65,20 @@ def build_parser() -> argparse.ArgumentParser:
                          help="other replays of the same runs (same layout as --gpu-dir); the "
                               "report shows how far the measurement itself moves (repeatable)")
     _add_slice_arguments(compare, required=False)
+    _add_gpu_override(compare)
     _add_compare_arguments(compare)
 
     run = commands.add_parser("run", help="GPU replays + simulations + report (GPU machine)")
     _add_slice_arguments(run, required=True)
-    run.add_argument("--model", required=True, help="model preset or config.json path")
-    run.add_argument("--policies", default="static,elastic")
-    run.add_argument("--chunks", default="2048,8192", help="chunk sizes, comma-separated")
+    add_engine_flags(run, multi=RUN_AXES, exclude=("cuda_graph_sizes",),
+                     multi_defaults={"policy": "static,elastic",
+                                     "max_num_batched_tokens": "2048,8192"})
     run.add_argument("--out", type=Path, required=True,
-                     help="OUT/gpu/<run>/ for the replays, OUT/report/ for the report")
+                     help="OUT/configs/ for each run's engine configuration, OUT/gpu/<run>/ "
+                          "for the replays, OUT/report/ for the report")
     run.add_argument("--replay-args", default="",
-                     help="extra flags for `python -m gpu_backend replay`, quoted")
+                     help="the GPU run's own flags for `python -m gpu_backend replay` "
+                          "(--no-graphs, --torch-cap, --max-kv-blocks, --seed), quoted")
     run.add_argument("--gpu-only", action="store_true",
                      help="run the GPU replays only (no simpy needed); compare later")
     run.add_argument("--repeats", type=int, default=1,
@@ -75,8 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "the simulator and shows how far the others moved (default 1)")
     run.add_argument("--profile", action="store_true",
                      help="first profile the model on this GPU (`python -m gpu_backend profile`, "
-                          "with the engine flags of --replay-args) into OUT/calibration.json and "
-                          "compare with that calibration")
+                          "with the engine settings of the largest chunk) into "
+                          "OUT/calibration.json and compare with that calibration")
     _add_compare_arguments(run)
 
     fit = commands.add_parser("fit", help="fit cost-model efficiencies to measured step times")
@@ -85,20 +96,18 @@ def build_parser() -> argparse.ArgumentParser:
                      help="judge the fit on these runs (all steps) instead of a held-out tail")
     fit.add_argument("--holdout", type=float, default=0.5)
     fit.add_argument("--calibration", type=Path, default=None, help="starting point")
-    fit.add_argument("--gpu", default=None)
     fit.add_argument("--free", default=None,
                      help="parameters to fit, comma-separated (default: all), or 'host': "
                           "step_overhead_s, per_seq_overhead_s and eager_launch_s only, the "
                           "device efficiencies kept from --calibration")
     fit.add_argument("--out", type=Path, required=True, help="calibration JSON to write")
+    _add_gpu_override(fit)
 
     fake = commands.add_parser("fake-gpu", help="GPU-style run folders from the simulator "
                                                 "(perturbed efficiencies), for dry runs")
     _add_slice_arguments(fake, required=True)
-    fake.add_argument("--model", default="llama-3.1-8b")
-    fake.add_argument("--gpu", default="h200")
-    fake.add_argument("--policies", default="static,elastic")
-    fake.add_argument("--chunks", default="2048,8192")
+    add_engine_flags(fake, multi=RUN_AXES, multi_defaults={
+        "policy": "static,elastic", "max_num_batched_tokens": "2048,8192"})
     fake.add_argument("--efficiency", default="linear_compute=0.62,memory=0.78",
                       help="Efficiency fields of the fake GPU, NAME=VALUE,...")
     fake.add_argument("--noise", type=float, default=0.02, help="relative step-time noise")
@@ -117,7 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except ValueError as exc:  # a usage error (sim.core.config_flags.UsageError)
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     from validation import commands
     from validation.evidence import rebuild_command
 

@@ -9,8 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from sim.core.config_flags import engine_configs, engine_flag_names
 from sim.core.cost_model import HOST_TERMS
-from sim.recording.outputs import parse_int_list, parse_policies
+from sim.core.elastic import Policy
+from sim.core.engine_config import EngineConfig
+from sim.recording.outputs import run_label, slug
 from validation.compare import format_target_value
 from validation.runs import (
     GpuRun,
@@ -90,10 +93,11 @@ def compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _replay_command(args: argparse.Namespace, policy: str, chunk: int, out: Path) -> list[str]:
+def _replay_command(args: argparse.Namespace, config_file: Path, out: Path) -> list[str]:
+    """`python -m gpu_backend replay` of one configuration (a JSON file: no engine setting
+    goes through a command line) on the trace slice, with the GPU-run flags of --replay-args."""
     cmd = [sys.executable, "-m", "gpu_backend", "replay", "--trace", args.trace,
-           "--model", args.model, "--policy", policy, "--chunk", str(chunk), "--no-wait",
-           "--out", str(out)]
+           "--engine-config", str(config_file), "--no-wait", "--out", str(out)]
     if args.format:
         cmd += ["--format", args.format]
     if args.sort:
@@ -104,28 +108,32 @@ def _replay_command(args: argparse.Namespace, policy: str, chunk: int, out: Path
         cmd += ["--limit", str(args.limit)]
     if args.rate_scale != 1.0:
         cmd += ["--rate-scale", f"{args.rate_scale:g}"]
-    return cmd + shlex.split(args.replay_args)
+    return cmd + replay_flags(args.replay_args)
 
 
-def _profile_command(args: argparse.Namespace, out: Path) -> list[str]:
-    """`python -m gpu_backend profile` for the model, with the engine flags of --replay-args
-    (the profile's chunk is the largest replayed: its piecewise graphs, if any, cover all)."""
-    from gpu_backend.__main__ import add_engine_arguments, add_piecewise_arguments
+def replay_flags(text: str) -> list[str]:
+    """--replay-args split, refused if it names an engine setting: those are validation
+    run's own flags, so that the replays, the profile and the report share them."""
+    words = shlex.split(text)
+    engine = sorted({w.split("=")[0] for w in words} & engine_flag_names())
+    if engine:
+        raise ValueError(f"--replay-args {text!r} names engine flags ({', '.join(engine)}): "
+                         "give them to `validation run` itself; --replay-args takes the GPU "
+                         "run's own flags (--no-graphs, --torch-cap, --max-kv-blocks, --seed)")
+    return words
 
-    engine = argparse.ArgumentParser(add_help=False)
-    add_engine_arguments(engine)
-    add_piecewise_arguments(engine, "as the replays'")
-    known, _ = engine.parse_known_args(shlex.split(args.replay_args))
-    cmd = [sys.executable, "-m", "gpu_backend", "profile", "--model", args.model,
-           "--chunk", str(max(parse_int_list(args.chunks, "--chunks"))), "--out", str(out)]
-    for flag in ("gpu", "max_num_seqs", "gpu_memory_utilization", "max_model_len",
-                 "block_size", "vmm_handle_mib"):
-        given = getattr(known, flag)
-        if given is not None and given != engine.get_default(flag):
-            cmd += [f"--{flag.replace('_', '-')}", str(given)]
-    if known.piecewise_max_tokens is not None:  # the replays' cap, so both launch terms fit
-        cmd += ["--piecewise-max-tokens", str(known.piecewise_max_tokens)]
-    return cmd + (["--piecewise-graphs"] if known.piecewise_graphs else [])
+
+def _profile_command(config_file: Path, out: Path) -> list[str]:
+    """`python -m gpu_backend profile` of the replays' configuration at their largest chunk
+    (its piecewise graphs, if any, cover every replay's)."""
+    return [sys.executable, "-m", "gpu_backend", "profile", "--engine-config", str(config_file),
+            "--out", str(out)]
+
+
+def _write_config(config: EngineConfig, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(config.to_json())
+    return path
 
 
 def _run_gpu(cmd: list[str], what: str, skipped: str) -> int:
@@ -138,28 +146,33 @@ def _run_gpu(cmd: list[str], what: str, skipped: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Profile the model first (`--profile`), replay every policy x chunk (`--repeats` times,
-    each round into its own folder: gpu/, then gpu_repeat2/, ...), then compare the first round
-    with the simulator, the others as repeats of it."""
+    """Profile the model first (`--profile`), replay every configuration of the engine flags
+    (each policy x chunk, written to OUT/configs/ and handed to the replay as a file;
+    `--repeats` times, each round into its own folder: gpu/, then gpu_repeat2/, ...), then
+    compare the first round with the simulator, the others as repeats of it."""
     if args.repeats < 1:
         raise ValueError(f"--repeats {args.repeats}: replay each run at least once")
+    replay_flags(args.replay_args)
+    configs = engine_configs(args)
     if args.profile:
         if args.calibration is not None:
             raise ValueError("--profile writes the calibration the report uses: drop "
                              "--calibration, or --profile to use the one you have")
         args.calibration = args.out / "calibration.json"
-        code = _run_gpu(_profile_command(args, args.calibration), "profile", "replayed")
+        largest = max(configs, key=lambda c: c.chunk_tokens).with_(policy=Policy.STATIC)
+        profile = _write_config(largest, args.out / "configs" / "profile.json")
+        code = _run_gpu(_profile_command(profile, args.calibration), "profile", "replayed")
         if code != 0:
             return code
     rounds = [args.out / "gpu"] + [args.out / f"gpu_repeat{i}" for i in range(2, args.repeats + 1)]
     for gpu_dir in rounds:
-        for chunk in parse_int_list(args.chunks, "--chunks"):
-            for policy in parse_policies(args.policies):
-                folder = gpu_dir / f"{policy.value}_chunk_{chunk}"
-                code = _run_gpu(_replay_command(args, policy.value, chunk, folder), "replay",
-                                "compared")
-                if code != 0:
-                    return code
+        for config in configs:
+            name = slug(run_label(config))
+            config_file = _write_config(config, args.out / "configs" / f"{name}.json")
+            code = _run_gpu(_replay_command(args, config_file, gpu_dir / name), "replay",
+                            "compared")
+            if code != 0:
+                return code
     gpu_dir = rounds[0]
     repeat_flags = "".join(f" --repeat-dir {d}" for d in rounds[1:])
     compare_hint = (f"python -m validation compare --gpu-dir {gpu_dir} --out {args.out}/report"
@@ -175,6 +188,7 @@ def run(args: argparse.Namespace) -> int:
               f"  {compare_hint}", file=sys.stderr)
         return 3
     args.gpu_dir = gpu_dir
+    args.gpu = None  # the simulator takes each replay's GPU from its config.json
     args.repeat_dir = (getattr(args, "repeat_dir", None) or []) + rounds[1:]
     args.out = args.out / "report"
     return compare(args)
@@ -261,21 +275,15 @@ def parse_efficiency(text: str):
 
 
 def fake_gpu(args: argparse.Namespace) -> int:
-    from sim.core.catalog import get_gpu, get_model
-    from sim.core.engine_config import EngineConfig
     from sim.runner import RunSpec
     from validation.synthetic import write_gpu_style_run
 
     efficiency = parse_efficiency(args.efficiency)
     ts = slice_from_args(args)
-    assert ts is not None
-    seed = 0
-    for chunk in parse_int_list(args.chunks, "--chunks"):
-        for policy in parse_policies(args.policies):
-            config = EngineConfig(get_model(args.model), get_gpu(args.gpu), policy=policy,
-                                  max_num_batched_tokens=chunk)
-            folder = write_gpu_style_run(args.out, RunSpec(config, efficiency=efficiency), ts,
-                                         noise_rel=args.noise, seed=seed)
-            seed += 1
-            print(f"wrote {folder}")
+    if ts is None:
+        raise ValueError("fake-gpu needs --trace")
+    for seed, config in enumerate(engine_configs(args)):
+        folder = write_gpu_style_run(args.out, RunSpec(config, efficiency=efficiency), ts,
+                                     noise_rel=args.noise, seed=seed)
+        print(f"wrote {folder}")
     return 0

@@ -1,11 +1,14 @@
 """`python -m sim sweep ...` and `python -m sim plan [map|reserve] ...`.
 
     python -m sim sweep --config examples/sweep.yaml --out out/sweep
-    python -m sim sweep --trace azure-conv --model llama-3.1-8b,qwen2.5-7b --tps 1,2 \\
+    python -m sim sweep --trace azure-conv --model llama-3.1-8b,qwen2.5-7b --tp 1,2 \\
         --chunk 2048,8192 --policy static,elastic --rate-scales 1,2 --out out/sweep
     python -m sim plan --model llama-3.1-8b --gpu h200 --trace azure-conv --window 0:600
     python -m sim plan map --gpu h200 --out out/map
     python -m sim plan reserve --gpu h100
+
+The engine flags are EngineConfig's (sim.core.config_flags), with its defaults; the settings
+a sweep's cases do not carry (SWEEP_FIXED) are left out of these commands.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from sim.cli import add_engine_arguments
 from sim.core.calibration import (
     choose_calibration,
     describe,
@@ -25,16 +27,26 @@ from sim.core.calibration import (
     pricing_line,
     uncalibrated_warning,
 )
+from sim.core.config_flags import (
+    CommandParser,
+    add_engine_flags,
+    positive_float,
+    positive_int,
+    setting_default,
+)
+from sim.core.engine_config import DEFAULT_GPU, DEFAULT_MODEL
 from sim.planning import gain_map, plan, report, reserve
 from sim.planning.cases import EngineOptions, TraceSpec
 from sim.planning.map_figure import plot_map
 from sim.planning.parallel import Executor
 from sim.planning.pricing import options_engine, price_cases, pricing_lines
-from sim.planning.spec import SweepSpec, load_sweep
+from sim.planning.spec import OPTION_SETTINGS, SWEEP_FIXED, SweepSpec, engine_options, load_sweep
 from sim.planning.sweep import run_sweep, write_table
 from sim.recording.metrics import Slo
-from sim.recording.outputs import parse_int_list, parse_policies
+from sim.recording.outputs import parse_int_list
 from traces import TraceError, add_trace_arguments
+
+SWEEP_AXES = ("model", "gpu", "tensor_parallel_size", "max_num_batched_tokens", "policy")
 
 
 def main(argv: list[str]) -> int:
@@ -52,26 +64,24 @@ def main(argv: list[str]) -> int:
 # ----------------------------------------------------------------------------- shared flags
 def _add_executor_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("execution")
-    g.add_argument("--workers", type=int, default=None,
+    g.add_argument("--workers", type=positive_int, default=None,
                    help="local worker processes (default: all cores; 1 runs in-process)")
     g.add_argument("--ray", default=None, metavar="ADDRESS",
                    help="run on a Ray cluster at ADDRESS ('local' starts one here; "
                         "needs the optional ray extra)")
-    g.add_argument("--no-progress", action="store_true")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _add_slo_arguments(g, ttft_s: float | None, tpot_s: float | None) -> None:
+    g.add_argument("--slo-ttft", type=positive_float, default=ttft_s,
+                   help=f"TTFT SLO in seconds, for goodput (default: {ttft_s or 'none'})")
+    g.add_argument("--slo-tpot", type=positive_float, default=tpot_s,
+                   help=f"TPOT SLO in seconds, for goodput (default: {tpot_s or 'none'})")
 
 
 def _executor(args: argparse.Namespace, workers: int | None = None) -> Executor:
-    return Executor(args.workers or workers, args.ray, not args.no_progress)
-
-
-def _options(args: argparse.Namespace) -> EngineOptions:
-    return EngineOptions(
-        max_num_seqs=args.max_num_seqs, gpu_memory_utilization=args.gpu_memory_utilization,
-        max_model_len=args.max_model_len, block_size=args.block_size, drain=args.drain,
-        vmm_handle_mib=args.vmm_handle_mib, reclaim=args.reclaim,
-        enable_prefix_caching=args.enable_prefix_caching, cuda_graph_sizes=args.cuda_graph_sizes,
-        piecewise_graphs=args.piecewise_graphs,
-        piecewise_max_tokens=getattr(args, "piecewise_max_tokens", None))
+    chosen = args.workers if args.workers is not None else workers
+    return Executor(chosen, args.ray, not args.no_progress)
 
 
 def _trace_spec(args: argparse.Namespace) -> TraceSpec:
@@ -95,19 +105,24 @@ def _names(text: str) -> tuple[str, ...]:
 
 # ----------------------------------------------------------------------------------- sweep
 def sweep_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m sim sweep",
         description="Run a grid of configurations over a trace and write one tidy table "
                     "(CSV, and Parquet when pyarrow is installed). Give a YAML config "
                     "(schema: examples/sweep.yaml) or the grid as flags.")
     parser.add_argument("--config", type=Path, default=None, help="sweep YAML")
     add_trace_arguments(parser, required=False)
-    add_engine_arguments(parser)
-    g = parser.add_argument_group("grid (flags; comma-separated lists)")
-    g.add_argument("--tps", default=None, help="TP degrees, e.g. 1,2,4 (overrides --tp)")
-    g.add_argument("--rate-scales", default=None, help="request-rate scales, e.g. 0.5,1,2")
-    g.add_argument("--slo-ttft", type=float, default=None)
-    g.add_argument("--slo-tpot", type=float, default=None)
+    add_engine_flags(parser, multi=SWEEP_AXES, keep_text=("model", "gpu"),
+                     multi_defaults={"policy": "static,elastic"}, exclude=SWEEP_FIXED,
+                     config_file=False)
+    g = parser.add_argument_group("grid and output")
+    g.add_argument("--rate-scales", default=None,
+                   help="request-rate scales, comma-separated, e.g. 0.5,1,2 (default: 1)")
+    g.add_argument("--calibration", default=None, metavar="FILE|none",
+                   help="calibration JSON from `python -m gpu_backend profile` for every case "
+                        "(default: the YAML's, else each case's shipped one, if any; 'none': "
+                        "the datasheet roofline with default efficiencies)")
+    _add_slo_arguments(g, None, None)
     g.add_argument("--out", type=Path, default=None, help="folder for sweep.csv/.parquet")
     g.add_argument("--json", action="store_true", help="print the rows as JSON")
     _add_executor_arguments(parser)
@@ -136,47 +151,64 @@ def sweep_main(argv: list[str]) -> int:
 def _sweep_from_flags(args: argparse.Namespace) -> SweepSpec:
     if args.trace is None:
         raise ValueError("give --config FILE or --trace (with the grid as flags)")
-    chunks = parse_int_list(args.chunk, "--chunk") if args.chunk else [8192]
-    tps = parse_int_list(args.tps, "--tps") if args.tps else [args.tp]
+    axes = {name: getattr(args, name, None) for name in SWEEP_AXES}
     scales = _floats(args.rate_scales, "--rate-scales") if args.rate_scales else (1.0,)
     return SweepSpec(
-        models=_names(args.model), gpus=_names(args.gpu), tps=tuple(tps), chunks=tuple(chunks),
-        policies=tuple(p.value for p in parse_policies(args.policy)),
+        models=tuple(axes["model"] or [DEFAULT_MODEL]), gpus=tuple(axes["gpu"] or [DEFAULT_GPU]),
+        tps=tuple(axes["tensor_parallel_size"] or [setting_default("tensor_parallel_size")]),
+        chunks=tuple(axes["max_num_batched_tokens"] or [None]),
+        policies=tuple(p.value for p in axes["policy"]),
         rate_scales=tuple(s * args.rate_scale for s in scales), traces=(_trace_spec(args),),
         options=_options(args), slo=Slo(args.slo_ttft, args.slo_tpot))
 
 
+def _options(args: argparse.Namespace) -> EngineOptions:
+    """The fixed engine flags given (the rest at EngineConfig's defaults)."""
+    given = {name: getattr(args, name) for name in OPTION_SETTINGS.values() if name in vars(args)}
+    return engine_options(given, args.piecewise_graphs, args.piecewise_max_tokens)
+
+
 # ------------------------------------------------------------------------------------ plan
 def plan_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m sim plan",
         description="Static at several chunk sizes versus elastic on one trace: KV capacity, "
                     "throughput, goodput, the chunk to pick and the max rate each sustains. "
-                    "Also: `plan map` (where elastic pays) and `plan reserve` (reserve share). "
-                    "plan always compares static with elastic (--policy is not used).")
+                    "Also: `plan map` (where elastic pays) and `plan reserve` (reserve share).")
     add_trace_arguments(parser)
-    add_engine_arguments(parser)
-    g = parser.add_argument_group("plan")
-    g.add_argument("--slo-ttft", type=float, default=2.0, help="TTFT SLO, s (default 2)")
-    g.add_argument("--slo-tpot", type=float, default=0.1, help="TPOT SLO, s (default 0.1)")
+    add_engine_flags(parser, multi=("max_num_batched_tokens",), keep_text=("model", "gpu"),
+                     multi_defaults={"max_num_batched_tokens": ",".join(
+                         map(str, plan.DEFAULT_CHUNKS))},
+                     exclude=("policy", *SWEEP_FIXED), config_file=False)
+    g = parser.add_argument_group("plan (static and elastic are both run)")
+    g.add_argument("--calibration", default=None, metavar="FILE|none",
+                   help="calibration JSON from `python -m gpu_backend profile` (default: the "
+                        "one shipped for the model, GPU and engine, if any; 'none': the "
+                        "datasheet roofline with default efficiencies)")
+    _add_slo_arguments(g, 2.0, 0.1)
     g.add_argument("--no-max-rate", action="store_true", help="skip the max-rate search")
-    g.add_argument("--rate-tol", type=float, default=0.05, help="max-rate bisection tolerance")
-    g.add_argument("--attainment", type=float, default=0.95,
-                   help="share of requests within SLO for a rate to count as sustained")
-    g.add_argument("--tie-pct", type=float, default=1.0)
-    g.add_argument("--pays-pct", type=float, default=5.0)
+    g.add_argument("--rate-tol", type=positive_float, default=0.05,
+                   help="max-rate bisection tolerance, relative (default: 0.05)")
+    g.add_argument("--attainment", type=positive_float, default=0.95,
+                   help="share of requests within SLO for a rate to count as sustained "
+                        "(default: 0.95)")
+    g.add_argument("--tie-pct", type=positive_float, default=1.0,
+                   help="goodputs within this many percent of the best tie (default: 1)")
+    g.add_argument("--pays-pct", type=positive_float, default=5.0,
+                   help="elastic pays at a gain of at least this many percent (default: 5)")
     g.add_argument("--json", action="store_true", help="print the plan as JSON")
     g.add_argument("--out", type=Path, default=None, help="write plan.json and plan.csv")
     _add_executor_arguments(parser)
     args = parser.parse_args(argv)
+    model, gpu = getattr(args, "model", DEFAULT_MODEL), getattr(args, "gpu", DEFAULT_GPU)
     options = _options(args)
-    calibration = choose_calibration(args.calibration, args.model, args.gpu,
-                                     options_engine(options))
+    calibration = choose_calibration(args.calibration, model, gpu, options_engine(options))
     efficiency, profile, vmm_costs = parts_of(calibration)
-    chunks = parse_int_list(args.chunk, "--chunk") if args.chunk else plan.DEFAULT_CHUNKS
     query = plan.PlanQuery(
-        model=args.model, gpu=args.gpu, tp=args.tp, trace=_trace_spec(args),
-        slo=Slo(args.slo_ttft, args.slo_tpot), chunks=tuple(chunks), options=options,
+        model=model, gpu=gpu,
+        tp=getattr(args, "tensor_parallel_size", setting_default("tensor_parallel_size")),
+        trace=_trace_spec(args), slo=Slo(args.slo_ttft, args.slo_tpot),
+        chunks=tuple(args.max_num_batched_tokens), options=options,
         rate_scale=args.rate_scale, search_max_rate=not args.no_max_rate,
         rel_tol=args.rate_tol, min_attainment=args.attainment, tie_pct=args.tie_pct,
         pays_pct=args.pays_pct, efficiency=efficiency, profile=profile,
@@ -189,7 +221,7 @@ def plan_main(argv: list[str]) -> int:
         report.print_plan(result)
         print(pricing_line(calibration))
     if calibration is None:
-        print(uncalibrated_warning(args.model, args.gpu, options_engine(options),
+        print(uncalibrated_warning(model, gpu, options_engine(options),
                                    forced=args.calibration is not None), file=sys.stderr)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
@@ -202,31 +234,37 @@ def plan_main(argv: list[str]) -> int:
 # ------------------------------------------------------------------------------------- map
 def map_main(argv: list[str]) -> int:
     d = gain_map.MapQuery()
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m sim plan map",
         description="Elastic's goodput gain over the best static chunk across models x prompt "
                     "lengths x TP degrees, on small synthetic traces that stress the KV pool.")
-    parser.add_argument("--gpu", default=d.gpu)
-    parser.add_argument("--models", default=",".join(d.models))
-    parser.add_argument("--prompts", default=",".join(map(str, d.prompts)),
-                        help="prompt lengths, tokens")
-    parser.add_argument("--tps", default=",".join(map(str, d.tps)))
-    parser.add_argument("--chunks", default=",".join(map(str, d.chunks)))
-    parser.add_argument("--num-requests", type=int, default=d.num_requests)
-    parser.add_argument("--load", type=float, default=d.load,
-                        help="offered load over the rate that just fills the static KV pool")
-    parser.add_argument("--pays-pct", type=float, default=d.pays_pct,
-                        help="a cell 'pays' when elastic's goodput gain is at least this, %%")
-    parser.add_argument("--slo-ttft", type=float, default=None)
-    parser.add_argument("--slo-tpot", type=float, default=None)
-    parser.add_argument("--seed", type=int, default=d.seed)
-    parser.add_argument("--out", type=Path, default=None,
-                        help="write map.png, map.csv (cells), map_runs.csv (every run)")
-    parser.add_argument("--json", action="store_true")
+    add_engine_flags(parser, include=("gpu",), keep_text=("gpu",), config_file=False)
+    g = parser.add_argument_group("map")
+    g.add_argument("--models", default=",".join(d.models),
+                   help="models, comma-separated (default: %(default)s)")
+    g.add_argument("--prompts", default=",".join(map(str, d.prompts)),
+                   help="prompt lengths, tokens (default: %(default)s)")
+    g.add_argument("--tps", default=",".join(map(str, d.tps)),
+                   help="TP degrees (default: %(default)s)")
+    g.add_argument("--chunks", default=",".join(map(str, d.chunks)),
+                   help="static chunk sizes to beat (default: %(default)s)")
+    g.add_argument("--num-requests", type=positive_int, default=d.num_requests,
+                   help="requests per synthetic trace (default: %(default)s)")
+    g.add_argument("--load", type=positive_float, default=d.load,
+                   help="offered load over the rate that just fills the static KV pool "
+                        "(default: %(default)s)")
+    g.add_argument("--pays-pct", type=positive_float, default=d.pays_pct,
+                   help="a cell 'pays' when elastic's goodput gain is at least this, %% "
+                        "(default: %(default)s)")
+    _add_slo_arguments(g, None, None)
+    g.add_argument("--seed", type=int, default=d.seed, help="trace seed (default: %(default)s)")
+    g.add_argument("--out", type=Path, default=None,
+                   help="write map.png, map.csv (cells), map_runs.csv (every run)")
+    g.add_argument("--json", action="store_true", help="print the cells as JSON")
     _add_executor_arguments(parser)
     args = parser.parse_args(argv)
     query = replace(
-        d, gpu=args.gpu, models=_names(args.models),
+        d, gpu=getattr(args, "gpu", d.gpu), models=_names(args.models),
         prompts=tuple(parse_int_list(args.prompts, "--prompts")),
         tps=tuple(parse_int_list(args.tps, "--tps")),
         chunks=tuple(parse_int_list(args.chunks, "--chunks")), num_requests=args.num_requests,
@@ -247,19 +285,22 @@ def map_main(argv: list[str]) -> int:
 
 # --------------------------------------------------------------------------------- reserve
 def reserve_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m sim plan reserve",
         description="Activation reserve as a share of the KV pool (memory plan only).")
-    parser.add_argument("--gpu", default="h200")
-    parser.add_argument("--models", default="qwen2.5-7b,llama-3.1-8b,qwen2.5-32b,llama-3.1-70b")
-    parser.add_argument("--tps", default="1,2,4,8")
-    parser.add_argument("--chunks", default="2048,8192,32768")
-    parser.add_argument("--max-num-seqs", type=int, default=None)
-    parser.add_argument("--out", type=Path, default=None, help="write reserve.csv")
+    add_engine_flags(parser, include=("gpu", "max_num_seqs"), keep_text=("gpu",),
+                     config_file=False)
+    g = parser.add_argument_group("grid")
+    g.add_argument("--models", default="qwen2.5-7b,llama-3.1-8b,qwen2.5-32b,llama-3.1-70b",
+                   help="models, comma-separated (default: %(default)s)")
+    g.add_argument("--tps", default="1,2,4,8", help="TP degrees (default: %(default)s)")
+    g.add_argument("--chunks", default="2048,8192,32768",
+                   help="chunk sizes (default: %(default)s)")
+    g.add_argument("--out", type=Path, default=None, help="write reserve.csv")
     args = parser.parse_args(argv)
     rows = reserve.reserve_rows(
-        _names(args.models), args.gpu, parse_int_list(args.tps, "--tps"),
-        parse_int_list(args.chunks, "--chunks"), args.max_num_seqs)
+        _names(args.models), getattr(args, "gpu", DEFAULT_GPU), parse_int_list(args.tps, "--tps"),
+        parse_int_list(args.chunks, "--chunks"), getattr(args, "max_num_seqs", None))
     report.print_reserve(rows)
     if args.out is not None:
         write_table(rows, args.out, stem="reserve")
