@@ -49,7 +49,7 @@ def _add_compare_arguments(parser: argparse.ArgumentParser) -> None:
                    help="also re-run the simulations with the fitted efficiencies")
     g.add_argument("--save-calibration", type=Path, default=None,
                    help="write the fitted efficiencies as a calibration JSON")
-    g.add_argument("--no-plots", action="store_true")
+    g.add_argument("--no-plots", action="store_true", help="write the report without PNG plots")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,10 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_compare_arguments(run)
 
     fit = commands.add_parser("fit", help="fit cost-model efficiencies to measured step times")
-    fit.add_argument("--gpu-dir", type=Path, required=True)
+    fit.add_argument("--gpu-dir", type=Path, required=True,
+                     help="folder of GPU replay outputs to fit on, one subfolder per run")
     fit.add_argument("--test-dir", type=Path, default=None,
                      help="judge the fit on these runs (all steps) instead of a held-out tail")
-    fit.add_argument("--holdout", type=float, default=0.5)
+    fit.add_argument("--holdout", type=float, default=0.5,
+                     help="fraction of each run's steps held out to judge the fit (default: 0.5)")
     fit.add_argument("--calibration", type=Path, default=None, help="starting point")
     fit.add_argument("--free", default=None,
                      help="parameters to fit, comma-separated (default: all), or 'host': "
@@ -111,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     fake.add_argument("--efficiency", default="linear_compute=0.62,memory=0.78",
                       help="Efficiency fields of the fake GPU, NAME=VALUE,...")
     fake.add_argument("--noise", type=float, default=0.02, help="relative step-time noise")
-    fake.add_argument("--out", type=Path, required=True)
+    fake.add_argument("--out", type=Path, required=True,
+                      help="folder for the GPU-style run folders, one per configuration")
 
     tab = commands.add_parser("table", help="several reports' targets side by side, and pooled")
     tab.add_argument("reports", type=Path, nargs="+", help="report folders (or report.json files)")
