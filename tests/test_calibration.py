@@ -250,6 +250,55 @@ def test_a_transfer_scales_launches_by_layers_and_activation_by_the_models_shape
     assert load_calibration(tmp_path / "8b.json").parts() == moved.parts()
 
 
+def test_a_transfer_of_the_device_terms_takes_host_and_engine_from_the_target(tmp_path):
+    """`host_from`: a calibration of the target's host and engine gives the per-step host
+    terms, how launches overlap the device, the piecewise sizes and the VMM costs; the device
+    rates still come from the source."""
+    source = load_calibration(write(tmp_path / "3b.json", calibration_data()))
+    host = Efficiency(linear_compute=0.5, step_overhead_s=3e-3, per_seq_overhead_s=1e-7,
+                      eager_launch_s=0.013, split_launch_s=1.5e-3, launch_serial_fraction=0.2)
+    eager = {**calibration_data("llama-3.1-8b", sizes=None), "efficiency": asdict(host),
+             "vmm": None}
+    own = load_calibration(write(tmp_path / "8b.json", eager))
+    moved = transfer(source, "llama-3.1-8b", host_from=own)
+    eff = moved.efficiency
+    assert eff.linear_compute == 0.65 and eff.memory == 0.88  # the source's device rates
+    assert (eff.step_overhead_s, eff.per_seq_overhead_s, eff.eager_launch_s,
+            eff.piecewise_launch_s, eff.split_launch_s, eff.launch_serial_fraction) == (
+        3e-3, 1e-7, 0.013, None, 1.5e-3, 0.2)
+    assert moved.engine == EngineKind() and moved.piecewise_sizes == ()
+    assert moved.vmm_costs is None
+    assert "host terms from" in describe(moved) and str(tmp_path / "8b.json") in describe(moved)
+
+
+def test_a_replays_fit_records_its_engine_model_and_command(tmp_path, monkeypatch):
+    """`python -m validation fit` of replays whose piecewise graphs stop at 512 tokens: the
+    calibration names that engine although it holds no grid to tell it from."""
+    from validation.calibrate import FitResult, write_calibration
+
+    monkeypatch.setattr("sys.argv", ["/x/validation/__main__.py", "fit", "--gpu-dir", "runs"])
+    result = FitResult(EFF, Efficiency(), 10, 10, {}, {}, {}, True, "ok", (16, 256, 512))
+    path = tmp_path / "fit.json"
+    write_calibration(path, result, PROFILE, {"model": "llama-3.1-8b", "gpu": "h200-141gb",
+                                              "gpu_dir": "runs"}, VMM, EngineKind(True, 512))
+    cal = load_calibration(path)
+    p = cal.provenance
+    assert (p.model, p.gpu_preset, p.engine) == ("llama-3.1-8b", "h200-141gb",
+                                                 EngineKind(True, 512))
+    assert p.command == "python -m validation fit --gpu-dir runs"
+    assert p.derived_from == "fitted on the replays in runs"
+    assert cal.parts() == (EFF, PROFILE, VMM)
+
+
+def test_a_named_engine_must_match_the_piecewise_sizes(tmp_path):
+    capped = calibration_data(sizes=[16, 256, 512], engine="piecewise512")
+    assert load_calibration(write(tmp_path / "a.json", capped)).engine == EngineKind(True, 512)
+    wrong = calibration_data(sizes=[16, 256, 512], engine="piecewise1024")
+    with pytest.raises(ValueError, match="provenance.engine is 'piecewise1024' but "
+                                         r"piecewise_sizes is \[16, 256, 512\]"):
+        load_calibration(write(tmp_path / "b.json", wrong))
+
+
 def test_a_transfer_needs_the_source_model(tmp_path):
     data = calibration_data()
     del data["model"]

@@ -90,10 +90,12 @@ def parse_calibration(data: Mapping, source: str) -> Calibration:
         raise ValueError(f'{source}: no "efficiency" object: a calibration is a JSON object, '
                          f"not {type(data).__name__}")
     sizes = piecewise_sizes_of(data, source)
+    kinds = timed_launch_kinds(data, source)  # checks the measurement records too
     return Calibration(
         source=source, efficiency=efficiency_of(data, source),
         activation=activation_of(data, source), vmm_costs=vmm_costs_of(data, source),
-        piecewise_sizes=sizes, provenance=provenance_of(data, source, sizes), data=dict(data))
+        piecewise_sizes=sizes, provenance=provenance_of(data, source, sizes, kinds),
+        data=dict(data))
 
 
 def efficiency_of(data: Mapping, source: str) -> Efficiency:
@@ -196,11 +198,13 @@ def timed_launch_kinds(data: Mapping, source: str = "calibration") -> tuple[bool
     return eager >= MIN_LAUNCH_STEPS, piecewise >= MIN_LAUNCH_STEPS
 
 
-def provenance_of(data: Mapping, source: str, sizes: tuple[int, ...]) -> Provenance:
+def provenance_of(data: Mapping, source: str, sizes: tuple[int, ...],
+                  kinds: tuple[bool, bool] | None) -> Provenance:
     """The "provenance" object, with what the top-level keys say where it is silent (model,
-    gpu_preset, gpu, versions): files from before it have those alone. The engine kind is
-    the piecewise sizes' (capped where the grid timed fully eager steps past them), checked
-    against "engine" where that names a kind; other words there name an engine variant."""
+    gpu_preset, gpu, versions): files from before it have those alone. "engine" names the
+    engine kind (checked against the piecewise sizes) or, in other words, a variant of the
+    engine; where it names no kind, the kind is the piecewise sizes' (`kinds`: the grid's
+    timed launch kinds, `timed_launch_kinds`)."""
     record = data.get("provenance", {})
     if not isinstance(record, dict) or set(record) - {*JSON_KEYS, "engine"}:
         raise ValueError(f'{source}: "provenance" needs an object with keys among '
@@ -211,18 +215,27 @@ def provenance_of(data: Mapping, source: str, sizes: tuple[int, ...]) -> Provena
                              "string or null")
     fallback = _top_level_provenance(data, source)
     values = {name: record.get(key, fallback.get(name)) for key, name in JSON_KEYS.items()}
-    kinds = timed_launch_kinds(data, source)
-    capped = bool(sizes) and kinds is not None and kinds[0]
-    engine = EngineKind(bool(sizes), max(sizes) if capped else None)
     named = record.get("engine")
-    if named is not None and ENGINE_LABEL.match(named.strip().lower()):
-        if EngineKind.parse(named) != engine:
-            raise ValueError(f"{source}: provenance.engine is {named!r} but piecewise_sizes "
-                             f"({list(sizes) or None}) and the timed steps make it "
-                             f"{engine.label!r}")
-    elif named is not None:
-        values["engine_variant"] = values["engine_variant"] or named
+    if named is not None and not ENGINE_LABEL.match(named.strip().lower()):
+        values["engine_variant"] = values["engine_variant"] or named  # words, not a kind
+        named = None
+    if named is not None:
+        engine = _named_engine(named, sizes, source)
+    else:  # capped where the grid timed enough steps past the sizes fully eager
+        engine = EngineKind(bool(sizes), max(sizes) if sizes and kinds and kinds[0] else None)
     return Provenance(**values, engine=engine)
+
+
+def _named_engine(named: str, sizes: tuple[int, ...], source: str) -> EngineKind:
+    """The kind "engine" names, checked against the piecewise sizes: a piecewise engine has
+    them, an eager one none, and a capped one stops at its cap."""
+    engine = EngineKind.parse(named)
+    if engine.piecewise != bool(sizes) or (
+            engine.max_tokens is not None and engine.max_tokens != max(sizes)):
+        raise ValueError(f"{source}: provenance.engine is {named!r} but piecewise_sizes is "
+                         f"{list(sizes) or None}; a piecewise engine has sizes (a capped one up "
+                         "to its cap), an eager one none")
+    return engine
 
 
 def _top_level_provenance(data: Mapping, source: str) -> dict:

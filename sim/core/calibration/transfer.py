@@ -25,9 +25,12 @@ from dataclasses import asdict, replace
 
 from sim.core.calibration.schema import Calibration, parse_calibration
 from sim.core.catalog import GpuSpec, ModelSpec, get_gpu, get_model
+from sim.core.cost_model import HOST_TERMS
 from sim.core.memory_plan import ActivationProfile, activation_bytes
 
 LAUNCH_TERMS = ("eager_launch_s", "piecewise_launch_s", "split_launch_s")  # per layer, host
+# what a host and engine set: their per-step terms and how launches overlap the device
+HOST_FIELDS = (*HOST_TERMS, "launch_serial_fraction")
 # the measured grid and its errors belong to the source model: a refit of them would fit it
 SOURCE_ONLY_KEYS = ("measurements", "attention_measurements", "fit_error",
                     "attention_fit_error", "activation_peaks", "weights_bytes", "fit")
@@ -35,27 +38,37 @@ SLOPE_TOKENS = 8192  # tokens at which the analytic activation slope is read (fo
 
 
 def transfer(calibration: Calibration, model: ModelSpec | str,
-             gpu: GpuSpec | str | None = None) -> Calibration:
+             gpu: GpuSpec | str | None = None,
+             host_from: Calibration | None = None) -> Calibration:
     """`calibration` carried to `model` (and `gpu`, default the calibration's): launch terms
     scaled by layer count, activation bytes per token by the models' analytic ratio, the rest
-    as measured (module docstring). Its provenance keeps the measurement's and says where it
-    came from."""
+    as measured (module docstring). `host_from`: a calibration measured on the target's host
+    and engine, whose host terms (HOST_TERMS, launch_serial_fraction), engine (piecewise
+    sizes) and VMM costs replace the source's: the device terms alone are carried. Its
+    provenance keeps the measurement's and says where it came from."""
     source = calibration.provenance
     if source.model is None:
         raise ValueError(f"{calibration.source}: its model is not recorded; a transfer scales "
                          "from the model it was measured on")
-    before, after = get_model(source.model), model if isinstance(model, ModelSpec) \
-        else get_model(model)
+    before = get_model(source.model)
+    after = model if isinstance(model, ModelSpec) else get_model(model)
     target_gpu = gpu if isinstance(gpu, GpuSpec) else get_gpu(gpu or source.gpu_preset or "")
-    layers = after.num_layers / before.num_layers
     eff = calibration.efficiency
+    layers = after.num_layers / before.num_layers
     efficiency = replace(eff, **{name: getattr(eff, name) * layers for name in LAUNCH_TERMS
                                  if getattr(eff, name) is not None})
+    data = {key: value for key, value in calibration.data.items() if key not in SOURCE_ONLY_KEYS}
     note = (f"transferred from {source.model}"
             + (f" on {source.gpu_preset}" if target_gpu.name != source.gpu_preset else "")
             + f" ({calibration.source})")
     provenance = replace(source, model=after.name, gpu_preset=target_gpu.name, derived_from=note)
-    data = {key: value for key, value in calibration.data.items() if key not in SOURCE_ONLY_KEYS}
+    if host_from is not None:
+        efficiency = replace(efficiency, **{name: getattr(host_from.efficiency, name)
+                                            for name in HOST_FIELDS})
+        data.update(piecewise_sizes=list(host_from.piecewise_sizes) or None,
+                    vmm=host_from.data.get("vmm"))
+        provenance = replace(provenance, engine=host_from.engine,
+                             derived_from=f"{note}; host terms from {host_from.source}")
     data.update(model=after.name, gpu_preset=target_gpu.name, efficiency=asdict(efficiency),
                 provenance=provenance.to_dict())
     if calibration.activation is not None:
