@@ -31,8 +31,9 @@ class ByteStream(Protocol):
     def close(self) -> None: ...
 
 
-def open_stream(path: Path) -> tuple[ByteStream, str]:
-    """The file's decompressed bytes as a stream, and its compression ("gzip", "zstd", "")."""
+def open_stream(path: Path) -> tuple[ByteStream, str | None]:
+    """The file's decompressed bytes as a stream, and its compression ("gzip", "zstd" or
+    None)."""
     try:
         file = path.open("rb")
     except OSError as error:
@@ -43,27 +44,31 @@ def open_stream(path: Path) -> tuple[ByteStream, str]:
     if magic.startswith(GZIP_MAGIC):
         return _Checked(path, gzip.GzipFile(fileobj=file, mode="rb"), "gzip", file), "gzip"
     if magic.startswith(ZSTD_MAGIC):
-        return _Checked(path, _ZstdStream(path, file), "zstd", file), "zstd"
+        try:
+            return _Checked(path, _ZstdStream(path, file), "zstd", file), "zstd"
+        except TraceError:
+            file.close()
+            raise
     for prefix, name in UNREAD_MAGIC.items():
         if magic.startswith(prefix):
             file.close()
             raise TraceError(path, f"this is {name} data, not a text trace",
                              fix="unpack it first (gzip and zstd files are read directly)")
-    return _Checked(path, file, "", file), ""
+    return _Checked(path, file, None, file), None
 
 
 class _Checked:
     """A stream whose read errors (corrupt or truncated compressed data, a failing disk)
-    become a ``TraceError``; ``kind`` names the compression, "" for none."""
+    become a ``TraceError``; ``kind`` names the compression, None for none."""
 
-    def __init__(self, path: Path, stream: BinaryIO | _ZstdStream, kind: str, file: BinaryIO):
+    def __init__(self, path: Path, stream: ByteStream, kind: str | None, file: BinaryIO):
         self.path, self.stream, self.kind, self.file = path, stream, kind, file
 
     def read(self, num_bytes: int) -> bytes:
         try:
             return self.stream.read(num_bytes)
         except (OSError, EOFError, zlib.error) as error:
-            if not self.kind:
+            if self.kind is None:
                 raise TraceError(self.path, f"cannot read the file ({error})",
                                  fix="check the file and the disk it is on") from None
             raise TraceError(self.path, f"corrupt or truncated {self.kind} data ({error})",

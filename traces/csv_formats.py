@@ -54,11 +54,12 @@ def read_csv_trace(path: str, chunks: Iterable[TextChunk], fmt: str) -> RawColum
     columns = header_columns(path, first.data[:header_end], first.first_line)
     indices = [require_column(path, columns, name, fmt, first.first_line)
                for name in (spec.time_column, spec.prompt_column, spec.output_column)]
-    body = TextChunk(first.data[header_end:], first.first_line + 1)
-    del first  # the body is a copy; the chunks' owner keeps no reference either
-    parts, notes = ColumnParts(), []
+    body = [TextChunk(first.data[header_end:], first.first_line + 1)]
+    del first  # the body is a copy, and ``prepended`` lets go of it once read
+    parts = ColumnParts()
+    notes: list[str] = []
     origin_us: int | None = None
-    for table in csv_tables(path, prepended([body], chunks), columns):
+    for table in csv_tables(path, prepended(body, chunks), columns):
         if spec.time_is_datetime:
             arrival_s, origin_us = _datetime_column_s(table, indices[0], origin_us)
             if not notes:

@@ -89,9 +89,9 @@ def csv_tables(path: str, chunks: Iterator[TextChunk], columns: list[str]) -> It
     """
     for chunk in chunks:
         if b'"' in chunk.data:
-            flush_bytes = max(len(chunk.data), 1)
-            yield from _quoted_tables(path, prepended([chunk], chunks), columns,
-                                      flush_bytes=flush_bytes)
+            first = [chunk]
+            del chunk  # handed on: the csv path lets go of it once read
+            yield from _quoted_tables(path, first, chunks, columns)
             return
         table = scan_rows(path, chunk.data, columns, _line_numbers(chunk))
         del chunk  # the table holds the bytes it needs
@@ -101,8 +101,8 @@ def csv_tables(path: str, chunks: Iterator[TextChunk], columns: list[str]) -> It
 
 
 def scan_rows(path: str, raw: bytes, columns: list[str], line_numbers: np.ndarray) -> CsvTable | None:
-    """Split ``raw`` (``\n``-separated rows, line ``line_numbers[i]`` for line ``i``) into
-    fields; None when every line is empty; raise on ragged rows."""
+    """Split ``raw`` (rows ending in newlines, row ``i`` on file line ``line_numbers[i]``)
+    into fields; None when every line is empty; raise on ragged rows and huge fields."""
     data = np.frombuffer(raw, dtype=np.uint8)
     starts, ends = _line_spans(data)
     nonempty = ends > starts
@@ -162,17 +162,16 @@ def _ragged(path: str, columns: list[str], num_fields: int, line: int) -> TraceE
                       line=line, fix="give every row one value per header column")
 
 
-def _quoted_tables(path, chunks, columns, *, flush_bytes: int) -> Iterator[CsvTable]:
+def _quoted_tables(path, first: list[TextChunk], rest: Iterator[TextChunk], columns):
     """Rows parsed by ``csv`` and rewritten unquoted (commas inside fields become ';',
-    newlines ' '), handed on as tables of about ``flush_bytes``. Field counts are checked
-    here: a row of one empty field would otherwise vanish as a blank line."""
-    chunks = iter(chunks)
-    first = next(chunks)
-    reader = csv.reader(_text_lines(prepended([first], chunks)), strict=True)
+    newlines ' '), handed on as tables of about the first chunk's size. Field counts are
+    checked here: a row of one empty field would otherwise vanish as a blank line."""
+    flush_bytes, first_line = max(len(first[0].data), 1), first[0].first_line
+    reader = csv.reader(_text_lines(prepended(first, rest)), strict=True)
     rows: list[str] = []
     numbers: list[int] = []
     size = 0
-    for line, row in _rows_with_lines(path, reader, first.first_line):
+    for line, row in _rows_with_lines(path, reader, first_line):
         if len(row) != len(columns):
             raise _ragged(path, columns, len(row), line)
         rows.append(",".join(field.replace(",", ";").replace("\n", " ") for field in row))

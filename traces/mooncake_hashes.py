@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from itertools import chain
 from operator import itemgetter
+from typing import NoReturn
 
 import numpy as np
 
@@ -72,7 +73,7 @@ def _int64_or_none(flat: list, *, maybe_bools: bool) -> np.ndarray | None:
     return ids.astype(np.int64, copy=False)
 
 
-def _raise_first_bad_id(path: str, values: list[list], line_numbers: np.ndarray) -> None:
+def _raise_first_bad_id(path: str, values: list[list], line_numbers: np.ndarray) -> NoReturn:
     for row, ids in enumerate(values):
         for block_id in ids:
             if type(block_id) is not int:
@@ -84,5 +85,5 @@ def _raise_first_bad_id(path: str, values: list[list], line_numbers: np.ndarray)
     raise AssertionError("numpy refused ids that each pass the check")
 
 
-def _raise(path: str, line_numbers: np.ndarray, row: int, problem: str) -> None:
+def _raise(path: str, line_numbers: np.ndarray, row: int, problem: str) -> NoReturn:
     raise TraceError(path, problem, line=int(line_numbers[row]), field=HASH_FIELD, fix=HASH_FIX)

@@ -14,7 +14,7 @@ on the way in, so readers see only clean text:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,7 +50,7 @@ def chunk_bytes_for(file_bytes: int) -> int:
     return min(max(file_bytes // CHUNKS_PER_FILE, MIN_CHUNK_BYTES), MAX_CHUNK_BYTES)
 
 
-def text_chunks(path: Path, chunk_bytes: int | None = None) -> Iterator[TextChunk]:
+def text_chunks(path: Path, chunk_bytes: int | None = None) -> Generator[TextChunk, None, None]:
     """The file as checked text chunks of about ``chunk_bytes`` (default: by file size)."""
     if chunk_bytes is None:
         chunk_bytes = chunk_bytes_for(path.stat().st_size)
@@ -62,7 +62,8 @@ def text_chunks(path: Path, chunk_bytes: int | None = None) -> Iterator[TextChun
         stream.close()
 
 
-def _chunks(path: Path, stream: ByteStream, chunk_bytes: int, compression: str) -> Iterator[TextChunk]:
+def _chunks(path: Path, stream: ByteStream, chunk_bytes: int,
+            compression: str | None) -> Iterator[TextChunk]:
     pending, line, want_bytes, first = b"", 1, chunk_bytes, True
     while True:
         block = _read(stream, want_bytes)
@@ -103,8 +104,8 @@ def _read(stream: ByteStream, num_bytes: int) -> bytes:
     return block
 
 
-def _checked_start(path: Path, data: bytes, compression: str) -> bytes:
-    inner = f"{compression}-compressed file holds " if compression else "file is "
+def _checked_start(path: Path, data: bytes, compression: str | None) -> bytes:
+    inner = "file is " if compression is None else f"{compression}-compressed file holds "
     if data.startswith(UTF16_BOMS):
         raise TraceError(path, f"the {inner}UTF-16 or UTF-32 text", line=1,
                          fix="save the trace as UTF-8")
