@@ -201,5 +201,5 @@ def summary_table(groups: list[tuple[str, list[Path]]]) -> str:
                      + " | ".join(_cells(check_targets(metrics))) + " |")
     limits = ", ".join(f"{COLUMNS[t.metric]} {t.aggregate} <= "
                        f"{format_target_value(t.limit, t.measure)}" for t in TARGETS)
-    return ("\n".join(lines) + f"\n\n|error| of the prediction over each row's runs; targets: "
-            f"{limits}. Bold: missed.\n")
+    return ("\n".join(lines) + f"\n\nThe prediction's |error| over each row's runs (the median; "
+            f"KV capacity and reserve share: the largest). Targets: {limits}. Bold: missed.\n")
