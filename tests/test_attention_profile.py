@@ -16,7 +16,8 @@ from gpu_backend.engine.attention_profile import (
     attention_shapes,
     fit_attention,
 )
-from gpu_backend.engine.calibrate import default_grid, refit_calibration
+from gpu_backend.engine.calibrate import refit_calibration
+from gpu_backend.engine.profile_grid import default_grid
 from gpu_backend.engine.shapes import scheduler_output
 from sim.core.catalog import get_gpu, get_model
 from sim.core.cost_model import CostModel, Efficiency

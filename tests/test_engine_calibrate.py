@@ -10,7 +10,7 @@ import pytest
 import torch
 from test_engine_helpers import TINY, toy_config, toy_core
 
-from gpu_backend.engine.calibrate import default_grid, grid_max_len, time_step
+from gpu_backend.engine.calibrate import time_step
 from gpu_backend.engine.memory import (
     MemoryMeasurement,
     dummy_batch,
@@ -19,6 +19,7 @@ from gpu_backend.engine.memory import (
     measured_plan,
     profile_token_counts,
 )
+from gpu_backend.engine.profile_grid import default_grid, grid_max_len
 from gpu_backend.engine.runner import ModelRunner, StepPhases
 from gpu_backend.engine.setup import plain_store
 from gpu_backend.engine.shapes import host_batch, mixed_shape, scheduler_output
@@ -191,7 +192,8 @@ def test_refit_recovers_efficiencies_from_stored_measurements():
     """A calibration's stored grid can be fitted again without a GPU (new cost-model terms)."""
     from dataclasses import asdict
 
-    from gpu_backend.engine.calibrate import default_grid, refit_calibration
+    from gpu_backend.engine.calibrate import refit_calibration
+    from gpu_backend.engine.profile_grid import default_grid
     from gpu_backend.engine.shapes import scheduler_output
     from sim.core.catalog import get_gpu, get_model
     from sim.core.cost_model import CostModel, Efficiency
@@ -247,7 +249,7 @@ def test_engine_step_builds_what_host_batch_builds():
                   prefill_shape(64, 17)):
         expect = host_batch(shape, 16, 50)
         mirror, out = engine_step(shape, 16, 50, vocab_size=1000)
-        got = mirror.build(out)
+        got = mirror.build(out, 50)  # the pool's usable blocks, as engine_step laid them
         for name in ("input_ids", "positions", "slot_mapping", "seq_lens", "query_start_loc",
                      "logits_indices"):
             np.testing.assert_array_equal(getattr(got, name), getattr(expect, name), name)
@@ -260,8 +262,8 @@ def test_engine_step_builds_what_host_batch_builds():
 def test_transition_cycles_run_through_the_engines_executor_and_leak_nothing():
     """The profile times attach/detach by the engine's own ElasticExecutor (what replays
     time); on the fake driver each cycle maps the whole reserve and gives it all back."""
-    from gpu_backend.engine.calibrate import cycle_transitions
     from gpu_backend.engine.elastic import ElasticExecutor
+    from gpu_backend.engine.transitions import cycle_transitions
     from gpu_backend.vmm import ElasticKVPool
     from gpu_backend.vmm.fake_driver import FakeCudaDriver
     from gpu_backend.vmm.layout import KVLayout
@@ -419,7 +421,7 @@ def test_profiles_of_one_grid_merge_to_the_median_of_each_point(tmp_path, capsys
     from dataclasses import asdict
 
     from gpu_backend.__main__ import main
-    from gpu_backend.engine.calibrate import default_grid
+    from gpu_backend.engine.profile_grid import default_grid
     from gpu_backend.engine.shapes import scheduler_output
     from sim.core.catalog import get_gpu, get_model
     from sim.core.cost_model import CostModel, Efficiency

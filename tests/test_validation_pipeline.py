@@ -240,7 +240,7 @@ def test_calibration_vmm_costs_are_read_and_bad_ones_named(tmp_path):
 
 
 def test_transition_costs_fit_fixed_and_per_handle_terms():
-    from gpu_backend.engine.calibrate import transition_costs
+    from sim.core.calibration.profile_fit import transition_costs
 
     points = [{"handles": n, "attach_s": 1e-3 + n * 60e-6, "detach_s": 4e-4 + n * 45e-6}
               for n in (1, 2, 4)]
@@ -258,7 +258,7 @@ def test_transition_costs_fit_fixed_and_per_handle_terms():
 def test_transition_costs_fit_the_cached_bytes_an_attach_hands_back():
     """Attaches after prefills of different sizes free different amounts of torch's cache:
     the fit separates a cost per cached GiB from the fixed and per-handle ones."""
-    from gpu_backend.engine.calibrate import transition_costs
+    from sim.core.calibration.profile_fit import transition_costs
 
     gib = 2**30
     points = [{"handles": n, "freed_bytes": freed, "detach_s": 4e-4 + n * 45e-6,

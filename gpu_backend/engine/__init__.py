@@ -10,5 +10,9 @@
     engine.py     the step loop (schedule, elastic, forward, update, record) and its clocks
     replay.py     trace replay and the simulator-compatible outputs
     shapes.py     synthetic steps for calibration and benchmarks
-    calibrate.py  step-time grid and the cost-model fit (`python -m gpu_backend profile`)
+    profile_grid.py  the steps a calibration times, and why each is there
+    calibrate.py  times the grid and writes the calibration (`python -m gpu_backend profile`;
+                  its format and fits: sim.core.calibration)
+    attention_profile.py  the grid's attention launches timed alone
+    transitions.py  the elastic transitions timed for the calibration
 """

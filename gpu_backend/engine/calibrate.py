@@ -1,9 +1,7 @@
 """`python -m gpu_backend profile`: time a grid of engine steps on the GPU and fit the
 simulator's cost model to them.
 
-Grid (default, < 2 min for Llama-3.1-8B on an H200): prefills of 16..16,384 tokens, chunks
-over long prefixes, decode batches 1..256 x contexts 256..16,384 and skewed ones (CUDA graphs,
-as the engine runs them), and mixed steps. Each point: warm-up, then the median of several
+The grid is `profile_grid.default_grid`. Each point: warm-up, then the median of several
 runs timed like the engine's steps in a replay: the engine's RequestMirror builds the host
 arrays -> device -> forward -> sampled ids on the host (host arrays built outside the timed
 region left replays' decode steps of many sequences up to 10% above the fit, ~3.6 us per
@@ -12,7 +10,7 @@ its phases as a replay's steps.csv does (`build_s`, `enqueue_s`, `device_s`:
 ModelRunner.phases), which show how much of it is host time. `--replay-setup` times the grid
 on a replay's setup (profile_engine). The attention of every grid step with prefill tokens is
 timed on its own too (`attention_profile`), and the engine's elastic transitions
-(`measure_transitions`).
+(`transitions.measure_transitions`).
 
 The timing needs torch and stays here; the file format, its checks, the fits and the
 provenance every profile records live in `sim.core.calibration`.
@@ -23,7 +21,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from functools import partial
@@ -39,19 +37,15 @@ from gpu_backend.engine.attention_profile import (
 )
 from gpu_backend.engine.hostprobe import probe
 from gpu_backend.engine.hostprobe import summarize as summarize_probes
+from gpu_backend.engine.profile_grid import default_grid, grid_max_len
 from gpu_backend.engine.shapes import (
     StepShape,
     blocks_needed,
-    decode_shape,
     engine_step,
-    host_batch,
-    mixed_shape,
-    prefill_shape,
     scatter_tables,
     scheduler_output,
-    skewed_decode_shape,
-    spread_decode_shape,
 )
+from gpu_backend.engine.transitions import measure_transitions
 from gpu_backend.env import versions
 from sim.core.calibration import (
     EngineKind,
@@ -62,77 +56,12 @@ from sim.core.calibration import (
 )
 from sim.core.calibration.attention_fit import attention_start
 from sim.core.calibration.merge import merge_profiles
-from sim.core.calibration.profile_fit import fit_profile, refit_profile, transition_costs
+from sim.core.calibration.profile_fit import fit_profile, refit_profile
 from sim.core.cost_model import CostModel, Efficiency, piecewise_sizes_for
-from sim.core.elastic import Policy
 from sim.core.engine_config import EngineConfig
 
-__all__ = ["calibrate", "default_grid", "merge_profiles", "refit_calibration",
-           "transition_costs", "write_calibration"]
-
-
-def default_grid(quick: bool = False) -> list[StepShape]:
-    if quick:
-        return [prefill_shape(64), prefill_shape(512), decode_shape(4, 256),
-                decode_shape(16, 1024), mixed_shape(128, 0, 4, 512)]
-    grid = [prefill_shape(n) for n in (16, 64, 256, 1024, 2048, 4096, 8192, 16384)]
-    grid += [prefill_shape(512, 8192), prefill_shape(2048, 6144), prefill_shape(512, 16384)]
-    grid += [decode_shape(b, c) for b in (1, 8, 32, 64, 128, 256) for c in (256, 1024, 4096, 8192)]
-    # Long contexts per sequence (Mooncake-like): the replays showed them slower than the
-    # shorter grid points predict.
-    grid += [decode_shape(b, 16384) for b in (4, 16, 32)]
-    # The replays' other graph sizes (capture_sizes: a decode batch runs padded to the next
-    # one up): is a step's cost linear in the batch between the sizes above?
-    grid += [decode_shape(b, c) for b in (2, 4, 16, 48, 96, 192) for c in (1024, 4096)]
-    # One or two long sequences among short ones: a decode step should cost its total keys,
-    # not its longest sequence (the attention kernel's split plan; see kernels/attention.py).
-    grid += [skewed_decode_shape(32, 512, 16384), skewed_decode_shape(64, 1024, 16384, 2),
-             skewed_decode_shape(20, 256, 12000, 4), skewed_decode_shape(128, 512, 8192)]
-    # Contexts spread as a trace's are (no single outlier): replays' decode steps of 17-48
-    # such sequences ran 3-17% over the uniform points' fit on the GPU alone, and
-    # benchmarks/decode_gap.py timed 40 of 200-2,000 keys above 48 uniform of 1,024.
-    grid += [spread_decode_shape(24, 200, 2000, seed=1), spread_decode_shape(40, 200, 2000, seed=3),
-             spread_decode_shape(24, 2000, 24000, seed=5)]
-    grid += [mixed_shape(2048, 0, 64, 1024), mixed_shape(512, 2048, 32, 2048),
-             mixed_shape(1024, 0, 128, 512)]
-    # Short, launch-bound eager steps with many sequences, as replays have them (a few short
-    # prompts, or a small chunk beside a decode batch): what the per-sequence terms fit on.
-    grid += [StepShape("prefill", ((128, 0),) * 4), mixed_shape(128, 0, 32, 1024),
-             mixed_shape(64, 512, 8, 2048)]
-    # Eager steps whose attention splits its keys (sim.core.cost_model.attention_num_splits) beside
-    # ones that do not, for every GQA shape: a split launches a combine kernel per layer
-    # (split_launch_s), which a fit holds at 0 unless 3 or more grid steps split. A chunk of
-    # about a thousand tokens beside a dozen decodes: the Azure-conv replays' usual mixed step.
-    grid += [prefill_shape(128, 2048), mixed_shape(256, 0, 4, 2048),
-             mixed_shape(1024, 0, 16, 1500), mixed_shape(384, 0, 12, 1200)]
-    # A chunk beside long decode rows (Mooncake at chunk 2,048): each decode row is one
-    # program of the mixed launch, unsplit, so the step lasts at least its longest row's
-    # program (Efficiency.attention_program); the replays ran 13 ms over the total work's
-    # price on such steps. Short chunks and long rows, one or several, and a long prefix;
-    # the same rows beside 4,096 and 8,192-token chunks, whose work should hide the row (each
-    # step the scheduler's token budget: the chunk less the decode rows).
-    mooncake_rows = (8000,) * 15 + (30000,)
-    grid += [StepShape("mixed", ((n - len(mooncake_rows), 0),), mooncake_rows)
-             for n in (2048, 4096, 8192)]
-    grid += [StepShape("mixed", ((512, 0),), (2000,) * 20 + (28000,)),
-             mixed_shape(2048, 4096, 8, 24000), mixed_shape(1024, 0, 4, 30000),
-             mixed_shape(2048, 16384, 16, 12000)]
-    # Several long rows among shorter ones, as the Mooncake replays' mixed steps have them (18
-    # rows, 218k keys, five of ~27k): timed alone those steps ran 1.3-1.7x their longest
-    # program where the one-long-row points above fit it (benchmarks/replay_attention.py),
-    # so the grid needs them to tell how the long programs share the SMs.
-    replay_rows = (27000,) * 5 + (12000,) * 6 + (4000,) * 7
-    grid += [StepShape("mixed", ((2048 - len(replay_rows), 6000),), replay_rows),
-             StepShape("mixed", ((8192 - len(replay_rows), 0),), replay_rows)]
-    return grid
-
-
-def grid_max_len(grid: Sequence[StepShape], block_size: int) -> int:
-    """The profile's max_model_len: the grid's longest sequence (a prefill's prefix and chunk,
-    or a decode row's context, mixed steps' decode rows too) and a block to spare. The rotary
-    tables are this long: a mixed step's 30k-key decode row past them reads an illegal
-    address (Llama-3.1-8B)."""
-    return max(max([n + p for n, p in s.prefills] + list(s.decodes)) for s in grid) + block_size
+# `python -m gpu_backend refit --merge` merges through this module
+__all__ = ["calibrate", "merge_profiles", "refit_calibration", "write_calibration"]
 
 
 def time_step(runner, build, warmup: int, repeat: int) -> dict[str, float]:
@@ -310,7 +239,8 @@ def time_profile(engine: ProfileEngine, grid: list[StepShape], warmup: int, repe
     def measure(shape: StepShape) -> dict[str, float]:
         mirror, out = engine.step(shape)
         host = probe()  # the host's speed next to this point (hostprobe)
-        return {**time_step(engine.runner, partial(mirror.build, out), warmup, repeat),
+        build = partial(mirror.build, out, engine.num_blocks)  # blocks laid over the pool
+        return {**time_step(engine.runner, build, warmup, repeat),
                 "host_probe_s": host}
 
     timed = measure_grid(grid, measure, passes)
@@ -345,76 +275,6 @@ def fit_timed(engine: ProfileEngine, grid: list[StepShape], timed: list[dict],
             "fit_error": fit_error, "attention_measurements": records,
             "attention_fit_error": attention_error}
 
-
-
-TRANSITION_HANDLES = (1, 2, 4)
-# prefills (tokens) run before the 2-handle attaches beside the largest: none, short, medium
-TRANSITION_PREFILLS = (0, 512, 2048)
-GRANULE_BYTES = 2 * 1024 * 1024  # CUDA VMM allocation granularity on the H200
-
-
-def measure_transitions(runner, config: EngineConfig, device, num_pool_blocks: int,
-                        cycles: int = 5) -> dict:
-    """The engine's elastic transitions, run and timed by the engine's own `ElasticExecutor`.
-
-    The engine lends in release mode: ATTACH hands torch's cached blocks back
-    (empty_cache) and creates and maps the reserve's handles, DETACH unmaps and releases
-    them. Each cycle first runs a prefill step so that its activations sit in torch's cache,
-    as after a replay's last prefill: reserves of 1, 2 and 4 handles of
-    `config.vmm_handle_bytes` after the largest prefill (8,192 tokens or the chunk), then 2
-    handles after smaller ones and after none (TRANSITION_PREFILLS), so that the cached bytes
-    each attach hands back (`freed_bytes`) vary. `transition_costs` fits the fixed, per-handle
-    and per-cached-GiB costs the simulator's VmmCosts take.
-    """
-    import torch
-
-    from gpu_backend.engine.elastic import ElasticExecutor
-    from gpu_backend.engine.memory import kv_layout
-    from gpu_backend.vmm import ElasticKVPool
-
-    handle = config.vmm_handle_bytes
-    largest = min(8192, config.max_num_batched_tokens)
-    layout = kv_layout(config.model, config.block_size)
-    # the fewest base blocks that end on the 2 MiB granule (the elastic part starts there)
-    num_base = GRANULE_BYTES // math.gcd(layout.block_bytes, GRANULE_BYTES)
-
-    def before(tokens: int) -> Callable[[], None]:
-        if tokens == 0:
-            return lambda: None
-        batch = host_batch(prefill_shape(tokens), config.block_size, num_pool_blocks)
-        return partial(runner.execute, batch)
-
-    points = []
-    plan = [(handles, largest) for handles in TRANSITION_HANDLES]
-    plan += [(2, tokens) for tokens in TRANSITION_PREFILLS if tokens < largest]
-    for handles, tokens in plan:
-        with ElasticKVPool(layout, num_base, handles * handle, elastic_handle_bytes=handle,
-                           reclaim="release", device_ordinal=device.index or 0) as pool:
-            executor = ElasticExecutor(pool, Policy.ELASTIC, block_id_offset=0,
-                                       num_core_base_blocks=num_base,
-                                       sync=lambda: torch.cuda.synchronize(device),
-                                       empty_cache=torch.cuda.empty_cache,
-                                       reserved_bytes=lambda: torch.cuda.memory_reserved(device))
-            points.append({"handles": handles, "prefill_tokens": tokens,
-                           **cycle_transitions(executor, before(tokens),
-                                               pool.plan.num_elastic_blocks, cycles)})
-    return {"handle_bytes": handle, "reclaim": "release", "points": points,
-            "costs": transition_costs(points)}
-
-
-def cycle_transitions(executor, before_attach, num_elastic_blocks: int,
-                      cycles: int) -> dict[str, float]:
-    """`cycles` times: before_attach(), lend all `num_elastic_blocks`, take them back.
-    Median attach and detach seconds, as the executor timed them, and the median bytes of
-    torch's cache each attach handed back."""
-    for _ in range(cycles):
-        before_attach()
-        executor.attach(num_elastic_blocks)
-        executor.detach()
-    attaches = [t for t in executor.transitions if t.kind == "attach"][-cycles:]
-    return {"attach_s": statistics.median(executor.attach_latencies_s[-cycles:]),
-            "detach_s": statistics.median(executor.detach_latencies_s[-cycles:]),
-            "freed_bytes": int(statistics.median(t.freed_bytes for t in attaches))}
 
 
 def refit_calibration(data: dict, copy_bandwidth_bytes_s: float | None = None,

@@ -1,0 +1,84 @@
+"""The step grid `python -m gpu_backend profile` times: which prefill, decode and mixed steps,
+and why each group is there (the replays it was added for).
+
+Default (< 2 min for Llama-3.1-8B on an H200): prefills of 16..16,384 tokens, chunks over long
+prefixes, decode batches 1..256 x contexts 256..16,384 and skewed ones (CUDA graphs, as the
+engine runs them), and mixed steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gpu_backend.engine.shapes import (
+    StepShape,
+    decode_shape,
+    mixed_shape,
+    prefill_shape,
+    skewed_decode_shape,
+    spread_decode_shape,
+)
+
+
+def default_grid(quick: bool = False) -> list[StepShape]:
+    if quick:
+        return [prefill_shape(64), prefill_shape(512), decode_shape(4, 256),
+                decode_shape(16, 1024), mixed_shape(128, 0, 4, 512)]
+    grid = [prefill_shape(n) for n in (16, 64, 256, 1024, 2048, 4096, 8192, 16384)]
+    grid += [prefill_shape(512, 8192), prefill_shape(2048, 6144), prefill_shape(512, 16384)]
+    grid += [decode_shape(b, c) for b in (1, 8, 32, 64, 128, 256) for c in (256, 1024, 4096, 8192)]
+    # Long contexts per sequence (Mooncake-like): the replays showed them slower than the
+    # shorter grid points predict.
+    grid += [decode_shape(b, 16384) for b in (4, 16, 32)]
+    # The replays' other graph sizes (capture_sizes: a decode batch runs padded to the next
+    # one up): is a step's cost linear in the batch between the sizes above?
+    grid += [decode_shape(b, c) for b in (2, 4, 16, 48, 96, 192) for c in (1024, 4096)]
+    # One or two long sequences among short ones: a decode step should cost its total keys,
+    # not its longest sequence (the attention kernel's split plan; see kernels/attention.py).
+    grid += [skewed_decode_shape(32, 512, 16384), skewed_decode_shape(64, 1024, 16384, 2),
+             skewed_decode_shape(20, 256, 12000, 4), skewed_decode_shape(128, 512, 8192)]
+    # Contexts spread as a trace's are (no single outlier): replays' decode steps of 17-48
+    # such sequences ran 3-17% over the uniform points' fit on the GPU alone, and
+    # benchmarks/decode_gap.py timed 40 of 200-2,000 keys above 48 uniform of 1,024.
+    grid += [spread_decode_shape(24, 200, 2000, seed=1), spread_decode_shape(40, 200, 2000, seed=3),
+             spread_decode_shape(24, 2000, 24000, seed=5)]
+    grid += [mixed_shape(2048, 0, 64, 1024), mixed_shape(512, 2048, 32, 2048),
+             mixed_shape(1024, 0, 128, 512)]
+    # Short, launch-bound eager steps with many sequences, as replays have them (a few short
+    # prompts, or a small chunk beside a decode batch): what the per-sequence terms fit on.
+    grid += [StepShape("prefill", ((128, 0),) * 4), mixed_shape(128, 0, 32, 1024),
+             mixed_shape(64, 512, 8, 2048)]
+    # Eager steps whose attention splits its keys (sim.core.cost_model.attention_num_splits) beside
+    # ones that do not, for every GQA shape: a split launches a combine kernel per layer
+    # (split_launch_s), which a fit holds at 0 unless 3 or more grid steps split. A chunk of
+    # about a thousand tokens beside a dozen decodes: the Azure-conv replays' usual mixed step.
+    grid += [prefill_shape(128, 2048), mixed_shape(256, 0, 4, 2048),
+             mixed_shape(1024, 0, 16, 1500), mixed_shape(384, 0, 12, 1200)]
+    # A chunk beside long decode rows (Mooncake at chunk 2,048): each decode row is one
+    # program of the mixed launch, unsplit, so the step lasts at least its longest row's
+    # program (Efficiency.attention_program); the replays ran 13 ms over the total work's
+    # price on such steps. Short chunks and long rows, one or several, and a long prefix;
+    # the same rows beside 4,096 and 8,192-token chunks, whose work should hide the row (each
+    # step the scheduler's token budget: the chunk less the decode rows).
+    mooncake_rows = (8000,) * 15 + (30000,)
+    grid += [StepShape("mixed", ((n - len(mooncake_rows), 0),), mooncake_rows)
+             for n in (2048, 4096, 8192)]
+    grid += [StepShape("mixed", ((512, 0),), (2000,) * 20 + (28000,)),
+             mixed_shape(2048, 4096, 8, 24000), mixed_shape(1024, 0, 4, 30000),
+             mixed_shape(2048, 16384, 16, 12000)]
+    # Several long rows among shorter ones, as the Mooncake replays' mixed steps have them (18
+    # rows, 218k keys, five of ~27k): timed alone those steps ran 1.3-1.7x their longest
+    # program where the one-long-row points above fit it (benchmarks/replay_attention.py),
+    # so the grid needs them to tell how the long programs share the SMs.
+    replay_rows = (27000,) * 5 + (12000,) * 6 + (4000,) * 7
+    grid += [StepShape("mixed", ((2048 - len(replay_rows), 6000),), replay_rows),
+             StepShape("mixed", ((8192 - len(replay_rows), 0),), replay_rows)]
+    return grid
+
+
+def grid_max_len(grid: Sequence[StepShape], block_size: int) -> int:
+    """The profile's max_model_len: the grid's longest sequence (a prefill's prefix and chunk,
+    or a decode row's context, mixed steps' decode rows too) and a block to spare. The rotary
+    tables are this long: a mixed step's 30k-key decode row past them reads an illegal
+    address (Llama-3.1-8B)."""
+    return max(max([n + p for n, p in s.prefills] + list(s.decodes)) for s in grid) + block_size
