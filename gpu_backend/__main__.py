@@ -166,13 +166,10 @@ def run_replay(args: argparse.Namespace) -> int:
     print(f"setup {setup_s:.1f} s: KV {engine.core.plan.num_kv_blocks} blocks "
           f"(+{engine.core.layout.num_elastic_blocks} elastic), reserve "
           f"{engine.core.plan.activation_reserve_bytes / 2**30:.2f} GiB", flush=True)
-
-    def progress(now_s: float, submitted: int, steps: int) -> None:
-        print(f"  t={now_s:8.2f} s  submitted {submitted}  steps {steps}", flush=True)
-
     wall_start = time.perf_counter()
     probe = HostProbe() if args.no_wait else None
-    replay(engine, trace.requests(), wait=not args.no_wait, progress=progress, host_probe=probe)
+    replay(engine, trace.requests(), wait=not args.no_wait, progress=print_progress,
+           host_probe=probe)
     measured = measured_fields(setup, probe, setup_s, time.perf_counter() - wall_start,
                                "wall" if not args.no_wait else "virtual")
     summary = engine_summary(engine, measured)
@@ -182,6 +179,10 @@ def run_replay(args: argparse.Namespace) -> int:
         write_outputs(args.out, engine, summary, trace.source, len(trace),
                       config=ran_config(config, measured))
     return 0
+
+
+def print_progress(now_s: float, submitted: int, steps: int) -> None:
+    print(f"  t={now_s:8.2f} s  submitted {submitted}  steps {steps}", flush=True)
 
 
 def measured_fields(setup, probe, setup_s: float, replay_wall_s: float, clock: str) -> dict:

@@ -58,8 +58,8 @@ def add_engine_flags(parser: argparse.ArgumentParser, *, multi: Collection[str] 
                      defaults_shown: Mapping[str, str] | None = None) -> None:
     """The engine flags, in one argument group. `multi`: settings that take several values
     (a list in the namespace); `multi_defaults`: a command's own default list for some of
-    them (e.g. policy 'static,elastic'); `keep_text`: multi settings kept as the words given,
-    each checked (model and GPU names a sweep passes on); `config_file`: add
+    them (e.g. policy 'static,elastic'); `keep_text`: settings kept as the words given, each
+    checked (the model and GPU names a sweep passes on to its cases); `config_file`: add
     `--engine-config FILE`, a JSON configuration the flags given then change;
     `defaults_shown`: what help says the default is, where the command's differs (e.g. a
     compare's GPU: the runs' own)."""
@@ -73,27 +73,34 @@ def add_engine_flags(parser: argparse.ArgumentParser, *, multi: Collection[str] 
         if f.name == PIECEWISE:
             _add_piecewise_flags(group)
             continue
-        s = setting_of(f)
-        kwargs: dict = {"dest": f.name, "default": argparse.SUPPRESS}
-        default = ((defaults_shown or {}).get(f.name) or multi_defaults.get(f.name)
-                   or _default_text(f, s))
-        if isinstance(f.default, bool):
-            kwargs["action"] = argparse.BooleanOptionalAction
-        elif f.name in multi:
-            kwargs["type"] = _list_type(s, f.name in keep_text)
-            kwargs["metavar"] = _metavar(f, s) + "[,...]"
-            if f.name in multi_defaults:
-                kwargs["default"] = kwargs["type"](multi_defaults[f.name])
-        else:
-            kwargs["type"] = _value_type(s, f.name in keep_text)
-            kwargs["metavar"] = _metavar(f, s)
-        several = "; several, comma-separated, run each" if f.name in multi else ""
-        kwargs["help"] = f"{s.help}{several} (default: {default})".replace("%", "%%")
-        group.add_argument(*s.flags, **kwargs)
+        shown = (defaults_shown or {}).get(f.name) or multi_defaults.get(f.name)
+        kwargs = _flag_kwargs(f, f.name in multi, f.name in keep_text, shown)
+        if f.name in multi_defaults:
+            kwargs["default"] = kwargs["type"](multi_defaults[f.name])
+        group.add_argument(*setting_of(f).flags, **kwargs)
     if config_file:
         group.add_argument("--engine-config", type=Path, default=None, metavar="FILE",
                            help="start from this engine configuration (JSON, as a GPU replay's "
                                 "config.json); the engine flags given change it")
+
+
+def _flag_kwargs(f: Field, multi: bool, keep: bool, shown: str | None) -> dict:
+    """argparse's keywords for the field's flag: its type (a list of them if `multi`), metavar
+    and help with the default (`shown`, else the field's)."""
+    s = setting_of(f)
+    kwargs: dict = {"dest": f.name, "default": argparse.SUPPRESS}
+    if isinstance(f.default, bool):
+        kwargs["action"] = argparse.BooleanOptionalAction
+    elif multi:
+        kwargs["type"] = _list_type(s, keep)
+        kwargs["metavar"] = _metavar(f, s) + "[,...]"
+    else:
+        kwargs["type"] = _value_type(s, keep)
+        kwargs["metavar"] = _metavar(f, s)
+    several = "; several, comma-separated, run each" if multi else ""
+    default = shown or _default_text(f, s)
+    kwargs["help"] = f"{s.help}{several} (default: {default})".replace("%", "%%")
+    return kwargs
 
 
 def _add_piecewise_flags(group) -> None:
