@@ -59,22 +59,12 @@ def fit_profile(cost_args: tuple, outputs: Sequence[SchedulerOutput], measured_s
         cost = CostModel(*cost_args, efficiency=eff, token_graph_sizes=token_graph_sizes)
         return np.array([cost.step(o).total_s for o in outputs])
 
-    # the profile's decode steps run exact-size graphs; a step with prefill tokens runs the
-    # piecewise graphs where one holds it, else fully eager (CostModel.eager_step)
-    eager = np.array([o.num_prefill_tokens > 0 for o in outputs], dtype=bool)
-    cost = CostModel(*cost_args, efficiency=start, token_graph_sizes=token_graph_sizes)
-    _, piecewise = cost.eager_step_array(
-        np.array([o.num_prefill_tokens + o.num_decode_tokens for o in outputs], dtype=np.int64))
-    start, held = launch_terms(start, measured_s[eager & ~piecewise],
-                               measured_s[eager & piecewise])
-    num_split = sum(cost.splits(o.num_prefill_tokens + o.num_decode_tokens, len(o.scheduled),
-                                *step_extents(o)) for o in outputs if o.num_prefill_tokens)
-    fixed = (*fixed, *held, *split_term_fixed(num_split))
+    start, held = held_terms(cost_args, outputs, measured_s, start, token_graph_sizes)
     before = times(start) / measured_s - 1.0
     fitted, _ = fit_with_program_term(
         start, lambda eff: times(eff) / measured_s - 1.0,
         lambda eff: num_program_bound(times(eff), times(replace(eff, attention_program=None))),
-        fixed, x_scale="jac")
+        (*fixed, *held), x_scale="jac")
     after = times(fitted) / measured_s - 1.0
     return fitted, {
         "median_abs_rel": float(np.median(np.abs(after))),
@@ -83,6 +73,24 @@ def fit_profile(cost_args: tuple, outputs: Sequence[SchedulerOutput], measured_s
         "default_max_abs_rel": float(np.max(np.abs(before))),
         "per_point_rel": [float(r) for r in after],
     }
+
+
+def held_terms(cost_args: tuple, outputs: Sequence[SchedulerOutput], measured_s: np.ndarray,
+               start: Efficiency, token_graph_sizes: Sequence[int]
+               ) -> tuple[Efficiency, tuple[str, ...]]:
+    """`start` with usable launch terms, and the terms the grid cannot tell (fit.launch_terms,
+    fit.split_term_fixed). The profile's decode steps run exact-size graphs; a step with
+    prefill tokens runs the piecewise graphs where one holds it, else fully eager
+    (CostModel.eager_step)."""
+    eager = np.array([o.num_prefill_tokens > 0 for o in outputs], dtype=bool)
+    cost = CostModel(*cost_args, efficiency=start, token_graph_sizes=token_graph_sizes)
+    _, piecewise = cost.eager_step_array(
+        np.array([o.num_prefill_tokens + o.num_decode_tokens for o in outputs], dtype=np.int64))
+    start, held = launch_terms(start, measured_s[eager & ~piecewise],
+                               measured_s[eager & piecewise])
+    num_split = sum(cost.splits(o.num_prefill_tokens + o.num_decode_tokens, len(o.scheduled),
+                                *step_extents(o)) for o in outputs if o.num_prefill_tokens)
+    return start, (*held, *split_term_fixed(num_split))
 
 
 def refit_profile(data: dict, outputs: Sequence[SchedulerOutput],
