@@ -162,3 +162,30 @@ def test_each_slice_command_parses_with_the_current_flags():
         args = build_parser().parse_args(words[3:])
         assert str(args.calibration) == recipe.calibration
         assert args.trace == recipe.trace_slice.trace and args.limit == recipe.trace_slice.limit
+
+
+# The settings a slice's command must reproduce: those a replay's config records beside the
+# policy, the chunk and the graph sizes (which the engine captures for itself).
+PINNED = ("max_model_len", "enable_prefix_caching", "drain", "reclaim", "max_num_seqs",
+          "gpu_memory_utilization", "block_size", "vmm_handle_bytes", "tensor_parallel_size")
+
+
+def test_each_slice_command_reproduces_its_runs_configuration():
+    """A default that changed since a slice was replayed must be pinned in its command, or
+    measuring it again would measure another engine."""
+    from sim.core.config_flags import engine_configs
+    from validation.cli import build_parser
+    from validation.runs import engine_config, find_runs, load_summary
+
+    for folder in slice_folders():
+        words = shlex.split(read_recipe(folder).command)
+        while re.fullmatch(r"[A-Z_]+=\S*", words[0]):
+            words.pop(0)
+        made = engine_configs(build_parser().parse_args(words[3:]))
+        runs = [engine_config(load_summary(r).summary) for r in find_runs(folder / "runs")]
+        assert {(c.policy, c.chunk_tokens) for c in made} == {
+            (r.policy, r.chunk_tokens) for r in runs}, folder.name
+        assert {c.model.name for c in made} == {r.model.name for r in runs}, folder.name
+        for name in PINNED:
+            assert {getattr(c, name) for c in made} == {getattr(r, name) for r in runs}, (
+                folder.name, name)
