@@ -133,6 +133,26 @@ def trial_graph_bytes(model, config: EngineConfig, device: torch.device,
     return max(0, used)
 
 
+def check_supported(config: EngineConfig) -> None:
+    """Refuse, with what to change, a configuration this engine would otherwise run as
+    something else: it builds dense Llama-family decoders (no MoE or MLA layers) in bf16, with
+    bf16 weights and a bf16 KV cache. The simulator prices all of these; only the GPU engine,
+    which measures them, is narrower."""
+    model = config.model
+    unsupported = [what for what, present in (
+        ("MoE layers", model.moe is not None), ("MLA attention", model.mla is not None),
+        (f"dtype {config.dtype}", config.dtype not in ("auto", "bfloat16", "bf16")),
+        (f"--kv-cache-dtype {config.kv_cache_dtype}", model.kv_element_bytes != 2),
+        (f"--quantization {config.quantization}", model.linear_element_bytes != 2),
+    ) if present]
+    if model.dtype_bytes != 2 and not unsupported:
+        unsupported.append(f"{model.dtype_bytes}-byte weights")
+    if unsupported:
+        raise ValueError(f"the GPU engine runs dense bf16 models only; {model.name} here has "
+                         f"{', '.join(unsupported)}: replay another model or drop those flags "
+                         "(the simulator, `python -m sim`, prices it)")
+
+
 def build_gpu_engine(config: EngineConfig, *, device: torch.device | None = None, seed: int = 0,
                      use_graphs: bool = True, torch_cap: str = "auto",
                      max_kv_blocks: int | None = None, piecewise: bool = False,
@@ -141,6 +161,7 @@ def build_gpu_engine(config: EngineConfig, *, device: torch.device | None = None
     captured at `sim.core.cost_model.piecewise_capture_sizes` of the chunk, or of
     `piecewise_max_tokens` when that is smaller (a longer step runs fully eager); needs
     `use_graphs`."""
+    check_supported(config)
     if piecewise and not use_graphs:
         raise ValueError("piecewise graphs need CUDA graphs: drop --no-graphs")
     device = device or torch.device("cuda", torch.cuda.current_device())

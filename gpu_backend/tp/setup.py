@@ -27,6 +27,7 @@ from gpu_backend.engine.memory import (
 from gpu_backend.engine.runner import DecodeGraphs
 from gpu_backend.engine.setup import (
     assemble_engine,
+    check_supported,
     fused_layers_enabled,
     make_store,
     plain_store,
@@ -108,6 +109,7 @@ def agree(m: MemoryMeasurement, group: TpGroup) -> MemoryMeasurement:
 
 def build_tp_gpu_engine(config: EngineConfig, group: TpGroup, *, seed: int = 0,
                         use_graphs: bool = False, max_kv_blocks: int | None = None) -> TpSetup:
+    check_supported(config)
     device = group.device
     config = config.with_(reclaim="release", tensor_parallel_size=group.world_size)
     model, own = measure_tp_memory(config, group, seed, use_graphs)
