@@ -23,12 +23,18 @@ SYNTHETIC = "synthetic"
 
 def add_synthetic_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("synthetic trace (with --trace synthetic)")
-    g.add_argument("--synthetic-requests", type=int, default=1000, metavar="N")
-    g.add_argument("--synthetic-rate", type=float, default=2.0, metavar="REQ_PER_S")
-    g.add_argument("--arrival", choices=("poisson", "gamma", "constant"), default="poisson")
+    g.add_argument("--synthetic-requests", type=int, default=1000, metavar="N",
+                   help="how many requests to generate (default 1000)")
+    g.add_argument("--synthetic-rate", type=float, default=2.0, metavar="REQ_PER_S",
+                   help="mean arrival rate in requests per second (default 2)")
+    g.add_argument("--arrival", choices=("poisson", "gamma", "constant"), default="poisson",
+                   help="inter-arrival gaps: exponential (poisson), gamma with --cv, or equal")
     g.add_argument("--cv", type=float, default=1.0, help="coefficient of variation (gamma)")
-    g.add_argument("--prompt-dist", default="lognormal:1000:1.0", metavar="SPEC")
-    g.add_argument("--output-dist", default="lognormal:200:1.0", metavar="SPEC")
+    g.add_argument("--prompt-dist", default="lognormal:1000:1.0", metavar="SPEC",
+                   help="prompt tokens: fixed:N, uniform:LOW:HIGH, lognormal:MEDIAN:SIGMA[:MAX] "
+                        "or empirical:TRACE (default lognormal:1000:1.0)")
+    g.add_argument("--output-dist", default="lognormal:200:1.0", metavar="SPEC",
+                   help="output tokens, in the same forms (default lognormal:200:1.0)")
     g.add_argument("--seed", type=int, default=0,
                    help="seed of the synthetic trace (and, in the GPU engine, of the weights)")
 
