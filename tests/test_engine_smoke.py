@@ -32,8 +32,13 @@ MIGRATION = [Request(0, 0.0, 60, 110), Request(1, 0.0, 60, 150), Request(2, 0.0,
 
 @pytest.fixture(scope="module")
 def model():
-    return build_model(TINY, "cpu", torch.float32, attention_backend="torch", max_position=256,
-                       seed=1)
+    # One thread: the tiny model's matmuls are too small to share, and on a busy 2-core
+    # machine two threads made each of them 10x slower.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield build_model(TINY, "cpu", torch.float32, attention_backend="torch", max_position=256,
+                      seed=1)
+    torch.set_num_threads(threads)
 
 
 def run(model, policy, drain=DrainStrategy.PREEMPT, num_kv_blocks=48, requests=REQUESTS):
