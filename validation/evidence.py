@@ -247,9 +247,15 @@ def evidence_tables(folders: Sequence[Path]) -> str:
 
 
 def readme_table(folders: Sequence[Path]) -> str:
-    from validation.table import summary_table
+    """The decision a user takes first (does elastic gain, predicted as measured), then how
+    close every slice's metrics come."""
+    from validation.table import gain_table, read_report, summary_table
 
-    return ("Every validated slice (its report: `validation/evidence/<slice>/report.md`; "
+    gains = [g for folder in folders for g in read_report(folder).get("gains") or ()]
+    return ("**Does elastic pay here?** The gain of elastic over static, predicted against "
+            f"measured, over every validated slice ({len(folders)}):\n"
+            + gain_table(gains)
+            + "\nEvery validated slice (its report: `validation/evidence/<slice>/report.md`; "
             "all of them rebuilt from the evidence by `python -m validation rebuild`):\n\n"
             + summary_table(grouped(folders)))
 
