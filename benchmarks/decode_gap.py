@@ -2,9 +2,8 @@
 
     python benchmarks/decode_gap.py [--model llama-3.1-8b] [--rounds 3] [--out FILE]
 
-The replays' steps.csv phases put the gap on the device span, not on the host (device call
-2 of 2026-11-30's fourth session: Azure conv decode steps of 17-32 sequences 6.33 ms on the
-device for 24k keys, the profile's 32 x 1,024 uniform point 6.26 ms for 33k), and it holds at
+The replays' steps.csv phases put the gap on the device span, not on the host (H200,
+2026-11-30: Azure conv decode steps of 17-32 sequences 6.33 ms on the device for 24k keys, the profile's 32 x 1,024 uniform point 6.26 ms for 33k), and it holds at
 low skew and whatever the time since the last prefill. What differs between the two is how the
 engine is set up: the profile captures one graph per grid batch size with tables as wide as
 the grid's longest sequence, on a pool just big enough for the grid, each sequence's blocks

@@ -5,7 +5,7 @@
 The profile times each grid step back to back (warm-up, then the median of five). Replays of
 the same shapes came out slower: small eager steps (a short prefill chunk beside decodes)
 19-30 ms against the profile's ~13 ms, and decode steps of 33+ sequences 9-14% over the fit
-(validation reports' per-class tables, device call 4). Each experiment here times one step
+(validation reports' per-class tables). Each experiment here times one step
 shape under one condition the replay differs in, the rest held equal:
 
 * eager steps (a 128-token prompt beside 32 decodes of 1,024 keys; a 256-token prompt):
@@ -24,8 +24,8 @@ shape under one condition the replay differs in, the rest held equal:
 
 Prints the median of each and its ratio to the profile's condition; writes JSON.
 
-Result (H200, 2026-11-30's fourth session, device call 1; benchmarks/results/eager_gap_nvidia-
-h200.json): the eager steps' medians moved between 13 and 26 ms with no order among the
+Result (H200, driver 580.159.04, torch 2.11, triton 3.6, 2026-11-30;
+benchmarks/results/eager_gap_nvidia-h200.json): the eager steps' medians moved between 13 and 26 ms with no order among the
 conditions (the 128-token step back to back 22.5 ms, after a decode-graph step 13.3 ms; the
 256-token prompt 25.0 ms back to back, 14.2 ms after a full GC), and the decode step stayed
 within 7.65-8.36 ms under every condition. What moved was the host's speed

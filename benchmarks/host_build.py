@@ -2,8 +2,8 @@
 
     .venv/bin/python benchmarks/host_build.py [--out FILE]
 
-Replays time this with every step (`GpuEngine._run`); calibration profiles before 2026-11-30's
-second session did not, so their fits missed it. Decode batches of 1-256 sequences at a
+Replays time this with every step (`GpuEngine._run`), and so does the calibration profile:
+a fit that leaves it out misses it. Decode batches of 1-256 sequences at a
 1,024-token context, and a mixed step (a 512-token chunk beside decodes), built from the
 calibration grid's own step descriptions (`gpu_backend.engine.shapes.engine_step`). Prints the
 median time per build and a least-squares fixed + per-sequence cost; writes JSON. The GPU

@@ -314,7 +314,7 @@ def test_time_step_reports_the_median_of_each_phase():
 def test_split_launch_is_fitted_where_the_grid_splits_and_held_where_it_barely_does():
     """The grid's steps whose attention splits its keys (sim.core.cost_model.attention_num_splits):
     enough of them for both models, so a known split launch comes back; with only one such
-    step (the grid before 2026-11-30's fifth session, for Llama-3.1-8B) it stays at 0."""
+    step (a grid without such steps, as Llama-3.1-8B's once was) it stays at 0."""
     from sim.core.calibration import MIN_SPLIT_STEPS
     from sim.core.cost_model import step_extents
 

@@ -216,8 +216,7 @@ def test_replay_with_capped_piecewise_graphs():
 def test_a_step_that_samples_no_row_is_timed_to_its_end(piecewise):
     """A prompt longer than the chunk: its first step samples no row, so no ids come back to
     the host (an empty copy is no sync). The step is still timed to the end of its device
-    work (2026-11-30, sixth session: a Mooncake replay of Qwen2.5-0.5B with piecewise graphs
-    stopped on "Both events must be completed")."""
+    work (a step timed without it stops the replay on "Both events must be completed")."""
     setup = build(Policy.STATIC, piecewise=piecewise)
     engine = setup.engine
     replay(engine, [Request(0, 0.0, 900, 4)], wait=False)  # chunk 512: 512 + 388 tokens

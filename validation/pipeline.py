@@ -96,7 +96,7 @@ class Validation:
 
 
 SENSITIVITY_FACTOR = 1.02
-HOST_SENSITIVITY_FACTOR = 1.5  # a host half again as slow (the lent H200's swung up to 2x)
+HOST_SENSITIVITY_FACTOR = 1.5  # a host half again as slow (one H200 host's swung up to 2x)
 SENSITIVITY_METRICS = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "throughput_tok_s")
 
 

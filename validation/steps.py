@@ -35,7 +35,7 @@ from sim.core.cost_model import CostModel
 REQUIRED_COLUMNS = ("num_prefill_tokens", "num_decode_tokens", "decode_context_tokens",
                     "num_seqs")
 DURATION_COLUMNS = ("measured_s", "duration_s", "step_s")
-# Where a GPU step's time went (gpu_backend since 2026-11-30's fourth session): host batch
+# Where a GPU step's time went (replays record it per step): host batch
 # build, host enqueue (inputs staged, graph or kernels launched), device span (CUDA events).
 PHASE_COLUMNS = ("build_s", "enqueue_s", "device_s")
 OPTIONAL_COLUMNS = ("start_s", "num_preempted", "kv_blocks_used", "kv_blocks_usable",

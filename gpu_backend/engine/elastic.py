@@ -11,7 +11,7 @@ Overcommit maps the reserve handle by handle as elastic blocks are first used (t
 the mapped prefix only grows. Each transition is timed with perf_counter after a device sync,
 and recorded with its phases (`Transition`: torch's cache emptied, blocks copied, handles
 mapped or unmapped, and the cached bytes torch gave back), which a replay writes to
-transitions.csv: on the lent H200 a few transitions in a few hundred took 50-175 ms where the
+transitions.csv: on an H200 a few transitions in a few hundred took 50-175 ms where the
 rest took under 3 ms, and the phases say which step of a transition stalls.
 """
 

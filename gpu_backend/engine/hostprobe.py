@@ -1,7 +1,7 @@
 """The host CPU's speed, measured now and then: a fixed pure-Python loop, timed.
 
 Launch-bound steps (every eager step; a small model's decode steps) take what the host takes
-to launch them. On the lent H200 this loop took 7.0 ms in one session and 9-14 ms in another,
+to launch them. On one H200 host this loop took 7.0 ms at one time and 9-14 ms at another,
 minutes apart, and an eager step's enqueue time followed it (`benchmarks/host_noise.py`). A
 replay on the virtual clock and a calibration profile each record it, so a validation can say
 whether the host ran as fast during the replay as during the profile.

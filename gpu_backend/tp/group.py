@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-# NVLink SHARP multicast is off on the lent machines (see the device notes); set before init.
+# NVLink SHARP (multicast) stays off: a program that uses it can take a shared host's GPUs out
+# of service; set before init.
 NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
             "NVSHMEM_DISABLE_NVLS": "1"}
 

@@ -94,7 +94,7 @@ class FakeCudaDriver(FakeDeviceState):
             hook(call)
         return result
 
-    # -- context and device calls -----------------------------------------------------------
+    # -- context and device ----------------------------------------------------------------
 
     def cuInit(self, flags: int) -> tuple:
         if self.no_driver:

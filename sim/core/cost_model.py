@@ -476,8 +476,8 @@ HOST_TERMS = ("step_overhead_s", "per_seq_overhead_s", "eager_launch_s", "piecew
 
 def host_slower(eff: Efficiency, factor: float) -> Efficiency:
     """`eff` on a host `factor` times slower: the per-step terms a calibration fits multiplied,
-    the device's rates kept. The lent H200's host ran a fixed Python loop in 7 to 14 ms in
-    different sessions, and eager steps' launch time moved with it (benchmarks/host_noise.py).
+    the device's rates kept. One H200 host ran a fixed Python loop in 7 to 14 ms at different
+    times, and eager steps' launch time moved with it (benchmarks/host_noise.py).
     The eager launch term is host time; the step overhead also holds per-step device time (the
     Llama-3.1-8B profile fits 1.68 ms, of which a small decode graph step's host build and
     enqueue are 0.3-0.5 ms), so for graph steps this is an upper bound."""

@@ -64,7 +64,7 @@ class VmmCosts:
 
     `attach_cache_gib_s`: per GiB of activation memory the engine's allocator still caches
     when it attaches (a release-mode attach hands it back first, torch's empty_cache, so that
-    the reserve's physical memory is free). The seventh session's 1,316 replayed attaches:
+    the reserve's physical memory is free). Over 1,316 replayed attaches on an H200:
     empty_cache took 0.31 ms (median) with nothing cached, 1.0 ms with 0.05-0.2 GiB, 1.9 ms with
     0.5-2 GiB, and was 53% of all attach time; the two attaches over 20 ms spent 94% there."""
 

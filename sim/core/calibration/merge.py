@@ -1,7 +1,7 @@
 """Merge profiles of one grid taken at other times: each point's timings become the median.
 
 The host's speed drifts between profiles (one H200 host ran a fixed Python loop in 7 to 14
-ms in different sessions, benchmarks/host_noise.py); the median over several profiles weighs
+ms at different times, benchmarks/host_noise.py); the median over several profiles weighs
 one drifted profile less. Refit the result (`profile_fit.refit_profile`).
 """
 
