@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -28,10 +27,10 @@ from sim.core.config_flags import (
     positive_int,
 )
 from sim.core.cost_model import Efficiency, host_slower
-from sim.progress import progress_bar
 from sim.recording.metrics import Slo
-from sim.report import print_comparison, write_outputs
-from sim.runner import RunResult, RunSpec, simulate
+from sim.report import interrupted_message, show_finished
+from sim.runner import RunSpec
+from sim.runs import check_fits, claim_outputs, run_all
 from traces import TraceError, add_trace_arguments, trace_from_args
 
 
@@ -58,8 +57,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="TTFT SLO in seconds, for goodput (default: none)")
     g.add_argument("--slo-tpot", type=positive_float, default=None,
                    help="TPOT SLO in seconds, for goodput (default: none)")
-    g.add_argument("--out", type=Path, default=None, help="write summary.json, CSVs (and plots)")
-    g.add_argument("--plot", action="store_true", help="with --out: write PNG plots")
+    g.add_argument("--out", type=Path, default=None, metavar="DIR",
+                   help="write summary.json and each run's CSVs (and plots) into DIR as each "
+                        "run ends; DIR must be new or empty (see --overwrite)")
+    g.add_argument("--overwrite", action="store_true",
+                   help="let --out (and --trace-events) replace the results of an earlier run")
+    g.add_argument("--plot", action="store_true",
+                   help="with --out: per run, queue, batch, KV and tokens/s over time; TTFT "
+                        "and TPOT CDFs with the SLOs")
+    g.add_argument("--trace-events", type=Path, default=None, metavar="FILE",
+                   help="write engine steps and request spans as Chrome trace events (JSON; "
+                        "opens in ui.perfetto.dev)")
     g.add_argument("--json", action="store_true", help="print the summaries as JSON")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     g.add_argument("--host-slowdown", type=float, default=1.0, metavar="FACTOR",
@@ -85,29 +93,22 @@ def main(argv: list[str] | None = None) -> int:
             print(f"note: {note}", file=sys.stderr)
         if args.host_slowdown != 1.0:
             efficiency = host_slower(efficiency or Efficiency(), args.host_slowdown)
+        slo = Slo(args.slo_ttft, args.slo_tpot)
+        specs = [RunSpec(c, args.replicas, args.router, efficiency, profile, slo, vmm_costs)
+                 for c in configs]
+        check_fits(specs)
+        outputs = claim_outputs(args.out, args.trace_events, overwrite=args.overwrite,
+                                plot=args.plot)
     except (TraceError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    slo = Slo(args.slo_ttft, args.slo_tpot)
-    results: list[RunResult] = []
-    for config in configs:
-        spec = RunSpec(config, args.replicas, args.router, efficiency, profile, slo, vmm_costs)
-        try:
-            with progress_bar(spec.label, trace, disabled=args.no_progress) as progress:
-                results.append(simulate(spec, trace, progress))
-        except ValueError as exc:  # a configuration that does not fit the GPU, say
-            print(f"error: {spec.label}: {exc}", file=sys.stderr)
-            return 2
-    for result in results:
-        result.summary["pricing"] = pricing(calibration)
-    if args.json:
-        print(json.dumps([r.summary for r in results], indent=2))
-    else:
-        print_comparison(results, trace)
-        print(pricing_line(calibration))
+    finished = run_all(specs, trace, outputs, show_progress=not args.no_progress,
+                       pricing=pricing(calibration))
+    show_finished(finished.results, trace, as_json=args.json, pricing=pricing_line(calibration))
     if calibration is None:
         print(uncalibrated_warning(configs[0].model.name, configs[0].gpu.name, kind,
                                    forced=args.calibration is not None), file=sys.stderr)
-    if args.out is not None:
-        write_outputs(args.out, results, trace, plot=args.plot)
+    if finished.interrupted:
+        print(interrupted_message(finished, args.out, args.trace_events), file=sys.stderr)
+        return 130
     return 0

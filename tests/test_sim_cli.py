@@ -61,7 +61,8 @@ def test_csvs_have_one_row_per_request_and_per_timeline_entry(run_dir):
 
 def test_plots_are_written(run_dir):
     pngs = sorted(p.name for p in run_dir.glob("*.png"))
-    assert pngs == ["kv_usage.png", "latency_cdfs.png"]
+    assert pngs == ["latency_cdfs.png", "timeline_elastic_chunk_2048.png",
+                    "timeline_static_chunk_2048.png"]
     for name in pngs:
         assert (run_dir / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -78,7 +79,10 @@ def test_table_names_the_runs(capsys):
     code = sim.__main__.main(["--trace", "azure-conv", "--limit", "10", "--no-progress"])
     assert code == 0
     out = capsys.readouterr().out
-    assert "static/chunk=8192" in out and "elastic/chunk=8192" in out
+    header = next(line for line in out.splitlines() if "static" in line)
+    assert header.split() == ["┃", "┃", "static", "┃", "elastic", "┃"]
+    under = next(line for line in out.splitlines() if "metric" in line)
+    assert under.split() == ["┃", "metric", "┃", "chunk=8192", "┃", "chunk=8192", "┃"]
     assert "KV capacity" in out and "TTFT p50" in out
 
 
