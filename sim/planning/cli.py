@@ -41,7 +41,7 @@ from sim.planning.map_figure import plot_map
 from sim.planning.parallel import Executor
 from sim.planning.pricing import options_engine, price_cases, pricing_lines
 from sim.planning.spec import OPTION_SETTINGS, SWEEP_FIXED, SweepSpec, engine_options, load_sweep
-from sim.planning.sweep import run_sweep, write_table
+from sim.planning.sweep import open_table, run_sweep, write_parquet, write_table
 from sim.recording.metrics import Slo
 from sim.recording.outputs import parse_int_list
 from traces import TraceError, add_trace_arguments
@@ -123,17 +123,31 @@ def sweep_main(argv: list[str]) -> int:
                         "(default: the YAML's, else each case's shipped one, if any; 'none': "
                         "the datasheet roofline with default efficiencies)")
     _add_slo_arguments(g, None, None)
-    g.add_argument("--out", type=Path, default=None, help="folder for sweep.csv/.parquet")
+    g.add_argument("--out", type=Path, default=None, metavar="DIR",
+                   help="folder for sweep.csv (a row added as each case ends) and "
+                        "sweep.parquet; new or empty unless --resume or --overwrite")
+    g.add_argument("--resume", action="store_true",
+                   help="keep the cases already in --out's sweep.csv and run the others "
+                        "(cases that failed run again)")
+    g.add_argument("--overwrite", action="store_true",
+                   help="remove an earlier sweep's sweep.csv/.parquet from --out first")
     g.add_argument("--json", action="store_true", help="print the rows as JSON")
     _add_executor_arguments(parser)
     args = parser.parse_args(argv)
     spec = load_sweep(args.config) if args.config else _sweep_from_flags(args)
     choice = spec.calibration or args.calibration
     cases, calibrations = price_cases(spec.cases(), choice)
-    rows = run_sweep(cases, _executor(args, spec.workers))
-    for row, calibration in zip(rows, calibrations):
-        row["pricing"] = describe(calibration)
     out = args.out or spec.out
+    if args.resume and out is None:
+        raise ValueError("--resume needs --out DIR, the folder of the sweep to finish")
+    table = open_table(out, resume=args.resume, overwrite=args.overwrite) if out else None
+    try:
+        rows = run_sweep(cases, _executor(args, spec.workers), table=table,
+                         extra=[{"pricing": describe(c)} for c in calibrations])
+    except KeyboardInterrupt:
+        done = len(table.rows) if table is not None else 0
+        print(report.interrupted_sweep(done, len(cases), out), file=sys.stderr)
+        return 130
     if args.json:
         print(json.dumps(rows, indent=1, default=str))
     else:
@@ -143,9 +157,13 @@ def sweep_main(argv: list[str]) -> int:
     for warning in warnings:
         print(warning, file=sys.stderr)
     if out is not None:
-        for path in write_table(rows, out):
-            print(f"wrote {path}", file=sys.stderr)
-    return 0
+        parquet = write_parquet(rows, out / "sweep.parquet")
+        print(f"wrote {out / 'sweep.csv'}" + (f" and {parquet}" if parquet else ""),
+              file=sys.stderr)
+    failures = report.sweep_failures(rows, out)
+    for line in failures:
+        print(line, file=sys.stderr)
+    return 1 if failures else 0
 
 
 def _sweep_from_flags(args: argparse.Namespace) -> SweepSpec:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -33,6 +34,7 @@ SWEEP_COLUMNS = (
     ("preempt", "num_preemptions", "{:,}"),
 )
 MAX_SWEEP_ROWS_SHOWN = 60
+MAX_FAILURES_SHOWN = 5
 
 
 def _cell(row: dict, key: str, fmt: str) -> str:
@@ -49,9 +51,10 @@ def _table(title: str, rows: Sequence[dict], spec) -> Table:
     for header, _, _ in spec:
         table.add_column(header, justify="right")
     for row in rows:
-        if not row.get("fits", True):
+        if row.get("error") or not row.get("fits", True):
             first = [_cell(row, key, fmt) for _, key, fmt in spec[:2]]
-            table.add_row(*first, fit_status(row.get("fit_error")), *[""] * (len(spec) - 3))
+            status = "failed" if row.get("error") else fit_status(row.get("fit_error"))
+            table.add_row(*first, status, *[""] * (len(spec) - 3))
             continue
         table.add_row(*[_cell(row, key, fmt) for _, key, fmt in spec])
     return table
@@ -63,6 +66,31 @@ def print_sweep(rows: Sequence[dict], console: Console | None = None) -> None:
     console.print(_table(f"sweep: {len(rows)} configurations", shown, SWEEP_COLUMNS))
     if len(rows) > len(shown):
         console.print(f"({len(rows) - len(shown)} more rows in the table file)")
+
+
+def sweep_failures(rows: Sequence[dict], out: Path | None) -> list[str]:
+    """The stderr lines of a sweep whose cases failed: how many, the first reasons, and how
+    to run them again."""
+    failed = [r for r in rows if r.get("error")]
+    if not failed:
+        return []
+    where = f"the error column of {out / 'sweep.csv'}" if out is not None else "--json"
+    lines = [f"warning: {len(failed)} of {len(rows)} cases failed (all reasons: {where})"]
+    for row in failed[:MAX_FAILURES_SHOWN]:
+        lines.append(f"  {row['model']} {row['gpu']} tp={row['tensor_parallel_size']} "
+                     f"chunk={row['chunk']} {row['policy']} x{row['rate_scale']:g}: "
+                     f"{row['error']}")
+    if out is not None:
+        lines.append("  rerun with --resume to run the failed cases again")
+    return lines
+
+
+def interrupted_sweep(rows_done: int, total: int, out: Path | None) -> str:
+    """What a stopped sweep leaves."""
+    if out is None:
+        return f"interrupted: {rows_done} of {total} cases had ended; nothing saved (no --out)"
+    return (f"interrupted: the {rows_done} of {total} cases that ended are in "
+            f"{out / 'sweep.csv'}; rerun with --resume to run the rest")
 
 
 def print_plan(result: PlanResult, console: Console | None = None) -> None:
