@@ -7,6 +7,7 @@ import csv
 import importlib.util
 import os
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -113,3 +114,15 @@ def test_ray_records_a_failing_case_and_goes_on():
     rows = run_sweep(cases(), Executor(workers=2, ray_address="local", show_progress=False))
     assert [bool(r["error"]) for r in rows] == [False, True, False]
     assert rows[1]["error"].startswith("ValueError: rate_scale must be > 0")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed")
+def test_ray_retries_a_killed_task_and_records_one_lost_for_good(tmp_path):
+    import ray
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers lack tests/
+    items = [(1, "ok", ""), (2, "die", str(tmp_path / "a")), (3, "die-once", str(tmp_path / "b"))]
+    executor = Executor(workers=2, ray_address="local", show_progress=False, max_retries=1)
+    outcomes = {o.index: o for o in iter_outcomes(work, items, executor)}
+    assert outcomes[0].value == 2 and outcomes[2].value == 6
+    assert outcomes[1].error.startswith("lost on Ray after 1 retries: WorkerCrashedError")

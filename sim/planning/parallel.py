@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import re
 import signal
 import sys
 import traceback
@@ -43,6 +44,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 MAX_MESSAGE = 300
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 RAY_MISSING = ("--ray needs Ray, an optional extra: pip install 'elastic-kv[ray]' "
                "(or pip install ray)")
 
@@ -112,15 +114,18 @@ def call(fn: Callable[[Any], Any], index: int, item: Any) -> Outcome:
         return Outcome(index, error=describe_exception(exc))
 
 
-def describe_exception(exc: BaseException) -> str:
+def describe_exception(exc: BaseException, where: bool = True) -> str:
     """`Type: message (at file.py:line in function)`, one line of at most MAX_MESSAGE
-    characters of message."""
-    message = " ".join(str(exc).split()) or "(no message)"
+    characters of message (`where`: name the place it was raised)."""
+    text = ANSI_ESCAPE.sub("", str(exc)).strip()
+    if not where:  # another system's error (Ray's): its first line, not its traceback
+        text = text.splitlines()[0] if text else ""
+    message = " ".join(text.split()) or "(no message)"
     if len(message) > MAX_MESSAGE:
         message = message[:MAX_MESSAGE - 3] + "..."
     frames = traceback.extract_tb(exc.__traceback__)
     where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno} in " \
-            f"{frames[-1].name})" if frames else ""
+            f"{frames[-1].name})" if frames and where else ""
     return f"{type(exc).__name__}: {message}{where}"
 
 
@@ -235,7 +240,7 @@ def _ray_outcomes(fn, items: Sequence, executor: Executor) -> Iterator[Outcome]:
                     yield ray.get(ref)
                 except ray.exceptions.RayError as exc:
                     yield Outcome(refs[ref], error=f"lost on Ray after {executor.max_retries} "
-                                                   f"retries: {describe_exception(exc)}")
+                                                   f"retries: {describe_exception(exc, False)}")
     except BaseException:
         for ref in pending:
             ray.cancel(ref, force=True)
