@@ -146,7 +146,8 @@ def plot_latency_cdfs(path: Path, results: Sequence, slo: Slo) -> Path:
         ax.set_ylabel("fraction of finished requests")
         ax.set_ylim(0, 1.02)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7, loc="lower right")
+        if ax.get_legend_handles_labels()[0]:  # no line: every request rejected, say
+            ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

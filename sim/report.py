@@ -82,7 +82,11 @@ def print_comparison(results: Sequence[RunResult], trace: Trace, console: Consol
                      pricing: str | None = None) -> None:
     """The comparison tables, the deltas' base and `pricing` (what priced the runs)."""
     console = console or Console(width=max(Console().width, TABLE_WIDTH))
-    for table in comparison_tables(results, trace):
+    engine = results[0].spec.engine
+    console.print(f"{engine.model.name} on {engine.gpu.name} x TP {engine.tensor_parallel_size}"
+                  f", {len(trace):,} requests from {Path(trace.source).name}",
+                  width=TABLE_WIDTH, style="bold", highlight=False)
+    for table in comparison_tables(results):
         console.print(table)
     if len(results) > 1:
         console.print(f"deltas are relative to {results[0].spec.label}")
@@ -90,23 +94,20 @@ def print_comparison(results: Sequence[RunResult], trace: Trace, console: Consol
         console.print(pricing, width=TABLE_WIDTH, soft_wrap=False, highlight=False)
 
 
-def comparison_tables(results: Sequence[RunResult], trace: Trace) -> list[Table]:
+def comparison_tables(results: Sequence[RunResult]) -> list[Table]:
     """The fewest equal groups of runs whose tables fit TABLE_WIDTH columns."""
     measure = Console(width=10 * TABLE_WIDTH)
     for num_tables in range(1, len(results) + 1):
         size = -(-len(results) // num_tables)
         groups = [results[i:i + size] for i in range(0, len(results), size)]
-        tables = [_table(g, results[0].summary, trace, i == 0) for i, g in enumerate(groups)]
+        tables = [_table(g, results[0].summary) for g in groups]
         if all(measure.measure(t).maximum <= TABLE_WIDTH for t in tables):
             return tables
     return tables
 
 
-def _table(group: Sequence[RunResult], base: dict, trace: Trace, first: bool) -> Table:
-    engine = group[0].spec.engine
-    title = (f"{engine.model.name} on {engine.gpu.name} x TP {engine.tensor_parallel_size}, "
-             f"{len(trace):,} requests from {Path(trace.source).name}") if first else None
-    table = Table(title=title, title_justify="left")
+def _table(group: Sequence[RunResult], base: dict) -> Table:
+    table = Table()
     table.add_column("metric")
     for r in group:
         header = r.spec.label.replace("/", "\n")

@@ -16,6 +16,7 @@ import numpy as np
 from sim.core.elastic import Policy
 from sim.core.engine_config import EngineConfig, EngineCore
 from sim.core.request import RequestState
+from sim.recording.folder import atomic_path
 from sim.recording.metrics import TIMELINE_COLUMNS, ReplicaRecorder, request_table, timeline_array
 
 
@@ -43,9 +44,10 @@ def config_fields(core: EngineCore, num_replicas: int = 1) -> dict:
 
 
 def write_request_csv(path: Path, requests: Sequence[RequestState]) -> None:
+    """One row per request (REQUEST_COLUMNS), written whole or not at all."""
     table = request_table(requests)
     columns = list(table)
-    with path.open("w", newline="") as f:
+    with atomic_path(path) as tmp, tmp.open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(columns)
         writer.writerows(zip(*(table[c].tolist() for c in columns)))
@@ -53,7 +55,8 @@ def write_request_csv(path: Path, requests: Sequence[RequestState]) -> None:
 
 def write_timeline_csv(path: Path, recorders: Sequence[ReplicaRecorder],
                        extra: dict[str, np.ndarray] | None = None) -> None:
-    """One row per recorded step (or decode run): replica, TIMELINE_COLUMNS, then `extra`."""
+    """One row per recorded step (or decode run): replica, TIMELINE_COLUMNS, then `extra`;
+    written whole or not at all."""
     rows = [np.column_stack([np.full(len(rec.timeline), rec.replica_id), timeline_array(rec)])
             for rec in recorders]
     data = np.concatenate(rows) if rows else np.zeros((0, len(TIMELINE_COLUMNS) + 1))
@@ -61,7 +64,8 @@ def write_timeline_csv(path: Path, recorders: Sequence[ReplicaRecorder],
     for name, column in (extra or {}).items():
         data = np.column_stack([data, np.asarray(column, dtype=np.float64)[:len(data)]])
         names += (name,)
-    np.savetxt(path, data, delimiter=",", header=",".join(names), comments="", fmt="%.9g")
+    with atomic_path(path) as tmp:
+        np.savetxt(tmp, data, delimiter=",", header=",".join(names), comments="", fmt="%.9g")
 
 
 def parse_policies(text: str) -> list[Policy]:
