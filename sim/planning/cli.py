@@ -123,14 +123,7 @@ def sweep_main(argv: list[str]) -> int:
                         "(default: the YAML's, else each case's shipped one, if any; 'none': "
                         "the datasheet roofline with default efficiencies)")
     _add_slo_arguments(g, None, None)
-    g.add_argument("--out", type=Path, default=None, metavar="DIR",
-                   help="folder for sweep.csv (a row added as each case ends) and "
-                        "sweep.parquet; new or empty unless --resume or --overwrite")
-    g.add_argument("--resume", action="store_true",
-                   help="keep the cases already in --out's sweep.csv and run the others "
-                        "(cases that failed run again)")
-    g.add_argument("--overwrite", action="store_true",
-                   help="remove an earlier sweep's sweep.csv/.parquet from --out first")
+    _add_sweep_out_arguments(g)
     g.add_argument("--json", action="store_true", help="print the rows as JSON")
     _add_executor_arguments(parser)
     args = parser.parse_args(argv)
@@ -138,15 +131,8 @@ def sweep_main(argv: list[str]) -> int:
     choice = spec.calibration or args.calibration
     cases, calibrations = price_cases(spec.cases(), choice)
     out = args.out or spec.out
-    if args.resume and out is None:
-        raise ValueError("--resume needs --out DIR, the folder of the sweep to finish")
-    table = open_table(out, resume=args.resume, overwrite=args.overwrite) if out else None
-    try:
-        rows = run_sweep(cases, _executor(args, spec.workers), table=table,
-                         extra=[{"pricing": describe(c)} for c in calibrations])
-    except KeyboardInterrupt:
-        done = len(table.rows) if table is not None else 0
-        print(report.interrupted_sweep(done, len(cases), out), file=sys.stderr)
+    rows = _sweep_rows(cases, calibrations, args, _executor(args, spec.workers), out)
+    if rows is None:
         return 130
     if args.json:
         print(json.dumps(rows, indent=1, default=str))
@@ -164,6 +150,33 @@ def sweep_main(argv: list[str]) -> int:
     for line in failures:
         print(line, file=sys.stderr)
     return 1 if failures else 0
+
+
+def _add_sweep_out_arguments(g) -> None:
+    g.add_argument("--out", type=Path, default=None, metavar="DIR",
+                   help="folder for sweep.csv (a row added as each case ends) and "
+                        "sweep.parquet; new or empty unless --resume or --overwrite")
+    g.add_argument("--resume", action="store_true",
+                   help="keep the cases already in --out's sweep.csv and run the others "
+                        "(cases that failed run again)")
+    g.add_argument("--overwrite", action="store_true",
+                   help="remove an earlier sweep's sweep.csv/.parquet from --out first")
+
+
+def _sweep_rows(cases, calibrations, args: argparse.Namespace, executor,
+                out: Path | None) -> list[dict] | None:
+    """The sweep's rows, each added to OUT/sweep.csv as its case ends (OUT claimed first);
+    None when Ctrl-C stopped it (said on stderr)."""
+    if args.resume and out is None:
+        raise ValueError("--resume needs --out DIR, the folder of the sweep to finish")
+    table = open_table(out, resume=args.resume, overwrite=args.overwrite) if out else None
+    try:
+        return run_sweep(cases, executor, table=table,
+                         extra=[{"pricing": describe(c)} for c in calibrations])
+    except KeyboardInterrupt:
+        done = len(table.rows) if table is not None else 0
+        print(report.interrupted_sweep(done, len(cases), out), file=sys.stderr)
+        return None
 
 
 def _sweep_from_flags(args: argparse.Namespace) -> SweepSpec:
