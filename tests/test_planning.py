@@ -22,6 +22,7 @@ from sim.planning import (
     run_sweep,
     write_table,
 )
+from sim.planning.plan import MaxRateRows
 from sim.planning.reserve import reserve_rows
 from sim.planning.sweep import WALL_CLOCK_COLUMNS, missing_metrics
 from sim.recording.metrics import Slo
@@ -109,7 +110,7 @@ def test_plan_picks_the_largest_chunk_whose_kv_pool_holds_the_prompt():
         model="qwen2.5-32b", gpu="h200", tp=1, trace=TraceSpec(synthetic=spec),
         chunks=(2048, 8192, 32768),
         options=EngineOptions(max_num_seqs=16, max_model_len=250_000),
-        search_max_rate=False)
+        max_rate=MaxRateRows.NONE)
     result = run_plan(query, QUIET)
     fits = {(r["policy"], r["chunk"]): r["fits"] for r in result.rows}
     assert fits[("static", 32768)] is False and fits[("elastic", 32768)] is False
@@ -128,6 +129,52 @@ def test_max_rate_search_brackets_the_boundary():
     failed = [scale for scale, ok in found.trail if not ok]
     assert failed and min(failed) <= found.max_rate_scale * 1.1 + 1e-9
     assert all(scale > found.max_rate_scale for scale in failed)
+
+
+def test_max_rate_search_reuses_known_scales_and_skips_those_above_the_ceiling():
+    case = Case("llama-3.2-1b", "h200", 1, 2048, "static", small_trace(60, 2.0),
+                slo=Slo(ttft_s=0.05, tpot_s=None))
+    search = RateSearch(Sustain(case.slo), rel_tol=0.1, max_scale=512.0)
+    plain = find_max_rate(case, search)
+    informed = find_max_rate(case, search, known={1.0: True}, ceiling_scale=plain.max_rate_scale * 1.5)
+    assert informed.max_rate_scale == pytest.approx(plain.max_rate_scale, rel=0.1)
+    assert informed.num_runs < plain.num_runs
+    assert sum(1 for scale, _ in informed.trail if scale == 1.0) >= 1  # judged, not run
+
+
+def overloaded_query(**changes) -> PlanQuery:
+    """150 prompts of 1-4k tokens at 60 req/s: one L4 replica of Qwen2.5-1.5B falls behind
+    at every chunk (the fleet search needs about five)."""
+    trace = TraceSpec(synthetic=SyntheticSpec(150, 60.0, LengthDist.uniform(1024, 4096),
+                                              LengthDist.uniform(8, 32), seed=3))
+    return PlanQuery(model="qwen2.5-1.5b", gpu="l4", tp=1, trace=trace,
+                     slo=Slo(ttft_s=0.5, tpot_s=None), chunks=(512, 2048),
+                     max_rate=MaxRateRows.NONE, **changes)
+
+
+def test_plan_on_an_overloaded_trace_picks_nothing_and_says_what_would(capsys):
+    from sim.planning.plan_report import print_plan
+
+    result = run_plan(overloaded_query(), QUIET)
+    assert result.nothing_sustains
+    assert result.static_pick is None and result.elastic_pick is None
+    assert all(r["overloaded"] and r["queue_at_last_arrival"] > 0 for r in result.rows)
+    assert result.fleet is not None and result.fleet.answer is not None
+    assert result.fleet.answer.replicas >= 2
+    print_plan(result)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "no configuration sustains this load" in out and "pick chunk" not in out
+    assert "OVERLOADED" in out and "requests waiting at the last arrival" in out
+    assert f"what would (fleet search, same GPU and TP): {result.fleet.answer.replicas} " \
+           "replicas x TP 1" in out
+
+
+def test_plan_runs_a_long_trace_on_its_busiest_stretch_and_says_so():
+    result = run_plan(overloaded_query(max_requests=50, rate_scale=0.05), QUIET)
+    assert result.stretch is not None and result.stretch.num_requests == 50
+    assert all(r["num_requests"] == 50 for r in result.rows if r["fits"])
+    assert "busiest 50 of 150 requests" in result.as_dict()["stretch"]
+    assert not result.nothing_sustains and result.static_pick is not None
 
 
 def test_reserve_share_shrinks_less_than_published_because_of_the_sampler():

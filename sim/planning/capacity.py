@@ -1,16 +1,18 @@
 """The highest request rate a configuration sustains within its SLOs, found by bisection.
 
-"Sustains" (``Sustain.holds``), at a given rate scale of the trace:
-
-1. SLO attainment >= ``min_attainment`` (0.95): the requests that finished within every
-   SLO, divided by all requests. This is "goodput >= 0.95 x offered rate" counted in
-   requests, so the drain tail after the last arrival of a finite trace does not bias it.
-2. p99 TTFT <= the TTFT SLO (when one is set): overload shows first as a growing queue.
+"Sustains" is `sim.planning.sustain.Sustain`: at a given rate scale of the trace the queue
+does not grow through it, p99 TTFT and TPOT are within their targets, and at least
+``min_attainment`` (0.95) of all requests finish within every target ("goodput >= 0.95 x
+offered rate" counted in requests, so the drain tail after the last arrival of a finite
+trace does not bias it). A run stops as soon as it cannot sustain (`run_watched`).
 
 The search assumes the predicate is monotone in the rate (true up to simulation noise):
 it brackets the boundary by doubling or halving the rate scale from ``start_scale``, then
 bisects geometrically until the bracket is within ``rel_tol``. The answer is the largest
 rate scale that was seen to sustain, a lower bound within ``rel_tol`` of the boundary.
+Scales already run (the plan's own run) are not run again, and a scale above the
+throughput bound's ceiling (`sim.planning.bounds.WorkBound.max_rate_scale`) is known to fail
+without a run.
 """
 
 from __future__ import annotations
@@ -19,33 +21,10 @@ import math
 from dataclasses import dataclass, field, replace
 
 from sim.planning.cases import Case, build_trace
-from sim.recording.metrics import Slo
-from sim.runner import simulate
+from sim.planning.sustain import Sustain, run_watched
 
-
-@dataclass(frozen=True)
-class Sustain:
-    slo: Slo
-    min_attainment: float = 0.95
-
-    def __post_init__(self) -> None:
-        if self.slo.ttft_s is None and self.slo.tpot_s is None:
-            raise ValueError("a max-rate search needs an SLO (--slo-ttft and/or --slo-tpot): "
-                             "without one every rate 'sustains' by finishing eventually")
-        if not 0 < self.min_attainment <= 1:
-            raise ValueError(f"min_attainment must be in (0, 1], got {self.min_attainment}")
-
-    def holds(self, summary: dict) -> bool:
-        if attainment(summary) < self.min_attainment:
-            return False
-        ttft_p99 = summary["ttft_s"]["p99"]
-        return self.slo.ttft_s is None or (ttft_p99 is not None and ttft_p99 <= self.slo.ttft_s)
-
-
-def attainment(summary: dict) -> float:
-    """Share of all requests that finished within every SLO."""
-    num_good = summary["goodput_req_s"] * summary["makespan_s"]
-    return num_good / summary["num_requests"] if summary["num_requests"] else 0.0
+__all__ = ["MaxRate", "RateSearch", "Sustain", "find_max_rate", "offered_rate_req_s",
+           "search_task"]
 
 
 @dataclass(frozen=True)
@@ -78,15 +57,26 @@ class MaxRate:
                 "max_rate_runs": self.num_runs, "max_rate_above_range": self.above_range}
 
 
-def find_max_rate(case: Case, search: RateSearch) -> MaxRate:
+def find_max_rate(case: Case, search: RateSearch, known: dict[float, bool] | None = None,
+                  ceiling_scale: float | None = None) -> MaxRate:
+    """The search; `known`: rate scales already judged (sustained or not); `ceiling_scale`:
+    above it nothing sustains (the throughput bound)."""
     trail: list[tuple[float, bool]] = []
+    seen = dict(known or {})
+    num_runs = 0
 
     def sustained(scale: float) -> bool:
-        summary = simulate(replace(case, rate_scale=scale).run_spec(),
-                           build_trace(case.trace).scaled(scale)).summary
-        ok = search.rule.holds(summary)
-        trail.append((scale, ok))
-        return ok
+        nonlocal num_runs
+        if scale not in seen:
+            if ceiling_scale is not None and scale > ceiling_scale:
+                seen[scale] = False
+            else:
+                num_runs += 1
+                trace = build_trace(case.trace).scaled(scale)
+                seen[scale] = run_watched(replace(case, rate_scale=scale), trace,
+                                          search.rule).verdict.ok
+        trail.append((scale, seen[scale]))
+        return seen[scale]
 
     low, high = _bracket(sustained, search)
     while low is not None and high is not None and high / low > 1 + search.rel_tol:
@@ -96,7 +86,7 @@ def find_max_rate(case: Case, search: RateSearch) -> MaxRate:
         else:
             high = mid
     best = low or 0.0
-    return MaxRate(best, best * offered_rate_req_s(case), len(trail), high is None, tuple(trail))
+    return MaxRate(best, best * offered_rate_req_s(case), num_runs, high is None, tuple(trail))
 
 
 def _bracket(sustained, search: RateSearch) -> tuple[float | None, float | None]:
@@ -120,7 +110,7 @@ def offered_rate_req_s(case: Case) -> float:
     return float(build_trace(case.trace).describe()["rate_per_s"])
 
 
-def search_task(item: tuple[Case, RateSearch]) -> MaxRate:
+def search_task(item: tuple[Case, RateSearch, dict[float, bool], float | None]) -> MaxRate:
     """Picklable entry point for `run_parallel`."""
-    case, search = item
-    return find_max_rate(case, search)
+    case, search, known, ceiling_scale = item
+    return find_max_rate(case, search, known, ceiling_scale)

@@ -8,13 +8,15 @@ process) and the engine from the case's fields.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+import numpy as np
 
 from sim.core.catalog import MIB, get_gpu, get_model
 from sim.core.cost_model import Efficiency, piecewise_sizes_for
 from sim.core.elastic import DrainStrategy, Policy, VmmCosts
 from sim.core.engine_config import EngineConfig
-from sim.core.memory_plan import ActivationProfile
+from sim.core.memory_plan import DEFAULT_MAX_MODEL_LEN, ActivationProfile
 from sim.recording.metrics import Slo
 from sim.runner import RunSpec
 from traces import LengthDist, Trace, load_trace, synthetic
@@ -36,7 +38,9 @@ class SyntheticSpec:
 
 @dataclass(frozen=True)
 class TraceSpec:
-    """Either a trace file / bundled name with loading options, or a synthetic trace."""
+    """Either a trace file / bundled name with loading options, or a synthetic trace;
+    `request_range` then keeps requests [first, last) of it (a searched stretch,
+    `sim.planning.stretch`), arrival times unchanged."""
 
     source: str | None = None
     format: str | None = None
@@ -44,18 +48,24 @@ class TraceSpec:
     limit: int | None = None
     sort: bool = False
     synthetic: SyntheticSpec | None = None
+    request_range: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if (self.source is None) == (self.synthetic is None):
             raise ValueError("a trace spec needs exactly one of a file/bundled name or synthetic")
+        if self.request_range is not None and not 0 <= self.request_range[0] < self.request_range[1]:
+            raise ValueError(f"a request range needs 0 <= first < last, got {self.request_range}")
 
     @property
     def label(self) -> str:
+        kept = ("" if self.request_range is None
+                else f" requests {self.request_range[0]:,}-{self.request_range[1] - 1:,}")
         if self.synthetic is None:
             window = "" if self.window_s is None else f"[{self.window_s[0]:g}:{self.window_s[1]:g}]"
-            return f"{self.source}{window}"
+            return f"{self.source}{window}{kept}"
         s = self.synthetic
-        return f"synthetic:{s.arrival},n={s.num_requests},rate={s.rate_per_s:g}/s,seed={s.seed}"
+        return (f"synthetic:{s.arrival},n={s.num_requests},rate={s.rate_per_s:g}/s,"
+                f"seed={s.seed}{kept}")
 
     @property
     def prompt_label(self) -> str:
@@ -65,6 +75,13 @@ class TraceSpec:
 @functools.lru_cache(maxsize=8)
 def build_trace(spec: TraceSpec) -> Trace:
     """The trace a spec names (cached per process: a sweep reuses it across cases)."""
+    if spec.request_range is not None:
+        whole = build_trace(replace(spec, request_range=None))
+        first, last = spec.request_range
+        if last > len(whole):
+            raise ValueError(f"request range {first}-{last - 1} runs past the trace's "
+                             f"{len(whole)} requests")
+        return whole.select(np.arange(first, last))
     if spec.synthetic is not None:
         s = spec.synthetic
         return synthetic(s.num_requests, s.rate_per_s, arrival=s.arrival, cv=s.cv,
@@ -72,6 +89,16 @@ def build_trace(spec: TraceSpec) -> Trace:
     assert spec.source is not None
     return load_trace(spec.source, spec.format, sort=spec.sort, window_s=spec.window_s,
                       limit=spec.limit)
+
+
+def fitting_max_model_len(spec: TraceSpec, options: EngineOptions) -> int | None:
+    """The user's max_model_len, else vLLM's default raised to the trace's longest request
+    (None: the default holds every request)."""
+    if options.max_model_len is not None:
+        return options.max_model_len
+    trace = build_trace(spec)
+    longest = int((trace.prompt_tokens + trace.output_tokens).max()) if len(trace) else 0
+    return None if longest <= DEFAULT_MAX_MODEL_LEN else longest
 
 
 def parse_length(data: dict | int) -> LengthDist:
@@ -134,6 +161,7 @@ class Case:
     options: EngineOptions = field(default_factory=EngineOptions)
     slo: Slo = field(default_factory=Slo)
     num_replicas: int = 1
+    router: str = "round-robin"  # how the fleet spreads requests (sim.engine.Fleet)
     efficiency: Efficiency | None = None
     profile: ActivationProfile | None = None
     vmm_costs: VmmCosts | None = None  # a calibration's measured elastic transition costs
@@ -154,7 +182,7 @@ class Case:
         )
 
     def run_spec(self) -> RunSpec:
-        return RunSpec(self.engine(), self.num_replicas, efficiency=self.efficiency,
+        return RunSpec(self.engine(), self.num_replicas, self.router, efficiency=self.efficiency,
                        profile=self.profile, slo=self.slo, vmm_costs=self.vmm_costs)
 
     def scaled_trace(self) -> Trace:
@@ -175,6 +203,6 @@ class Case:
             "piecewise_graphs": o.piecewise_graphs,
             "piecewise_max_tokens": ("none" if o.piecewise_max_tokens is None
                                      else o.piecewise_max_tokens),
-            "num_replicas": self.num_replicas,
+            "num_replicas": self.num_replicas, "router": self.router,
             "slo_ttft_s": self.slo.ttft_s, "slo_tpot_s": self.slo.tpot_s,
         }

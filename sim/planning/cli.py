@@ -4,6 +4,8 @@
     python -m sim sweep --trace azure-conv --model llama-3.1-8b,qwen2.5-7b --tp 1,2 \\
         --chunk 2048,8192 --policy static,elastic --rate-scales 1,2 --out out/sweep
     python -m sim plan --model llama-3.1-8b --gpu h200 --trace azure-conv --window 0:600
+    python -m sim plan fleet --model llama-3.1-70b --gpu h100 --tp 4,8 --trace azure-conv \\
+        --rate-scale 4 --slo-ttft 2
     python -m sim plan map --gpu h200 --out out/map
     python -m sim plan reserve --gpu h100
 
@@ -35,12 +37,15 @@ from sim.core.config_flags import (
     setting_default,
 )
 from sim.core.engine_config import DEFAULT_GPU, DEFAULT_MODEL
-from sim.planning import gain_map, plan, report, reserve
-from sim.planning.cases import EngineOptions, TraceSpec
+from sim.planning import gain_map, plan, plan_report, report, reserve
+from sim.planning.flags import add_executor_arguments as _add_executor_arguments
+from sim.planning.flags import executor_from as _executor
+from sim.planning.flags import options_from as _options
+from sim.planning.flags import trace_spec_from as _trace_spec
+from sim.planning.fleet_cli import fleet_main
 from sim.planning.map_figure import plot_map
-from sim.planning.parallel import Executor
 from sim.planning.pricing import options_engine, price_cases, pricing_lines
-from sim.planning.spec import OPTION_SETTINGS, SWEEP_FIXED, SweepSpec, engine_options, load_sweep
+from sim.planning.spec import SWEEP_FIXED, SweepSpec, load_sweep
 from sim.planning.sweep import open_table, run_sweep, write_parquet, write_table
 from sim.recording.metrics import Slo
 from sim.recording.outputs import parse_int_list
@@ -51,9 +56,10 @@ SWEEP_AXES = ("model", "gpu", "tensor_parallel_size", "max_num_batched_tokens", 
 
 def main(argv: list[str]) -> int:
     command, rest = argv[0], argv[1:]
-    sub = rest[0] if rest and command == "plan" and rest[0] in ("map", "reserve") else None
+    sub = (rest[0] if rest and command == "plan" and rest[0] in ("map", "reserve", "fleet")
+           else None)
     handlers = {"sweep": sweep_main, "plan": plan_main, "map": map_main,
-                "reserve": reserve_main}
+                "reserve": reserve_main, "fleet": fleet_main}
     try:
         return handlers[sub or command](rest[1:] if sub else rest)
     except (TraceError, ValueError, RuntimeError) as exc:
@@ -62,31 +68,11 @@ def main(argv: list[str]) -> int:
 
 
 # ----------------------------------------------------------------------------- shared flags
-def _add_executor_arguments(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("execution")
-    g.add_argument("--workers", type=positive_int, default=None,
-                   help="local worker processes (default: all cores; 1 runs in-process)")
-    g.add_argument("--ray", default=None, metavar="ADDRESS",
-                   help="run on a Ray cluster at ADDRESS ('local' starts one here; "
-                        "needs the optional ray extra)")
-    g.add_argument("--no-progress", action="store_true", help="no progress bar")
-
-
 def _add_slo_arguments(g, ttft_s: float | None, tpot_s: float | None) -> None:
     g.add_argument("--slo-ttft", type=positive_float, default=ttft_s,
                    help=f"TTFT SLO in seconds, for goodput (default: {ttft_s or 'none'})")
     g.add_argument("--slo-tpot", type=positive_float, default=tpot_s,
                    help=f"TPOT SLO in seconds, for goodput (default: {tpot_s or 'none'})")
-
-
-def _executor(args: argparse.Namespace, workers: int | None = None) -> Executor:
-    chosen = args.workers if args.workers is not None else workers
-    return Executor(chosen, args.ray, not args.no_progress)
-
-
-def _trace_spec(args: argparse.Namespace) -> TraceSpec:
-    return TraceSpec(source=args.trace, format=args.format, window_s=args.window,
-                     limit=args.limit, sort=args.sort)
 
 
 def _floats(text: str, flag: str) -> tuple[float, ...]:
@@ -193,19 +179,14 @@ def _sweep_from_flags(args: argparse.Namespace) -> SweepSpec:
         options=_options(args), slo=Slo(args.slo_ttft, args.slo_tpot))
 
 
-def _options(args: argparse.Namespace) -> EngineOptions:
-    """The fixed engine flags given (the rest at EngineConfig's defaults)."""
-    given = {name: getattr(args, name) for name in OPTION_SETTINGS.values() if name in vars(args)}
-    return engine_options(given, args.piecewise_graphs, args.piecewise_max_tokens)
-
-
 # ------------------------------------------------------------------------------------ plan
 def plan_main(argv: list[str]) -> int:
     parser = CommandParser(
         prog="python -m sim plan",
         description="Static at several chunk sizes versus elastic on one trace: KV capacity, "
-                    "throughput, goodput, the chunk to pick and the max rate each sustains. "
-                    "Also: `plan map` (where elastic pays) and `plan reserve` (reserve share).")
+                    "throughput, goodput, the chunk to pick and the max rate the picks "
+                    "sustain. Also: `plan fleet` (how many GPUs meet SLO targets), `plan map` "
+                    "(where elastic pays) and `plan reserve` (reserve share).")
     add_trace_arguments(parser)
     add_engine_flags(parser, multi=("max_num_batched_tokens",), keep_text=("model", "gpu"),
                      multi_defaults={"max_num_batched_tokens": ",".join(
@@ -217,7 +198,14 @@ def plan_main(argv: list[str]) -> int:
                         "one shipped for the model, GPU and engine, if any; 'none': the "
                         "datasheet roofline with default efficiencies)")
     _add_slo_arguments(g, 2.0, 0.1)
-    g.add_argument("--no-max-rate", action="store_true", help="skip the max-rate search")
+    g.add_argument("--max-rate", choices=[m.value for m in plan.MaxRateRows], default="picks",
+                   help="rows that get a max-rate search: the static and elastic picks, "
+                        "every fitting row, or none (default: picks)")
+    g.add_argument("--no-max-rate", action="store_true", help="as --max-rate none")
+    g.add_argument("--max-requests", type=positive_int, default=plan.DEFAULT_MAX_REQUESTS,
+                   help="run a longer trace on its busiest stretch of this many requests, "
+                        "said in the output (default: %(default)s)")
+    g.add_argument("--full-trace", action="store_true", help="run every request of the trace")
     g.add_argument("--rate-tol", type=positive_float, default=0.05,
                    help="max-rate bisection tolerance, relative (default: 0.05)")
     g.add_argument("--attainment", type=positive_float, default=0.95,
@@ -240,7 +228,9 @@ def plan_main(argv: list[str]) -> int:
         tp=getattr(args, "tensor_parallel_size", setting_default("tensor_parallel_size")),
         trace=_trace_spec(args), slo=Slo(args.slo_ttft, args.slo_tpot),
         chunks=tuple(args.max_num_batched_tokens), options=options,
-        rate_scale=args.rate_scale, search_max_rate=not args.no_max_rate,
+        rate_scale=args.rate_scale,
+        max_rate=plan.MaxRateRows("none" if args.no_max_rate else args.max_rate),
+        max_requests=None if args.full_trace else args.max_requests,
         rel_tol=args.rate_tol, min_attainment=args.attainment, tie_pct=args.tie_pct,
         pays_pct=args.pays_pct, efficiency=efficiency, profile=profile,
         vmm_costs=vmm_costs)
@@ -249,7 +239,7 @@ def plan_main(argv: list[str]) -> int:
     if args.json:
         print(json.dumps(planned, indent=1, default=str))
     else:
-        report.print_plan(result)
+        plan_report.print_plan(result)
         print(pricing_line(calibration))
     if calibration is None:
         print(uncalibrated_warning(model, gpu, options_engine(options),
