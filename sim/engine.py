@@ -28,10 +28,11 @@ import simpy
 from sim.core.cost_model import CostModel
 from sim.core.engine_config import EngineCore
 from sim.core.request import RequestState, RequestStatus
-from sim.core.step import SchedulerOutput
+from sim.core.step import ElasticAction, SchedulerOutput
 from sim.recording.metrics import ReplicaRecorder
 from traces import Request, Trace
 
+_CHUNK = 1 << 14  # trace rows turned into Python numbers at a time
 ProgressFn = Callable[[float, int], None]
 """progress(simulated_s, num_finished)."""
 
@@ -48,6 +49,7 @@ class Replica:
         self.num_finished = 0
         self._wakeup = env.event()
         self._run_durations: np.ndarray | None = None
+        self._step_guess_s = 0.0  # half the last decode run's first step
 
     def submit(self, req: Request) -> None:
         state = RequestState(req.request_id, req.arrival_s, req.prompt_tokens, req.output_tokens,
@@ -71,18 +73,19 @@ class Replica:
             out = sched.schedule(decode_run_limit=limit)
             stats = sched.make_stats()
             if out.elastic is not None:
-                pause_s = out.elastic.duration_s + self.cost.migration_s(out.elastic.migrated_bytes)
+                pause_s = self._pause_s(out.elastic)
                 recorder.elastic(env.now, out.elastic, pause_s)
                 yield env.timeout(pause_s)
             start_s = env.now
             durations = self._durations(out)
-            yield env.timeout(float(durations[0]) if durations.size == 1 else float(durations.sum()))
+            duration_s = float(durations[0]) if durations.size == 1 else float(durations.sum())
+            yield env.timeout(duration_s)
             fleet.deliver_due(env.now)  # same-time arrivals join before the step closes
             for req in sched.update(out, env.now):
                 self.outstanding_tokens -= req.num_prompt_tokens + req.max_output_tokens
                 self.num_finished += req.status is RequestStatus.FINISHED
                 recorder.done(req)
-            recorder.step(start_s, out, stats, durations)
+            recorder.step(start_s, out, stats, durations, duration_s=duration_s)
             fleet.check_done()
 
     def _durations(self, out: SchedulerOutput) -> np.ndarray:
@@ -93,15 +96,39 @@ class Replica:
             return np.array([self.cost.eff.step_overhead_s])
         return np.array([self.cost.step(out).total_s])
 
-    def _decode_run_limit(self, batch_size: int, context_tokens: int, max_steps: int) -> int:
-        """How many decode steps start before the next arrival (all of them if none is due)."""
-        durations = self.cost.decode_run_s(batch_size, context_tokens, max_steps)
-        self._run_durations = durations
+    def _pause_s(self, action: ElasticAction) -> float:
+        """The engine's pause for an elastic action: VMM time, then migration copies."""
+        return action.duration_s + self.cost.migration_s(action.migrated_bytes)
+
+    def _decode_run_limit(self, batch_size: int, context_tokens: int, max_steps: int,
+                          attach: ElasticAction | None) -> int:
+        """How many decode steps start before the next arrival (all of them if none is due);
+        the run starts after `attach`'s pause when it waits for one.
+
+        Only the steps that can start before the arrival are priced: as many as the gap holds
+        at half the previous run's first step (step times vary little between runs), or all
+        of them when that guess proves short. Each duration is priced on its own, so the
+        figures do not depend on how many were."""
+        cost = self.cost
         next_arrival_s = self.fleet.next_arrival_s
         if next_arrival_s is None:
+            self._run_durations = cost.decode_run_s(batch_size, context_tokens, max_steps)
             return max_steps
-        starts = self.env.now + np.concatenate(([0.0], np.cumsum(durations[:-1])))
-        return max(1, int(np.searchsorted(starts, next_arrival_s, side="left")))
+        now_s = self.env.now if attach is None else self.env.now + self._pause_s(attach)
+        num_priced = max_steps
+        if self._step_guess_s > 0:
+            num_priced = min(max_steps, int((next_arrival_s - now_s) / self._step_guess_s) + 2)
+        while True:
+            durations = cost.decode_run_s(batch_size, context_tokens, num_priced)
+            # step i starts at now + the first i durations (numpy's cumsum adds in order)
+            ends = np.cumsum(durations[:-1])
+            num_steps = 1 + int(np.searchsorted(now_s + ends, next_arrival_s, side="left"))
+            if num_steps < num_priced or num_priced == max_steps:
+                break
+            num_priced = max_steps
+        self._step_guess_s = 0.5 * float(durations[0])
+        self._run_durations = durations
+        return num_steps if now_s < next_arrival_s else 1
 
 
 class TraceRequests(Sequence[Request]):
@@ -110,6 +137,8 @@ class TraceRequests(Sequence[Request]):
 
     def __init__(self, trace: Trace) -> None:
         self.trace = trace
+        self._chunk: int | None = None
+        self._columns: tuple[list, list, list] = ([], [], [])
 
     def __len__(self) -> int:
         return len(self.trace)
@@ -117,10 +146,17 @@ class TraceRequests(Sequence[Request]):
     def __getitem__(self, index):  # type: ignore[override]
         if isinstance(index, slice):
             return [self[i] for i in range(len(self))[index]]
-        t = self.trace
-        hashes = t.block_hashes[index] if t.block_hashes is not None else None
-        return Request(index, float(t.arrival_s[index]), int(t.prompt_tokens[index]),
-                       int(t.output_tokens[index]), hashes)
+        index = range(len(self))[index]  # negative indices and bounds as a list has them
+        chunk, offset = divmod(index, _CHUNK)
+        if chunk != self._chunk:  # columns as Python numbers, a chunk at a time
+            t, rows = self.trace, slice(chunk * _CHUNK, (chunk + 1) * _CHUNK)
+            self._columns = (t.arrival_s[rows].tolist(), t.prompt_tokens[rows].tolist(),
+                             t.output_tokens[rows].tolist())
+            self._chunk = chunk
+        arrival_s, prompt, output = (column[offset] for column in self._columns)
+        hashes = self.trace.block_hashes
+        return Request(index, arrival_s, prompt, output,
+                       hashes[index] if hashes is not None else None)
 
 
 class Fleet:

@@ -47,7 +47,7 @@ def run_to_completion(sched: Scheduler, max_steps: int = 100_000, decode_run: bo
     """Drive the scheduler with a fake executor in which every step takes 1 s."""
     outputs = []
     now = 0.0
-    limit = (lambda batch, ctx, k: k) if decode_run else None
+    limit = (lambda batch, ctx, k, attach: k) if decode_run else None
     while sched.has_unfinished():
         out = sched.schedule(decode_run_limit=limit)
         now += out.num_steps

@@ -189,7 +189,7 @@ def test_random_traces_conserve_requests_tokens_and_memory(trace, policy, drain,
     now = 0.0
     steps = 0
     ended: list = []
-    limit = (lambda b, c, k: k) if decode_run else None
+    limit = (lambda b, c, k, attach: k) if decode_run else None
     while pending or sched.has_unfinished():
         while pending and pending[0][1][2] <= now:  # arrivals due by now
             i, (prompt, output, _) = pending.pop(0)

@@ -31,8 +31,9 @@ class StepLogRecorder(ReplicaRecorder):
         self.step_chunks: list[str] = []
 
     def step(self, start_s: float, out: SchedulerOutput, stats: SchedulerStats,
-             durations: np.ndarray, failed: OutOfMemory | None = None) -> None:
-        super().step(start_s, out, stats, durations, failed)
+             durations: np.ndarray, failed: OutOfMemory | None = None,
+             duration_s: float | None = None) -> None:
+        super().step(start_s, out, stats, durations, failed, duration_s)
         chunks = format_chunks(list(out.prefill_chunks))
         pairs = chunk_pairs(list(out.prefill_chunks))
         seqs, decode = len(out.scheduled), out.num_decode_tokens

@@ -12,20 +12,23 @@ unmapped memory.
 
 Prefix caching follows vLLM: a full block can be registered under a hash key; a block whose
 reference count drops to zero keeps its key and sits in an LRU of evictable blocks, counted
-as free, until an allocation evicts it or a new request hits it. `cache_epoch` counts the
-events that can take a cached block out of reach (an eviction, an elastic state change, an
-elastic cached block freed while the region is not lendable), so a caller may keep a prefix
-lookup while the epoch stands and only look further along it.
+as free, until an allocation evicts it or a new request hits it (`sim.core.block_cache`). A
+caller may keep a prefix lookup: evicted keys are logged (`take_dropped_keys`), and
+`cache_epoch` moves on the other events that take a cached block out of reach (an elastic
+state change, an elastic cached block freed while the region is not lendable).
 
-Every operation takes a list of blocks at once: a long prompt holds thousands of blocks, and
-one call per block was most of a prefix-cached run's time.
+Every operation takes a list of blocks at once (a long prompt holds thousands), in one plain
+loop: on CPython 3.11 that beats map() over bound methods, which pays a call per block.
 """
 
 from __future__ import annotations
 
 import enum
-from collections import OrderedDict
 from collections.abc import Hashable, Iterable
+
+from sim.core.block_cache import BlockCache
+
+MAX_DROPPED_KEYS = 1 << 20
 
 
 class ElasticState(enum.Enum):
@@ -39,13 +42,8 @@ class ElasticBusyError(RuntimeError):
 
 
 class BlockPool:
-    def __init__(
-        self,
-        num_base_blocks: int,
-        num_elastic_blocks: int = 0,
-        *,
-        elastic_attached: bool = False,
-    ) -> None:
+    def __init__(self, num_base_blocks: int, num_elastic_blocks: int = 0, *,
+                 elastic_attached: bool = False) -> None:
         if num_base_blocks < 1:
             raise ValueError(f"num_base_blocks must be >= 1, got {num_base_blocks}")
         if num_elastic_blocks < 0:
@@ -53,19 +51,21 @@ class BlockPool:
         self.num_base_blocks = num_base_blocks
         self.num_elastic_blocks = num_elastic_blocks
         self.num_blocks = num_base_blocks + num_elastic_blocks
-        # Free lists are stacks popped from the end; reversed so low ids go out first.
+        # Free stacks are popped from the end; reversed so low ids go out first. Attached free
+        # elastic blocks: those freed (a stack) above the never-used rest of the attached
+        # range, [_fresh_elastic, _fresh_elastic_end), handed out lowest first, so an attach
+        # is O(1) however large the region. Unattached blocks are nowhere.
         self._free_base = list(range(num_base_blocks - 1, -1, -1))
-        self._free_elastic: list[int] = []  # attached and free; unattached blocks are nowhere
-        self._cached_free: OrderedDict[int, Hashable] = OrderedDict()  # LRU, oldest first
-        self._num_cached_free_base = 0  # how many of _cached_free are base blocks
-        self._key_of: dict[int, Hashable] = {}
-        self._block_of: dict[Hashable, int] = {}
+        self._free_elastic: list[int] = []
+        self._fresh_elastic = self._fresh_elastic_end = num_base_blocks
         self._ref_count = [0] * self.num_blocks
+        self._cache = BlockCache(self.num_blocks, num_base_blocks)
+        self._dropped_keys: list[Hashable] = []  # evicted since take_dropped_keys
+        self.cache_epoch = 0
         self.num_used_base = 0
         self.num_used_elastic = 0
         self.elastic_state = ElasticState.DETACHED
         self.num_attached_elastic = 0
-        self.cache_epoch = 0
         if elastic_attached and num_elastic_blocks:
             self.attach_elastic()
 
@@ -77,142 +77,158 @@ class BlockPool:
     @property
     def num_free_blocks(self) -> int:
         """Blocks an allocation can take now (evictable cached blocks included)."""
-        return self.num_free_base_blocks + self._num_free_elastic_usable()
+        free = len(self._free_base) + self._cache.num_free_base
+        if self.elastic_state is ElasticState.ATTACHED:
+            free += (len(self._free_elastic) + self._fresh_elastic_end - self._fresh_elastic
+                     + len(self._cache.free_elastic))
+        return free
 
     @property
     def num_free_base_blocks(self) -> int:
-        return len(self._free_base) + self._num_cached_free_base
+        return len(self._free_base) + self._cache.num_free_base
 
     @property
     def num_usable_blocks(self) -> int:
         """Blocks the pool holds right now: base plus the attached part of the elastic region."""
         return self.num_base_blocks + self.num_attached_elastic
 
-    def _num_free_elastic_usable(self) -> int:
-        if self.elastic_state is not ElasticState.ATTACHED:
-            return 0
-        cached = len(self._cached_free) - self._num_cached_free_base
-        return len(self._free_elastic) + cached
-
     def is_elastic(self, block_id: int) -> bool:
         return block_id >= self.num_base_blocks
-
-    # --------------------------------------------------------------- allocate
-    def can_allocate(self, num_blocks: int) -> bool:
-        if num_blocks <= len(self._free_base):
-            return True
-        return num_blocks <= self.num_free_blocks
-
-    def allocate(self, num_blocks: int) -> list[int] | None:
-        """Take `num_blocks` free blocks, base first; None (and no change) if too few."""
-        if num_blocks == 0:
-            return []
-        if num_blocks <= len(self._free_base):  # fast path, no cache or elastic involved
-            taken = self._free_base[-num_blocks:]
-            del self._free_base[-num_blocks:]
-            for block_id in taken:
-                self._ref_count[block_id] = 1
-            self.num_used_base += num_blocks
-            return taken
-        if not self.can_allocate(num_blocks):
-            return None
-        taken = self._free_base[::-1]  # the stack's pop order
-        self._free_base = []
-        num_base = len(taken)
-        if len(taken) < num_blocks and self._free_elastic and \
-                self.elastic_state is ElasticState.ATTACHED:
-            more = min(num_blocks - len(taken), len(self._free_elastic))
-            taken += self._free_elastic[:-more - 1:-1]
-            del self._free_elastic[-more:]
-        num_elastic = len(taken) - num_base
-        if len(taken) < num_blocks:
-            evicted = self._evict_lru(num_blocks - len(taken))
-            num_evicted_base = sum(1 for b in evicted if b < self.num_base_blocks)
-            num_base += num_evicted_base
-            num_elastic += len(evicted) - num_evicted_base
-            taken += evicted
-        ref_count = self._ref_count
-        for block_id in taken:
-            ref_count[block_id] = 1
-        self.num_used_base += num_base
-        self.num_used_elastic += num_elastic
-        return taken
-
-    def _evict_lru(self, num_blocks: int) -> list[int]:
-        """Take `num_blocks` evictable cached blocks, least recently freed first."""
-        cached, key_of, block_of = self._cached_free, self._key_of, self._block_of
-        num_base = self.num_base_blocks
-        evicted: list[int] = []
-        if self.elastic_state is ElasticState.ATTACHED or \
-                self._num_cached_free_base == len(cached):
-            for _ in range(num_blocks):  # every cached block is evictable: the oldest ones
-                block_id, key = cached.popitem(last=False)
-                evicted.append(block_id)
-        else:  # elastic cached blocks are out of reach: skip them
-            for block_id in cached:
-                if block_id < num_base:
-                    evicted.append(block_id)
-                    if len(evicted) == num_blocks:
-                        break
-            for block_id in evicted:
-                del cached[block_id]
-        if len(evicted) < num_blocks:
-            raise AssertionError("no evictable block although can_allocate said yes")
-        for block_id in evicted:
-            del block_of[key_of.pop(block_id)]
-        self._num_cached_free_base -= sum(1 for b in evicted if b < num_base)
-        self.cache_epoch += 1
-        return evicted
-
-    def free(self, block_ids: Iterable[int]) -> None:
-        """Drop one reference to each block. Pass a request's blocks tail first, as vLLM does,
-        so that its last blocks are the first to be evicted from the prefix cache."""
-        ref_count, key_of = self._ref_count, self._key_of
-        num_base = self.num_base_blocks
-        released: list[int] = []
-        for block_id in block_ids:
-            count = ref_count[block_id]
-            if count == 1:
-                ref_count[block_id] = 0
-                released.append(block_id)
-            elif count > 1:
-                ref_count[block_id] = count - 1
-            else:
-                raise ValueError(f"block {block_id} freed but not allocated")
-        if not released:
-            return
-        num_elastic = sum(1 for b in released if b >= num_base)
-        self.num_used_base -= len(released) - num_elastic
-        self.num_used_elastic -= num_elastic
-        if not key_of:  # no prefix cache in use: straight back onto the free stacks
-            if num_elastic:
-                self._free_elastic.extend(b for b in released if b >= num_base)
-                self._free_base.extend(b for b in released if b < num_base)
-            else:
-                self._free_base.extend(released)
-            return
-        cached = self._cached_free
-        lendable = self.elastic_state is ElasticState.ATTACHED
-        for block_id in released:
-            key = key_of.get(block_id)
-            if key is not None:
-                cached[block_id] = key
-                if block_id < num_base:
-                    self._num_cached_free_base += 1
-                elif not lendable:
-                    self.cache_epoch += 1  # a hit on it is no longer usable
-            elif block_id < num_base:
-                self._free_base.append(block_id)
-            else:
-                self._free_elastic.append(block_id)
 
     def ref_count(self, block_id: int) -> int:
         return self._ref_count[block_id]
 
+    # --------------------------------------------------------------- allocate
+    def can_allocate(self, num_blocks: int) -> bool:
+        return num_blocks <= len(self._free_base) or num_blocks <= self.num_free_blocks
+
+    def allocate(self, num_blocks: int) -> list[int] | None:
+        """Take `num_blocks` free blocks, base first; None (and no change) if too few."""
+        free_base, ref_count = self._free_base, self._ref_count
+        if num_blocks <= len(free_base):  # fast path, no cache or elastic involved
+            if num_blocks <= 0:
+                return []
+            taken = free_base[-num_blocks:]
+            del free_base[-num_blocks:]
+            for block_id in taken:
+                ref_count[block_id] = 1
+            self.num_used_base += num_blocks
+            return taken
+        if num_blocks > self.num_free_blocks:
+            return None
+        taken = free_base[::-1]  # the stack's pop order
+        self._free_base = []
+        if self.elastic_state is ElasticState.ATTACHED:
+            taken += self._take_free_elastic(num_blocks - len(taken))
+        if len(taken) < num_blocks:
+            taken += self._evict(num_blocks - len(taken))
+        num_elastic = 0
+        for block_id in taken:
+            ref_count[block_id] = 1
+            num_elastic += block_id >= self.num_base_blocks
+        self.num_used_base += num_blocks - num_elastic
+        self.num_used_elastic += num_elastic
+        return taken
+
+    def allocate_each(self, counts: list[int]) -> list[list[int]] | None:
+        """`allocate(n)` for each n of `counts` in turn (the same blocks), in one call when
+        the free base blocks hold them all; None, and no change, if they do not all fit."""
+        total = sum(counts)
+        free_base = self._free_base
+        if total > len(free_base):
+            if not self.can_allocate(total):
+                return None
+            return [self.allocate(n) or [] for n in counts]
+        taken = free_base[-total:] if total else []
+        del free_base[len(free_base) - total:]
+        ref_count = self._ref_count
+        for block_id in taken:
+            ref_count[block_id] = 1
+        self.num_used_base += total
+        # allocate(n) takes the last n of the stack: the first request's are the list's last
+        parts = []
+        end = total
+        for n in counts:
+            parts.append(taken[end - n:end])
+            end -= n
+        return parts
+
+    def _take_free_elastic(self, num_blocks: int) -> list[int]:
+        """Up to `num_blocks` free attached elastic blocks: freed ones first (last freed
+        first), then never-used ones, lowest id first."""
+        more = min(num_blocks, len(self._free_elastic))
+        taken = self._free_elastic[:-more - 1:-1] if more else []
+        if more:
+            del self._free_elastic[-more:]
+        fresh = min(num_blocks - more, self._fresh_elastic_end - self._fresh_elastic)
+        if fresh > 0:
+            taken += range(self._fresh_elastic, self._fresh_elastic + fresh)
+            self._fresh_elastic += fresh
+        return taken
+
+    def _evict(self, num_blocks: int) -> list[int]:
+        """Take `num_blocks` evictable cached blocks, least recently freed first."""
+        cache = self._cache
+        if cache.free_elastic and self.elastic_state is not ElasticState.ATTACHED:
+            evicted, keys = cache.evict_oldest_base(num_blocks)  # elastic ones out of reach
+        else:
+            evicted, keys = cache.evict_oldest(num_blocks)
+        if len(evicted) < num_blocks:
+            raise AssertionError("no evictable block although can_allocate said yes")
+        self._dropped_keys += keys
+        if len(self._dropped_keys) > MAX_DROPPED_KEYS:  # unread: readers look everything up
+            self._dropped_keys = []
+            self.cache_epoch += 1
+        return evicted
+
+    def take_dropped_keys(self) -> list[Hashable]:
+        """The keys evicted since the last call (while `cache_epoch` stood)."""
+        keys, self._dropped_keys = self._dropped_keys, []
+        return keys
+
+    # -------------------------------------------------------------------- free
+    def free(self, block_ids: Iterable[int]) -> None:
+        """Drop one reference to each block. Pass a request's blocks tail first, as vLLM does,
+        so that its last blocks are the first to be evicted from the prefix cache: a block
+        that comes free keeps its content key in the cache's LRU (oldest first), one without
+        a key goes back onto its free stack."""
+        ref_count, key_of, cache = self._ref_count, self._cache.key_of, self._cache
+        free_base, free_elastic = self._free_base, self._free_elastic
+        num_base = self.num_base_blocks
+        named = bool(cache.block_of)
+        freed_base = freed_elastic = named_elastic = 0
+        for block_id in block_ids:
+            count = ref_count[block_id]
+            if count != 1:
+                if count < 1:
+                    raise ValueError(f"block {block_id} freed but not allocated")
+                ref_count[block_id] = count - 1
+                continue
+            ref_count[block_id] = 0
+            if block_id < num_base:
+                freed_base += 1
+                if named and key_of[block_id] is not None:
+                    cache.push(block_id)
+                else:
+                    free_base.append(block_id)
+            else:
+                freed_elastic += 1
+                if named and key_of[block_id] is not None:
+                    cache.push(block_id)
+                    named_elastic += 1
+                else:
+                    free_elastic.append(block_id)
+        self.num_used_base -= freed_base
+        self.num_used_elastic -= freed_elastic
+        if named_elastic and self.elastic_state is not ElasticState.ATTACHED:
+            self.cache_epoch += 1  # a hit on those blocks is no longer usable
+        if named:
+            cache.maybe_sweep()
+
     # ------------------------------------------------------------ prefix cache
     def cached_block(self, key: Hashable) -> int | None:
         """The block holding the content named `key`, if cached and usable right now."""
-        block_id = self._block_of.get(key)
+        block_id = self._cache.block_of.get(key)
         if block_id is None:
             return None
         if block_id >= self.num_base_blocks and self.elastic_state is not ElasticState.ATTACHED:
@@ -222,31 +238,26 @@ class BlockPool:
 
     def num_unreferenced(self, block_ids: list[int]) -> int:
         """How many of `block_ids` no request references (cached but free)."""
-        return list(map(self._ref_count.__getitem__, block_ids)).count(0)
+        ref_count = self._ref_count
+        return [ref_count[b] for b in block_ids].count(0)
 
     def touch(self, block_ids: list[int]) -> None:
         """Take a reference to each cached block (prefix-cache hits)."""
-        ref_count, cached = self._ref_count, self._cached_free
-        num_base = self.num_base_blocks
+        ref_count, cache = self._ref_count, self._cache
+        num_used_elastic = 0
         for block_id in block_ids:
             count = ref_count[block_id]
-            if count == 0:
-                del cached[block_id]
-                if block_id < num_base:
-                    self._num_cached_free_base -= 1
-                    self.num_used_base += 1
-                else:
-                    self.num_used_elastic += 1
+            if count == 0:  # cached but free: it leaves the LRU and counts as used
+                cache.take(block_id)
+                num_used_elastic += block_id >= self.num_base_blocks
+                self.num_used_base += block_id < self.num_base_blocks
             ref_count[block_id] = count + 1
+        self.num_used_elastic += num_used_elastic
 
     def register(self, block_ids: list[int], keys: list[Hashable]) -> None:
         """Name full, used blocks by their content keys so later requests can share them.
         A key already cached elsewhere, or a block already named, is left as it is."""
-        key_of, block_of = self._key_of, self._block_of
-        for block_id, key in zip(block_ids, keys):
-            if key not in block_of and block_id not in key_of:
-                key_of[block_id] = key
-                block_of[key] = block_id
+        self._cache.name(block_ids, keys)
 
     # ----------------------------------------------------------------- elastic
     def attach_elastic(self, num_blocks: int | None = None) -> None:
@@ -258,8 +269,9 @@ class BlockPool:
         num = self.num_elastic_blocks if num_blocks is None else num_blocks
         if not 0 < num <= self.num_elastic_blocks:
             raise ValueError(f"can attach 1..{self.num_elastic_blocks} elastic blocks, not {num}")
-        first = self.num_base_blocks
-        self._free_elastic = list(range(first + num - 1, first - 1, -1))
+        self._free_elastic = []
+        self._fresh_elastic = self.num_base_blocks
+        self._fresh_elastic_end = self.num_base_blocks + num
         self.num_attached_elastic = num
         self.elastic_state = ElasticState.ATTACHED
         self.cache_epoch += 1
@@ -281,11 +293,9 @@ class BlockPool:
                 f"cannot detach the elastic region: {self.num_used_elastic} of its blocks are "
                 "still in use; drain them (preempt, wait or migrate) first"
             )
-        # Content of elastic blocks is undefined once unmapped: forget their cache keys.
-        for block_id in [b for b in self._cached_free if b >= self.num_base_blocks]:
-            del self._cached_free[block_id]
-            del self._block_of[self._key_of.pop(block_id)]
+        self._cache.drop_elastic()  # unmapped content is undefined: forget their keys
         self._free_elastic = []
+        self._fresh_elastic = self._fresh_elastic_end = self.num_base_blocks
         self.num_attached_elastic = 0
         self.elastic_state = ElasticState.DETACHED
         self.cache_epoch += 1
@@ -297,7 +307,9 @@ class BlockPool:
 
     def check_invariants(self) -> None:
         """Free + used = total, every block in exactly one place. For tests and debugging."""
-        free = self._free_base + self._free_elastic + list(self._cached_free)
+        fresh = list(range(self._fresh_elastic, self._fresh_elastic_end))
+        cached = self._cache.live_order()
+        free = self._free_base + self._free_elastic + fresh + cached
         if len(free) != len(set(free)):
             raise AssertionError("a block is on two free lists")
         used = [b for b in range(self.num_blocks) if self._ref_count[b] > 0]
@@ -311,7 +323,10 @@ class BlockPool:
             raise AssertionError("a block beyond the attached elastic range is in use or free")
         if len(used) != self.num_used_blocks:
             raise AssertionError("used counters out of step with reference counts")
-        if self._num_cached_free_base != sum(1 for b in self._cached_free if b < self.num_base_blocks):
-            raise AssertionError("cached-free base counter out of step")
+        if len(cached) != self._cache.num_free or \
+                self._cache.num_free_base != sum(1 for b in cached if b < self.num_base_blocks):
+            raise AssertionError("cached-free counters out of step")
+        if any(self._cache.key_of[b] is None for b in cached):
+            raise AssertionError("an unnamed block sits in the cache's LRU")
         if self.elastic_state is ElasticState.DETACHED and self.num_used_elastic:
             raise AssertionError("elastic blocks in use while detached")

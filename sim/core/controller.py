@@ -9,6 +9,7 @@ and how much the KV pool has left unlent, which is how overcommit's OOM is detec
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -45,7 +46,8 @@ class ElasticController:
     ) -> None:
         self.policy = policy
         self.layout = layout
-        self.activation_fn = activation_fn
+        # pure in (tokens, rows) and asked at every step: remember the recent answers
+        self.activation_fn = functools.lru_cache(maxsize=1 << 14)(activation_fn)
         self.vmm = vmm or VmmCostModel()
         self.drain = drain
         self.lent_bytes = 0  # bytes of the reserve mapped into the KV pool right now

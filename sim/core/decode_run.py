@@ -33,6 +33,9 @@ def decode_run_bounds(running: Sequence[RequestState]) -> tuple[int, int] | None
 def steps_that_fit(running: Sequence[RequestState], num_free_blocks: int, block_size: int,
                    max_steps: int) -> int:
     """Largest k <= max_steps whose new blocks, over all running requests, are free now."""
+    # a request's blocks already cover its computed tokens, so k more need <= ceil(k / size)
+    if len(running) * -(-max_steps // block_size) <= num_free_blocks:
+        return max_steps
     slots = [(r.num_computed_tokens, len(r.block_ids) * block_size) for r in running]
 
     def blocks_for(k: int) -> int:

@@ -13,14 +13,27 @@ The interning table grows with the distinct prefixes of the trace (Mooncake's co
 trace: ~300k, tens of MB).
 
 A request waiting at the head of the queue is looked up again at every step until it fits.
-Its hits are kept while the pool's `cache_epoch` stands (no cached block left reach since),
-and only the blocks after them are looked up again, so a long wait costs O(1) per step.
+Its hits are kept while the pool's `cache_epoch` stands: they are cut at the first one whose
+key the pool evicted since (`take_dropped_keys`), and only the blocks after them are looked up
+again, so a long wait costs the step's evictions, not the prompt's length.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from sim.core.block_pool import BlockPool
 from sim.core.request import RequestState
+
+
+@dataclass
+class _Memo:
+    """A waiting request's hits as last looked up, and where each of its keys sits."""
+
+    request_id: int
+    epoch: int
+    hits: list[int]
+    position: dict[int, int]
 
 
 class PrefixCache:
@@ -31,7 +44,7 @@ class PrefixCache:
         self._chain_ids: dict[tuple[int, int], int] = {}
         self._keys: dict[int, list[int]] = {}  # per live request
         self._num_registered: dict[int, int] = {}  # prompt blocks already named, per request
-        self._memo: tuple[int, int, list[int]] | None = None  # (request id, epoch, hits)
+        self._memo: _Memo | None = None  # the last request looked up
 
     def keys(self, req: RequestState) -> list[int]:
         """Keys of the request's full prompt blocks named by its trace hashes."""
@@ -62,16 +75,26 @@ class PrefixCache:
         keys = self.keys(req)
         max_hits = min(len(keys), (req.num_prompt_tokens + req.num_output_tokens - 1)
                        // self.block_size)
-        epoch = self.pool.cache_epoch
+        pool = self.pool
+        dropped = pool.take_dropped_keys()
         memo = self._memo
-        hits = memo[2] if memo and memo[0] == req.request_id and memo[1] == epoch else []
-        cached_block = self.pool.cached_block
+        if memo is not None and memo.request_id == req.request_id and \
+                memo.epoch == pool.cache_epoch:
+            hits = memo.hits
+            if dropped and hits:  # cut the hits at the first one evicted since
+                gone = memo.position.keys() & dropped
+                if gone:
+                    del hits[min(map(memo.position.__getitem__, gone)):]
+        else:
+            hits = []
+            memo = self._memo = _Memo(req.request_id, pool.cache_epoch, hits,
+                                      {key: i for i, key in enumerate(keys[:max_hits])})
+        cached_block = pool.cached_block
         while len(hits) < max_hits:
             block_id = cached_block(keys[len(hits)])
             if block_id is None:
                 break
             hits.append(block_id)
-        self._memo = (req.request_id, epoch, hits)
         return list(hits)
 
     def admitted(self, req: RequestState, num_hits: int) -> None:

@@ -33,14 +33,16 @@ from sim.core.prefix_cache import PrefixCache
 from sim.core.request import RejectReason, RequestState, RequestStatus
 from sim.core.step import (
     ElasticAction,
+    ElasticActionKind,
     OutOfMemory,
     ScheduledRequest,
     SchedulerOutput,
     SchedulerStats,
 )
 
-DecodeRunLimit = Callable[[int, int, int], int]
-"""limit(batch_size, context_tokens, max_steps) -> steps (1..max_steps) to run at once."""
+DecodeRunLimit = Callable[[int, int, int, ElasticAction | None], int]
+"""limit(batch_size, context_tokens, max_steps, attach) -> steps (1..max_steps) to run at
+once; `attach` is the elastic attach the run waits for first (its pause delays every step)."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,7 @@ class Scheduler:
         self._step_id = 0
         self._stats: SchedulerStats | None = None
         self._failed: list[RequestState] = []  # failed since the last update()
+        self._run_states: tuple[int, tuple[RequestState, ...]] | None = None  # the last run's
 
     # -------------------------------------------------------------- requests
     def add_request(self, req: RequestState) -> bool:
@@ -135,8 +138,9 @@ class Scheduler:
         self._step_id += 1
         action = self.controller.before_step(self)
         preempted: list[int] = list(action.preempted_ids) if action else []
-        if decode_run_limit is not None and action is None:
-            run = self._decode_run(decode_run_limit)
+        if decode_run_limit is not None and (action is None or
+                                             action.kind is ElasticActionKind.ATTACH):
+            run = self._decode_run(decode_run_limit, action)
             if run is not None:
                 return run
         budget = self.config.max_num_batched_tokens
@@ -161,8 +165,8 @@ class Scheduler:
             req = running[i]
             num_computed = req.num_computed_tokens
             num_new = min(req.num_prompt_tokens + req.num_output_tokens - num_computed, budget)
-            num_held = len(req.block_ids)
-            new_blocks = allocate(max(0, -(-(num_computed + num_new) // block_size) - num_held))
+            needed = -(-(num_computed + num_new) // block_size) - len(req.block_ids)
+            new_blocks = allocate(needed) if needed > 0 else []
             while new_blocks is None:
                 victim = running[-1]
                 self.preempt(victim)
@@ -208,34 +212,37 @@ class Scheduler:
             budget -= num_new
 
     # ------------------------------------------------------------- decode run
-    def _decode_run(self, limit: DecodeRunLimit) -> SchedulerOutput | None:
-        """A run of decode-only steps in which no scheduling decision can change."""
+    def _decode_run(self, limit: DecodeRunLimit,
+                    attach: ElasticAction | None) -> SchedulerOutput | None:
+        """A run of decode-only steps in which no scheduling decision can change (an attach
+        just made keeps it so: nothing is admitted while the reserve is lent)."""
         running = self.running
-        if not running or len(running) > self.config.max_num_batched_tokens:
+        if not running or len(running) > self.config.max_num_batched_tokens or \
+                self._admission_possible():
             return None
         bounds = decode_run_bounds(running)
-        if bounds is None or bounds[0] < 2 or self._admission_possible():
+        if bounds is None or bounds[0] < 2:
             return None
         block_size = self.config.block_size
         max_steps = steps_that_fit(running, self.pool.num_free_blocks, block_size, bounds[0])
         if max_steps < 2:
             return None
         context_tokens = bounds[1]
-        num_steps = max(1, min(max_steps, limit(len(running), context_tokens, max_steps)))
-        allocate = self.pool.allocate
+        num_steps = max(1, min(max_steps,
+                               limit(len(running), context_tokens, max_steps, attach)))
+        counts = [max(0, -(-(r.num_computed_tokens + num_steps) // block_size) - len(r.block_ids))
+                  for r in running]
+        parts = self.pool.allocate_each(counts)
+        assert parts is not None, "decode run horizon allowed too many blocks"
         scheduled = []
-        for req in running:
-            needed = -(-(req.num_computed_tokens + num_steps) // block_size) - len(req.block_ids)
-            new_ids: tuple[int, ...] = ()
-            if needed > 0:
-                new_blocks = allocate(needed)
-                assert new_blocks is not None, "decode run horizon allowed too many blocks"
+        for req, new_blocks in zip(running, parts):
+            if new_blocks:
                 req.block_ids.extend(new_blocks)
-                new_ids = tuple(new_blocks)
             scheduled.append(ScheduledRequest(req.request_id, req.num_computed_tokens, 1,
-                                              new_ids, True, True))
+                                              tuple(new_blocks), True, True))
+        self._run_states = (self._step_id, tuple(running))
         return self._output(tuple(scheduled), num_steps, 0, len(running), (), context_tokens,
-                            [], None, None, len(running))
+                            [], attach, None, len(running))
 
     def _admission_possible(self) -> bool:
         needed = self.head_chunk_blocks()
@@ -306,9 +313,11 @@ class Scheduler:
             pool, num_prefill + num_decode, num_rows)
         if items:  # a step ran: its activations stay in the allocator's cache
             self.controller.note_step(needed)
+        lent = pool.num_attached_elastic
         self._stats = SchedulerStats(
-            self._step_id, len(self.running), len(self.waiting), pool.num_used_blocks,
-            pool.num_usable_blocks, pool.num_attached_elastic, needed, available)
+            self._step_id, len(self.running), len(self.waiting),
+            pool.num_used_base + pool.num_used_elastic, pool.num_base_blocks + lent, lent,
+            needed, available)
         return SchedulerOutput(
             self._step_id, items, num_steps, num_prefill, num_decode, prefill_chunks,
             decode_context, tuple(preempted), action, oom, num_rows)
@@ -319,6 +328,9 @@ class Scheduler:
         that finished, then those that failed (out of memory) since the last update."""
         finished = []
         requests, num_steps = self.requests, out.num_steps
+        if self._run_states is not None and self._run_states[0] == out.step_id:
+            self._close_run(self._run_states[1], num_steps, end_s, finished)
+            return self._with_failed(finished)
         prefix = self.prefix
         for item in out.scheduled:
             req = requests.get(item.request_id)
@@ -335,6 +347,23 @@ class Scheduler:
             if req.num_output_tokens >= req.max_output_tokens:
                 self._finish(req, end_s)
                 finished.append(req)
+        return self._with_failed(finished)
+
+    def _close_run(self, states: tuple[RequestState, ...], num_steps: int, end_s: float,
+                   finished: list[RequestState]) -> None:
+        """A decode run: every request computed and sampled one token per step."""
+        self._run_states = None
+        running = RequestStatus.RUNNING
+        for req in states:
+            if req.status is not running:
+                continue
+            req.num_computed_tokens += num_steps
+            req.num_output_tokens += num_steps
+            if req.num_output_tokens >= req.max_output_tokens:
+                self._finish(req, end_s)
+                finished.append(req)
+
+    def _with_failed(self, finished: list[RequestState]) -> list[RequestState]:
         if self._failed:
             finished += self._failed
             self._failed = []

@@ -3,16 +3,20 @@
 As in vLLM v1, `SchedulerOutput` says only what to run; how full the pool is and what the
 step costs in activation memory travel apart in `SchedulerStats` (`Scheduler.make_stats`),
 so an executor never has to read, or rewrite, bookkeeping to run a step.
+
+The per-step records are named tuples: immutable like a frozen dataclass, but built in a
+third of the time (a frozen dataclass sets each field through object.__setattr__), and the
+simulator builds one per scheduled request per step.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class ScheduledRequest:
+class ScheduledRequest(NamedTuple):
     request_id: int
     num_computed_tokens: int  # KV already cached before this step: position of the first new token
     num_new_tokens: int  # tokens computed this step (per step, for a decode run)
@@ -48,8 +52,7 @@ class OutOfMemory:
     failed_ids: tuple[int, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class SchedulerOutput:
+class SchedulerOutput(NamedTuple):
     """What to run: the requests of one step (or of a run of identical decode steps)."""
 
     step_id: int
@@ -73,8 +76,7 @@ class SchedulerOutput:
         return self.num_prefill_tokens == 0 and self.num_decode_tokens > 0
 
 
-@dataclass(frozen=True, slots=True)
-class SchedulerStats:
+class SchedulerStats(NamedTuple):
     """Pool usage and activation need of one scheduled step, as it was scheduled (after its
     blocks were allocated, before `update` frees finished requests' blocks)."""
 

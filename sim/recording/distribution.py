@@ -78,56 +78,78 @@ def weighted_percentiles(values: np.ndarray, weights: np.ndarray) -> dict[str, f
 
 
 class WeightedSample:
-    """Positive values with weights: exact up to `capacity` values, then a log histogram."""
+    """Positive values with weights: exact up to `capacity` values, then a log histogram.
+
+    Values arrive a few at a time (a step, or a decode run's steps) and wait in Python lists,
+    which take them far cheaper than a numpy array does, until a block of them is folded into
+    arrays (or into the histogram)."""
 
     def __init__(self, capacity: int = EXACT_STEPS) -> None:
         self.capacity = capacity
-        self._values = np.empty(min(capacity, 4096))
-        self._weights = np.empty(self._values.size)
-        self._size = 0
+        self._values: list[float] = []  # pending
+        self._weights: list[float] = []  # pending, one per add()
+        self._counts: list[int] = []  # pending, values per add()
+        self._exact: list[tuple[np.ndarray, np.ndarray]] = []
+        self._num_exact = 0
         self._histogram: np.ndarray | None = None
         self._weighted_sum = 0.0
         self._total_weight = 0.0
 
     def add(self, values: np.ndarray, weight: float) -> None:
         """Values sharing one weight (a decode run's step durations)."""
-        end = self._size + values.size
-        if end > self._values.size:
-            self._make_room(values.size)
-            end = self._size + values.size
-        self._values[self._size:end] = values
-        self._weights[self._size:end] = weight
-        self._size = end
+        if values.size == 1:
+            self._values.append(float(values[0]))
+        else:
+            self._values += values.tolist()
+        self._weights.append(weight)
+        self._counts.append(values.size)
+        if len(self._values) >= _CHUNK:
+            self._flush()
 
-    def _make_room(self, num_values: int) -> None:
-        needed = self._size + num_values
-        if needed <= self.capacity:
-            size = max(needed, min(self.capacity, 2 * self._values.size))
-            self._values = np.resize(self._values, size)
-            self._weights = np.resize(self._weights, size)
+    def _flush(self) -> None:
+        if not self._values:
             return
-        self._fold()
-        if num_values > self._values.size:
-            self._values = np.empty(num_values)
-            self._weights = np.empty(num_values)
+        values = np.array(self._values, dtype=np.float64)
+        weights = np.repeat(np.array(self._weights, dtype=np.float64), self._counts)
+        self._values, self._weights, self._counts = [], [], []
+        if self._histogram is None and self._num_exact + values.size <= self.capacity:
+            self._exact.append((values, weights))
+            self._num_exact += values.size
+            return
+        for held_values, held_weights in self._exact:
+            self._fold(held_values, held_weights)
+        self._exact, self._num_exact = [], 0
+        self._fold(values, weights)
 
-    def _fold(self) -> None:
-        """Move the exact values into the histogram."""
+    def _fold(self, values: np.ndarray, weights: np.ndarray) -> None:
         if self._histogram is None:
             self._histogram = np.zeros(_NUM_BUCKETS)
-        values, weights = self._values[:self._size], self._weights[:self._size]
         index = np.ceil(np.log(np.clip(values, MIN_S, MAX_S)) / _LOG_GAMMA) - _FIRST_BUCKET
         self._histogram += np.bincount(index.astype(np.int64), weights, _NUM_BUCKETS)
         self._weighted_sum += float(values @ weights)
         self._total_weight += float(weights.sum())
-        self._size = 0
 
     @property
     def is_exact(self) -> bool:
+        self._flush()
         return self._histogram is None
 
     def exact_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        return self._values[:self._size], self._weights[:self._size]
+        self._flush()
+        if len(self._exact) > 1:
+            self._exact = [(np.concatenate([v for v, _ in self._exact]),
+                            np.concatenate([w for _, w in self._exact]))]
+        return self._exact[0] if self._exact else (np.zeros(0), np.zeros(0))
+
+    def folded(self) -> tuple[np.ndarray, float, float]:
+        """(histogram, sum of value x weight, sum of weights), every value folded in."""
+        self._flush()
+        for values, weights in self._exact:
+            self._fold(values, weights)
+        self._exact, self._num_exact = [], 0
+        if self._histogram is None:
+            self._histogram = np.zeros(_NUM_BUCKETS)
+        return self._histogram, self._weighted_sum, self._total_weight
 
 
 def merged_percentiles(samples: Sequence[WeightedSample]) -> dict[str, float | None]:
@@ -140,12 +162,11 @@ def merged_percentiles(samples: Sequence[WeightedSample]) -> dict[str, float | N
                                     np.concatenate([w for _, w in pairs]))
     histogram = np.zeros(_NUM_BUCKETS)
     weighted_sum = total = 0.0
-    for s in samples:
-        s._fold()
-        if s._histogram is not None:
-            histogram += s._histogram
-        weighted_sum += s._weighted_sum
-        total += s._total_weight
+    for sample in samples:
+        counts, sample_sum, sample_total = sample.folded()
+        histogram += counts
+        weighted_sum += sample_sum
+        total += sample_total
     cumulative = np.cumsum(histogram) / total
     result: dict[str, float | None] = {}
     for p in PERCENTILES:

@@ -123,10 +123,13 @@ class ReplicaRecorder:
 
     # ---------------------------------------------------------------- steps
     def step(self, start_s: float, out: SchedulerOutput, stats: SchedulerStats,
-             durations: np.ndarray, failed: OutOfMemory | None = None) -> None:
+             durations: np.ndarray, failed: OutOfMemory | None = None,
+             duration_s: float | None = None) -> None:
         """A step (or decode run, one duration per step) ran from `start_s`. `failed`: the
-        executor hit an out-of-memory the scheduler did not predict; nothing ran."""
-        duration_s = float(durations[0]) if durations.size == 1 else float(durations.sum())
+        executor hit an out-of-memory the scheduler did not predict; nothing ran.
+        `duration_s`: the durations' sum, when the executor has it already."""
+        if duration_s is None:
+            duration_s = float(durations[0]) if durations.size == 1 else float(durations.sum())
         oom = out.oom is not None or failed is not None
         ran = failed is None
         self._steps.append((
