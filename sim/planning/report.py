@@ -9,23 +9,10 @@ from rich.console import Console
 from rich.table import Table
 
 from sim.planning.gain_map import Cell, MapQuery
-from sim.planning.plan import PlanResult
 from sim.planning.reserve import PUBLISHED_NOTE
 from sim.planning.sweep import fit_status
 
 # (header, row key, format)
-PLAN_COLUMNS = (
-    ("policy", "policy", "{}"),
-    ("chunk", "chunk", "{:,}"),
-    ("KV tokens", "kv_capacity_tokens", "{:,}"),
-    ("KV lent", "kv_capacity_lent_tokens", "{:,}"),
-    ("tok/s", "throughput_tok_s", "{:,.1f}"),
-    ("goodput req/s", "goodput_req_s", "{:.3f}"),
-    ("TTFT p99 s", "ttft_s_p99", "{:.3f}"),
-    ("TPOT p99 s", "tpot_s_p99", "{:.4f}"),
-    ("preempt", "num_preemptions", "{:,}"),
-    ("max rate req/s", "max_rate_req_s", "{:.2f}"),
-)
 SWEEP_COLUMNS = (
     ("model", "model", "{}"), ("gpu", "gpu", "{}"), ("tp", "tensor_parallel_size", "{}"),
     ("chunk", "chunk", "{:,}"), ("policy", "policy", "{}"), ("rate x", "rate_scale", "{:g}"),
@@ -91,30 +78,6 @@ def interrupted_sweep(rows_done: int, total: int, out: Path | None) -> str:
         return f"interrupted: {rows_done} of {total} cases had ended; nothing saved (no --out)"
     return (f"interrupted: the {rows_done} of {total} cases that ended are in "
             f"{out / 'sweep.csv'}; rerun with --resume to run the rest")
-
-
-def print_plan(result: PlanResult, console: Console | None = None) -> None:
-    console = console or Console(width=max(Console().width, 140))
-    q = result.query
-    title = f"{q.model} on {q.gpu} x TP {q.tp}, trace {q.trace.label}"
-    console.print(_table(title, result.rows, PLAN_COLUMNS))
-    for name, rule in result.rules.items():
-        console.print(f"[bold]{name}[/]: {rule}")
-    if result.static_pick is None:
-        console.print("no static chunk size fits this GPU; see the rows above")
-        return
-    s = result.static_pick
-    console.print(f"[bold]pick chunk {s['chunk']:,}[/] (static): goodput "
-                  f"{s['goodput_req_s']:.3f} req/s, TTFT p99 {_fmt(s.get('ttft_s_p99'), '.3f')} s")
-    e = result.elastic_pick
-    if e is not None:
-        gains = ", ".join(f"{k} {_fmt(v, '+.1f')}%" for k, v in result.gains_pct.items())
-        verdict = "pays" if result.elastic_pays else "does not pay"
-        console.print(f"elastic (its pick: chunk {e['chunk']:,}) {verdict}: {gains}")
-
-
-def _fmt(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
 
 
 def print_map(cells: Sequence[Cell], query: MapQuery, console: Console | None = None) -> None:
