@@ -100,10 +100,16 @@ def write_report(out_dir: Path, v: Validation, *, plots: bool = True,
     return paths
 
 
+REPORT_DIGITS = 9  # significant digits a report keeps of every number
+
+
 def _finite(value):
-    """JSON without NaN/inf (they become null), so any JSON reader accepts the report."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
+    """JSON without NaN/inf (they become null), so any JSON reader accepts the report, and
+    every float to REPORT_DIGITS significant digits: far finer than any error the report
+    judges, and coarse enough that summing the same terms in another order (another numpy,
+    another fast-forward of the simulator) rebuilds the same bytes."""
+    if isinstance(value, float):
+        return float(f"{value:.{REPORT_DIGITS}g}") if math.isfinite(value) else None
     if isinstance(value, dict):
         return {k: _finite(x) for k, x in value.items()}
     if isinstance(value, (list, tuple)):
