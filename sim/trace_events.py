@@ -197,9 +197,12 @@ class TracingRecorder(ReplicaRecorder):
             self._ended.append(req)
 
     def step(self, start_s: float, out: SchedulerOutput, stats: SchedulerStats,
-             durations: np.ndarray, failed: OutOfMemory | None = None) -> None:
-        super().step(start_s, out, stats, durations, failed)
-        end_s = start_s + float(durations.sum())
+             durations: np.ndarray, failed: OutOfMemory | None = None,
+             duration_s: float | None = None) -> None:
+        if duration_s is None:
+            duration_s = float(durations.sum())
+        super().step(start_s, out, stats, durations, failed, duration_s)
+        end_s = start_s + duration_s
         scheduled = self._scheduled_s
         if out.num_prefill_tokens:
             for item in out.scheduled:
