@@ -18,6 +18,7 @@ import itertools
 from collections.abc import Collection, Mapping
 from dataclasses import MISSING, Field, fields, replace
 from pathlib import Path
+from typing import Any
 
 from sim.core.cost_model import piecewise_sizes_for
 from sim.core.engine_config import EngineConfig
@@ -158,7 +159,8 @@ def engine_configs(args: argparse.Namespace) -> list[EngineConfig]:
     gpu > tp > chunk > ... > policy), each from the `--engine-config` file or the defaults,
     changed by the flags given. Raises ValueError for a setting EngineConfig refuses."""
     base = _base(args)
-    fixed, axes = {}, {}
+    fixed: dict[str, Any] = {}
+    axes: dict[str, list] = {}
     for f in engine_fields():
         if f.name in vars(args) and f.name != PIECEWISE:
             value = getattr(args, f.name)
@@ -200,7 +202,10 @@ def _with_piecewise(config: EngineConfig, args: argparse.Namespace) -> EngineCon
 def setting_default(name: str):
     """A setting's default (the field's; None where a rule resolves it)."""
     f = next(f for f in fields(EngineConfig) if f.name == name)
-    return f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+    if f.default is not MISSING:
+        return f.default
+    assert f.default_factory is not MISSING, f"{name} has no default"
+    return f.default_factory()
 
 
 def engine_flag_names() -> set[str]:

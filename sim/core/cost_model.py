@@ -221,6 +221,10 @@ def piecewise_sizes_for(chunk: int, max_tokens: int | None = None) -> tuple[int,
     return piecewise_capture_sizes(chunk if max_tokens is None else min(chunk, max_tokens))
 
 
+# CostModel's leading arguments (model, GPU, tensor-parallel size), as a fit passes them on
+CostArgs = tuple[ModelSpec, GpuSpec, int]
+
+
 class CostModel:
     """Step times from the model's shape, the GPU's peak rates and the fitted efficiencies.
 

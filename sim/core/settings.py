@@ -214,10 +214,11 @@ def dataclass_from_dict(cls: type, data: dict) -> Any:
 
 
 def _dataclass_in(hint: Any) -> type | None:
-    if dataclasses.is_dataclass(hint):
+    """The dataclass a field's type names (alone or in an Optional), else None."""
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return hint
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         for arg in typing.get_args(hint):
-            if dataclasses.is_dataclass(arg):
+            if isinstance(arg, type) and dataclasses.is_dataclass(arg):
                 return arg
     return None

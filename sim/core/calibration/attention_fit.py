@@ -19,7 +19,7 @@ import numpy as np
 from scipy.optimize import minimize_scalar
 
 from sim.core.calibration.fit import fit_with_program_term, num_program_bound
-from sim.core.cost_model import FIT_PARAMETERS, CostModel, Efficiency
+from sim.core.cost_model import FIT_PARAMETERS, CostArgs, CostModel, Efficiency
 from sim.core.step import SchedulerOutput
 
 # What one launch's attention time tells: its work rate, the speed of one program (the
@@ -28,7 +28,7 @@ from sim.core.step import SchedulerOutput
 ATTENTION_PARAMETERS = ("attention_compute", "attention_program", "attention_program_serial")
 
 
-def fit_attention_terms(cost_args: tuple, outputs: Sequence[SchedulerOutput],
+def fit_attention_terms(cost_args: CostArgs, outputs: Sequence[SchedulerOutput],
                         measured_s: np.ndarray, start: Efficiency | None = None,
                         hold: Sequence[str] = ()) -> tuple[Efficiency, dict]:
     """`start` with ATTENTION_PARAMETERS fitted to the attention times `measured_s` of the
@@ -71,7 +71,7 @@ def fit_attention_terms(cost_args: tuple, outputs: Sequence[SchedulerOutput],
                     "launch_floor_s": floor, "per_point_rel": [float(r) for r in after]}
 
 
-def attention_start(cost_args: tuple,
+def attention_start(cost_args: CostArgs,
                     attention: tuple[Sequence[SchedulerOutput], np.ndarray] | None,
                     start: Efficiency, hold: tuple[str, ...]
                     ) -> tuple[Efficiency, tuple[str, ...], dict | None]:

@@ -31,11 +31,11 @@ from sim.core.calibration.fit import (
     split_term_fixed,
 )
 from sim.core.catalog import get_gpu, get_model
-from sim.core.cost_model import CostModel, Efficiency, step_extents
+from sim.core.cost_model import CostArgs, CostModel, Efficiency, step_extents
 from sim.core.step import SchedulerOutput
 
 
-def fit_profile(cost_args: tuple, outputs: Sequence[SchedulerOutput], measured_s: np.ndarray,
+def fit_profile(cost_args: CostArgs, outputs: Sequence[SchedulerOutput], measured_s: np.ndarray,
                 start: Efficiency | None = None, copy_bandwidth_bytes_s: float | None = None,
                 token_graph_sizes: Sequence[int] = (),
                 hold: Sequence[str] = ()) -> tuple[Efficiency, dict]:
@@ -75,7 +75,7 @@ def fit_profile(cost_args: tuple, outputs: Sequence[SchedulerOutput], measured_s
     }
 
 
-def held_terms(cost_args: tuple, outputs: Sequence[SchedulerOutput], measured_s: np.ndarray,
+def held_terms(cost_args: CostArgs, outputs: Sequence[SchedulerOutput], measured_s: np.ndarray,
                start: Efficiency, token_graph_sizes: Sequence[int]
                ) -> tuple[Efficiency, tuple[str, ...]]:
     """`start` with usable launch terms, and the terms the grid cannot tell (fit.launch_terms,
@@ -111,7 +111,8 @@ def refit_profile(data: dict, outputs: Sequence[SchedulerOutput],
     times = np.array([m["measured_s"] for m in data["measurements"]])
     cost_args = (get_model(data["model"]), get_gpu(data["gpu_preset"]), 1)
     token_sizes = data.get("piecewise_sizes") or ()
-    start, hold, provenance = Efficiency(), (), {}
+    start, provenance = Efficiency(), {}
+    hold: tuple[str, ...] = ()
     if program_from is not None:
         source, other = program_from
         value = program_term_of(source, other, data)

@@ -241,8 +241,10 @@ def _named_engine(named: str, sizes: tuple[int, ...], source: str) -> EngineKind
 def _top_level_provenance(data: Mapping, source: str) -> dict:
     """Provenance fields from the keys profiles wrote before "provenance" (and still write
     beside it: refits and merges read them)."""
-    fit = data.get("fit") if isinstance(data.get("fit"), dict) else {}
-    versions = data.get("versions") if isinstance(data.get("versions"), dict) else {}
+    fit = data.get("fit")
+    fit = fit if isinstance(fit, dict) else {}
+    versions = data.get("versions")
+    versions = versions if isinstance(versions, dict) else {}
     found = {"model": ("model", data.get("model", fit.get("model"))),
              "gpu_preset": ("gpu_preset", data.get("gpu_preset", fit.get("gpu"))),
              "gpu_name": ("gpu", data.get("gpu")),
