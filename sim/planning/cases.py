@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from sim.core.catalog import MIB, get_gpu, get_model
+from sim.core.config_flags import setting_default
 from sim.core.cost_model import Efficiency, piecewise_sizes_for
 from sim.core.elastic import DrainStrategy, Policy, VmmCosts
 from sim.core.engine_config import EngineConfig
@@ -132,16 +133,17 @@ def length_label(dist: LengthDist) -> str:
 
 @dataclass(frozen=True)
 class EngineOptions:
-    """Engine settings a sweep holds fixed (vLLM names; None means vLLM's default)."""
+    """Engine settings a sweep holds fixed (vLLM names; None means vLLM's default). Their
+    defaults are EngineConfig's, read from it: a sweep, a plan and a single run agree."""
 
     max_num_seqs: int | None = None
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: float = setting_default("gpu_memory_utilization")
     max_model_len: int | None = None
-    block_size: int = 16
-    drain: str = "migrate"
-    vmm_handle_mib: int = 512
-    reclaim: str = "remap"
-    enable_prefix_caching: bool = False
+    block_size: int = setting_default("block_size")
+    drain: str = setting_default("drain").value
+    vmm_handle_mib: int = setting_default("vmm_handle_bytes") // MIB
+    reclaim: str = setting_default("reclaim")
+    enable_prefix_caching: bool = setting_default("enable_prefix_caching")
     cuda_graph_sizes: tuple[int, ...] = ()  # EngineConfig.cuda_graph_sizes
     piecewise_graphs: bool = False  # EngineConfig.piecewise_graph_sizes, at the case's chunk
     piecewise_max_tokens: int | None = None  # ... or up to this cap (sim.core.cost_model.piecewise_sizes_for)
