@@ -20,6 +20,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from gpu_backend.engine.support import check_supported, missing_gpu
 from sim.core.config_flags import CommandParser, add_engine_flags, engine_config, positive_int
 from sim.core.elastic import Policy
 from sim.core.engine_config import EngineConfig
@@ -32,6 +33,10 @@ PROFILE_EXCLUDED = ("cuda_graph_sizes", "policy", "drain", "reclaim", "enable_pr
                     "hash_block_tokens")
 
 
+class NoGpu(ValueError):
+    """This host cannot run the engine (said in one line, as a usage error is)."""
+
+
 def gpu_config(args: argparse.Namespace) -> EngineConfig:
     """The flags' EngineConfig, refused where the GPU engine cannot run it as configured."""
     config = engine_config(args)
@@ -39,11 +44,11 @@ def gpu_config(args: argparse.Namespace) -> EngineConfig:
         raise ValueError(f"--reclaim {config.reclaim}: the GPU engine's activations come from "
                          "torch's allocator, which only a released handle's memory reaches; "
                          "use --reclaim release (the default)")
-    model = config.model
-    if config.dtype not in ("auto", "bfloat16") or model.dtype_bytes != 2 \
-            or model.kv_dtype_bytes is not None or model.linear_dtype_bytes is not None:
-        raise ValueError("the GPU engine runs bfloat16 weights and KV cache: drop --dtype, "
-                         "--kv-cache-dtype and --quantization (the simulator prices the others)")
+    check_supported(config)
+    missing = missing_gpu()
+    if missing is not None:
+        raise NoGpu(f"python -m gpu_backend {args.command} runs on an NVIDIA GPU, and "
+                    f"{missing}; the simulator runs anywhere: python -m sim --help")
     return config
 
 

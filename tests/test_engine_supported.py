@@ -7,7 +7,7 @@ import pytest
 
 
 def test_gpu_engine_refuses_what_it_would_run_as_something_else():
-    from gpu_backend.engine.setup import check_supported
+    from gpu_backend.engine.support import check_supported
     from sim.core.catalog import get_model
     from sim.core.engine_config import EngineConfig
 

@@ -38,6 +38,7 @@ from gpu_backend.engine.memory import (
 )
 from gpu_backend.engine.piecewise import PiecewiseGraphs
 from gpu_backend.engine.runner import DecodeGraphs, ModelRunner
+from gpu_backend.engine.support import check_supported
 from gpu_backend.model import build_model
 from gpu_backend.vmm import ElasticKVPool
 from sim.core.cost_model import piecewise_sizes_for
@@ -131,26 +132,6 @@ def trial_graph_bytes(model, config: EngineConfig, device: torch.device,
     gc.collect()
     torch.cuda.empty_cache()
     return max(0, used)
-
-
-def check_supported(config: EngineConfig) -> None:
-    """Refuse, with what to change, a configuration this engine would otherwise run as
-    something else: it builds dense Llama-family decoders (no MoE or MLA layers) in bf16, with
-    bf16 weights and a bf16 KV cache. The simulator prices all of these; only the GPU engine,
-    which measures them, is narrower."""
-    model = config.model
-    unsupported = [what for what, present in (
-        ("MoE layers", model.moe is not None), ("MLA attention", model.mla is not None),
-        (f"dtype {config.dtype}", config.dtype not in ("auto", "bfloat16", "bf16")),
-        (f"--kv-cache-dtype {config.kv_cache_dtype}", model.kv_element_bytes != 2),
-        (f"--quantization {config.quantization}", model.linear_element_bytes != 2),
-    ) if present]
-    if model.dtype_bytes != 2 and not unsupported:
-        unsupported.append(f"{model.dtype_bytes}-byte weights")
-    if unsupported:
-        raise ValueError(f"the GPU engine runs dense bf16 models only; {model.name} here has "
-                         f"{', '.join(unsupported)}: replay another model or drop those flags "
-                         "(the simulator, `python -m sim`, prices it)")
 
 
 def build_gpu_engine(config: EngineConfig, *, device: torch.device | None = None, seed: int = 0,

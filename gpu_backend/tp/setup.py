@@ -27,13 +27,13 @@ from gpu_backend.engine.memory import (
 from gpu_backend.engine.runner import DecodeGraphs
 from gpu_backend.engine.setup import (
     assemble_engine,
-    check_supported,
     fused_layers_enabled,
     make_store,
     plain_store,
     rope_theta,
     trial_graph_bytes,
 )
+from gpu_backend.engine.support import check_supported
 from gpu_backend.tp.engine import TpEngine
 from gpu_backend.tp.group import TpGroup
 from gpu_backend.tp.shard import build_tp_model, shard_spec
