@@ -75,3 +75,18 @@ class FakeRunner:
         if self.fail_when is not None and self.fail_when(batch):
             raise MemoryError("fake out of memory")
         return (batch.input_ids[batch.logits_indices] + 1) % TINY.vocab_size
+
+
+def tiny_cpu_model():
+    """The tiny model on CPU (torch attention), built on one thread: its matmuls are too small
+    to share, and on a busy 2-core machine two threads made each of them 10x slower. A
+    generator for a fixture: the thread count comes back after."""
+    import torch
+
+    from gpu_backend.model import build_model
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield build_model(TINY, "cpu", torch.float32, attention_backend="torch", max_position=256,
+                      seed=1)
+    torch.set_num_threads(threads)

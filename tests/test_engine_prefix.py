@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_engine_helpers import TINY, TickTimer, toy_config, toy_core
+from test_engine_helpers import TickTimer, tiny_cpu_model, toy_config, toy_core
 
 from gpu_backend.engine.replay import engine_summary, replay
 from gpu_backend.engine.setup import assemble_engine, plain_store
-from gpu_backend.model import build_model
 from sim.core.elastic import DrainStrategy, Policy
 from traces import Request
 
@@ -36,13 +35,7 @@ CROWD = [Request(0, 0.0, 48, 8, (0, 10)), Request(1, 0.0, 48, 30, (0, 11)),
 
 @pytest.fixture(scope="module")
 def model():
-    # One thread: the tiny model's matmuls are too small to share, and on a busy 2-core
-    # machine two threads made each of them 10x slower.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield build_model(TINY, "cpu", torch.float32, attention_backend="torch", max_position=256,
-                      seed=1)
-    torch.set_num_threads(threads)
+    yield from tiny_cpu_model()
 
 
 class LogitsTap:

@@ -9,7 +9,7 @@ import json
 
 import pytest
 import torch
-from test_engine_helpers import TINY, TickTimer, toy_config, toy_core
+from test_engine_helpers import TINY, TickTimer, tiny_cpu_model, toy_config, toy_core
 
 from gpu_backend.batch import ForwardBatch
 from gpu_backend.engine.engine import STEP_COLUMNS
@@ -18,7 +18,6 @@ from gpu_backend.engine.piecewise import PiecewiseGraphs
 from gpu_backend.engine.replay import engine_summary, replay, write_outputs
 from gpu_backend.engine.runner import DecodeGraphs
 from gpu_backend.engine.setup import assemble_engine, plain_store
-from gpu_backend.model import build_model
 from sim.core.elastic import DrainStrategy, Policy
 from sim.recording.metrics import TIMELINE_COLUMNS
 from traces import Request
@@ -32,13 +31,7 @@ MIGRATION = [Request(0, 0.0, 60, 110), Request(1, 0.0, 60, 150), Request(2, 0.0,
 
 @pytest.fixture(scope="module")
 def model():
-    # One thread: the tiny model's matmuls are too small to share, and on a busy 2-core
-    # machine two threads made each of them 10x slower.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield build_model(TINY, "cpu", torch.float32, attention_backend="torch", max_position=256,
-                      seed=1)
-    torch.set_num_threads(threads)
+    yield from tiny_cpu_model()
 
 
 def run(model, policy, drain=DrainStrategy.PREEMPT, num_kv_blocks=48, requests=REQUESTS):

@@ -8,6 +8,7 @@ from rich.table import Table
 
 from sim.planning.fleet_report import answer_line
 from sim.planning.plan import PlanQuery, PlanResult
+from sim.planning.report import cell
 from sim.planning.sustain import overload_text
 from sim.planning.sweep import fit_status
 
@@ -28,16 +29,11 @@ PLAN_COLUMNS = (
 
 
 def _cell(row: dict, key: str, fmt: str) -> str:
-    value = row.get(key)
-    if value is None:
-        return "-"
-    if key == "max_rate_req_s" and row.get("max_rate_above_range"):
-        return ">" + fmt.format(value)
-    if key == "queue_at_last_arrival":
-        growth = row.get("queue_growth_req_s") or 0.0
-        mark = f" OVERLOADED ({growth:+.2f}/s)" if row.get("overloaded") else ""
-        return fmt.format(value) + mark
-    return fmt.format(value)
+    """planning.report's cell, the queue marked where the run is overloaded."""
+    text = cell(row, key, fmt)
+    if key == "queue_at_last_arrival" and row.get(key) is not None and row.get("overloaded"):
+        text += f" OVERLOADED ({row.get('queue_growth_req_s') or 0.0:+.2f}/s)"
+    return text
 
 
 def plan_table(result: PlanResult) -> Table:

@@ -24,7 +24,8 @@ MAX_SWEEP_ROWS_SHOWN = 60
 MAX_FAILURES_SHOWN = 5
 
 
-def _cell(row: dict, key: str, fmt: str) -> str:
+def cell(row: dict, key: str, fmt: str) -> str:
+    """A table cell: "-" for a missing value, ">" before a max rate above the searched range."""
     value = row.get(key)
     if value is None:
         return "-"
@@ -39,11 +40,11 @@ def _table(title: str, rows: Sequence[dict], spec) -> Table:
         table.add_column(header, justify="right")
     for row in rows:
         if row.get("error") or not row.get("fits", True):
-            first = [_cell(row, key, fmt) for _, key, fmt in spec[:2]]
+            first = [cell(row, key, fmt) for _, key, fmt in spec[:2]]
             status = "failed" if row.get("error") else fit_status(row.get("fit_error"))
             table.add_row(*first, status, *[""] * (len(spec) - 3))
             continue
-        table.add_row(*[_cell(row, key, fmt) for _, key, fmt in spec])
+        table.add_row(*[cell(row, key, fmt) for _, key, fmt in spec])
     return table
 
 
