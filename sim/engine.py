@@ -80,13 +80,16 @@ class Replica:
             durations = self._durations(out)
             duration_s = float(durations[0]) if durations.size == 1 else float(durations.sum())
             yield env.timeout(duration_s)
-            fleet.deliver_due(env.now)  # same-time arrivals join before the step closes
+            due_s = fleet.next_arrival_s
+            if due_s is not None and due_s <= env.now:
+                fleet.deliver_due(env.now)  # same-time arrivals join before the step closes
             for req in sched.update(out, env.now):
                 self.outstanding_tokens -= req.num_prompt_tokens + req.max_output_tokens
                 self.num_finished += req.status is RequestStatus.FINISHED
                 recorder.done(req)
             recorder.step(start_s, out, stats, durations, duration_s=duration_s)
-            fleet.check_done()
+            if fleet.next_arrival_s is None:
+                fleet.check_done()
 
     def _durations(self, out: SchedulerOutput) -> np.ndarray:
         if out.num_steps > 1:
@@ -120,15 +123,29 @@ class Replica:
             num_priced = min(max_steps, int((next_arrival_s - now_s) / self._step_guess_s) + 2)
         while True:
             durations = cost.decode_run_s(batch_size, context_tokens, num_priced)
-            # step i starts at now + the first i durations (numpy's cumsum adds in order)
-            ends = np.cumsum(durations[:-1])
-            num_steps = 1 + int(np.searchsorted(now_s + ends, next_arrival_s, side="left"))
+            num_steps = _steps_started_before(durations.tolist(), now_s, next_arrival_s)
             if num_steps < num_priced or num_priced == max_steps:
                 break
             num_priced = max_steps
         self._step_guess_s = 0.5 * float(durations[0])
         self._run_durations = durations
-        return num_steps if now_s < next_arrival_s else 1
+        return num_steps
+
+
+def _steps_started_before(durations_s: list[float], start_s: float, due_s: float) -> int:
+    """How many back-to-back steps from `start_s` start before `due_s` (at least one: the
+    first is scheduled already). Step i starts at start + the first i durations, added in
+    order (as numpy's cumsum adds them)."""
+    if start_s >= due_s:
+        return 1
+    num_steps = 1
+    elapsed_s = 0.0
+    for duration_s in durations_s[:-1]:
+        elapsed_s += duration_s
+        if start_s + elapsed_s >= due_s:
+            break
+        num_steps += 1
+    return num_steps
 
 
 class TraceRequests(Sequence[Request]):
@@ -168,9 +185,10 @@ class Fleet:
         self.env, self.requests, self.router = env, requests, router
         self.replicas: list[Replica] = []
         self.done = env.event()  # fires once every request has arrived and ended
-        self._next_index = 0
         self._round_robin = 0
-        self.next_arrival_s: float | None = requests[0].arrival_s if len(requests) else None
+        self._next_index = 0
+        self._next: Request | None = requests[0] if len(requests) else None
+        self.next_arrival_s: float | None = self._next.arrival_s if self._next else None
 
     @property
     def num_finished(self) -> int:
@@ -188,13 +206,12 @@ class Fleet:
         next_s = self.next_arrival_s
         if next_s is None or next_s > now_s:
             return
-        requests, index, num_requests = self.requests, self._next_index, len(self.requests)
-        while next_s is not None and next_s <= now_s:
-            req = requests[index]
-            index += 1
-            self._next_index = index
-            next_s = requests[index].arrival_s if index < num_requests else None
-            self.next_arrival_s = next_s
+        requests, num_requests = self.requests, len(self.requests)
+        while self._next is not None and self._next.arrival_s <= now_s:
+            req = self._next
+            self._next_index += 1
+            self._next = requests[self._next_index] if self._next_index < num_requests else None
+            self.next_arrival_s = self._next.arrival_s if self._next is not None else None
             self.route(req).submit(req)
 
     def check_done(self) -> None:

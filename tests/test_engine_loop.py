@@ -8,6 +8,7 @@ import pytest
 import torch
 from test_engine_helpers import FakeRunner, FakeTimer, toy_config, toy_core
 
+from gpu_backend.engine.engine import STEP_COLUMNS
 from gpu_backend.engine.inputs import BlockTableError
 from gpu_backend.engine.replay import engine_summary, replay
 from gpu_backend.engine.setup import assemble_engine, plain_store
@@ -54,6 +55,13 @@ def test_real_oom_fails_the_step_and_the_run_goes_on():
     summary = engine_summary(engine, {})
     assert summary["num_oom"] == 1 and summary["num_failed_oom"] == 1
     assert summary["measured"]["num_real_oom"] == 1
+    # the failed step is recorded as run without tokens (the scheduler's output stays as it
+    # was scheduled; the executor reports the failure instead of rewriting it)
+    (failed,) = [row for row in engine.steps if row[STEP_COLUMNS.index("oom")]]
+    assert failed[STEP_COLUMNS.index("num_prefill_tokens")] == 0
+    assert failed[STEP_COLUMNS.index("num_seqs")] == 0
+    (timeline_row,) = [row for row in engine.recorder.timeline if row[-1]]
+    assert timeline_row[3] == timeline_row[4] == timeline_row[5] == 0  # no tokens, no seqs
     pool = engine.scheduler.pool
     pool.check_invariants()
     assert pool.num_used_blocks == 0

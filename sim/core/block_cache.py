@@ -9,8 +9,12 @@ each stale one skipped and uncounted. A block has at most one live entry, its ne
 first `_stale[b]` entries of `b` met from the front are the stale ones. Stale entries are
 swept out once they outnumber the live ones.
 
-A block is in the LRU exactly when it is named and no request references it; `in_lru` says
-so from the pool's reference count.
+A block is in the LRU exactly when it is named and no request references it.
+
+`block_of` (key -> block) is cleaned lazily too: evicting a block only clears `key_of`, and an
+entry of `block_of` counts only while `key_of` of its block still names its key (`lookup`).
+A dict delete at every eviction missed the CPU's caches on a table of millions of keys; stale
+entries are swept once they outnumber the blocks.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ class BlockCache:
     def __init__(self, num_blocks: int, num_base_blocks: int) -> None:
         self.num_base_blocks = num_base_blocks
         self.key_of: list[Hashable | None] = [None] * num_blocks
-        self.block_of: dict[Hashable, int] = {}
+        self.block_of: dict[Hashable, int] = {}  # may hold stale entries: see lookup()
+        self._num_stale_names = 0
         self._lru: deque[int] = deque()
         self._stale = [0] * num_blocks
         self.num_free_base = 0  # cached base blocks no request holds
@@ -37,42 +42,70 @@ class BlockCache:
         return self.num_free_base + len(self.free_elastic)
 
     # ------------------------------------------------------------------ names
+    @property
+    def in_use(self) -> bool:
+        """Has any block ever been named (is prefix caching at work)?"""
+        return bool(self.block_of)
+
+    def lookup(self, key: Hashable) -> int | None:
+        """The block named `key`, if one is."""
+        block_id = self.block_of.get(key)
+        if block_id is None or self.key_of[block_id] != key:
+            return None
+        return block_id
+
     def name(self, block_ids: list[int], keys: list[Hashable]) -> None:
         """Name full, used blocks by their content keys. A key already cached elsewhere, or
         a block already named, is left as it is."""
         key_of, block_of = self.key_of, self.block_of
         for block_id, key in zip(block_ids, keys):
-            if key not in block_of and key_of[block_id] is None:
-                key_of[block_id] = key
+            if key_of[block_id] is not None:
+                continue
+            holder = block_of.get(key)
+            if holder is None:
                 block_of[key] = block_id
+            elif key_of[holder] != key:  # a stale entry: take it over
+                block_of[key] = block_id
+                self._num_stale_names -= 1
+            else:
+                continue
+            key_of[block_id] = key
 
     def _unname(self, block_id: int) -> Hashable:
         key = self.key_of[block_id]
         self.key_of[block_id] = None
-        del self.block_of[key]
+        self._num_stale_names += 1
         return key
 
-    # -------------------------------------------------------------------- LRU
-    def push(self, block_id: int) -> None:
-        """A named block came free: it becomes the newest cached block."""
-        self._lru.append(block_id)
-        if block_id < self.num_base_blocks:
-            self.num_free_base += 1
-        else:
-            self.free_elastic.add(block_id)
+    def maybe_sweep_names(self) -> None:
+        """Drop `block_of`'s stale entries once they outnumber the blocks."""
+        if self._num_stale_names > max(len(self.key_of), MIN_SWEEP_ENTRIES):
+            self.block_of = {key: block_id for block_id, key in enumerate(self.key_of)
+                             if key is not None}
+            self._num_stale_names = 0
 
-    def take(self, block_id: int) -> None:
-        """A cached free block is referenced again (a prefix hit): out of the LRU."""
-        self._stale[block_id] += 1
-        if block_id < self.num_base_blocks:
-            self.num_free_base -= 1
-        else:
-            self.free_elastic.discard(block_id)
+    # -------------------------------------------------------------------- LRU
+    def push(self, block_ids: list[int], num_base: int) -> None:
+        """Named blocks came free, in this order (`num_base` of them base blocks): they
+        become the newest cached blocks."""
+        self._lru.extend(block_ids)
+        self.num_free_base += num_base
+        if num_base < len(block_ids):
+            self.free_elastic.update(b for b in block_ids if b >= self.num_base_blocks)
+
+    def take(self, block_ids: list[int], num_base: int) -> None:
+        """Cached free blocks are referenced again (prefix hits): out of the LRU."""
+        stale = self._stale
+        for block_id in block_ids:
+            stale[block_id] += 1
+        self.num_free_base -= num_base
+        if num_base < len(block_ids):
+            self.free_elastic.difference_update(block_ids)
 
     def evict_oldest(self, num_blocks: int) -> tuple[list[int], list[Hashable]]:
         """Evict the `num_blocks` oldest cached blocks (the caller knows there are as many):
         their ids and their keys, now forgotten."""
-        lru, stale = self._lru, self._stale
+        lru, stale, key_of = self._lru, self._stale, self.key_of
         evicted: list[int] = []
         keys: list[Hashable] = []
         while len(evicted) < num_blocks:
@@ -80,8 +113,12 @@ class BlockCache:
             if stale[block_id]:
                 stale[block_id] -= 1
                 continue
+            keys.append(key_of[block_id])
+            key_of[block_id] = None
             evicted.append(block_id)
-            keys.append(self._unname(block_id))
+        self._num_stale_names += num_blocks
+        if self._num_stale_names > len(key_of):
+            self.maybe_sweep_names()
         if self.free_elastic:
             self.free_elastic.difference_update(evicted)
             self.num_free_base -= sum(1 for b in evicted if b < self.num_base_blocks)
@@ -93,10 +130,8 @@ class BlockCache:
         """As `evict_oldest`, skipping elastic blocks (the region is not lendable)."""
         order = self.live_order()
         evicted = [b for b in order if b < self.num_base_blocks][:num_blocks]
-        keys = []
-        for block_id in evicted:
-            self.take(block_id)
-            keys.append(self._unname(block_id))
+        self.take(evicted, len(evicted))
+        keys = [self._unname(block_id) for block_id in evicted]
         self._sweep()
         return evicted, keys
 
@@ -104,10 +139,9 @@ class BlockCache:
         """Forget every cached elastic block (the region is unmapped: content undefined)."""
         if not self.free_elastic:
             return []
-        keys = []
-        for block_id in sorted(self.free_elastic):
-            self.take(block_id)
-            keys.append(self._unname(block_id))
+        elastic = sorted(self.free_elastic)
+        self.take(elastic, 0)
+        keys = [self._unname(block_id) for block_id in elastic]
         self._sweep()
         return keys
 

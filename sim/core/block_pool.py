@@ -24,6 +24,7 @@ loop: on CPython 3.11 that beats map() over bound methods, which pays a call per
 from __future__ import annotations
 
 import enum
+import operator
 from collections.abc import Hashable, Iterable
 
 from sim.core.block_cache import BlockCache
@@ -122,36 +123,13 @@ class BlockPool:
             taken += self._take_free_elastic(num_blocks - len(taken))
         if len(taken) < num_blocks:
             taken += self._evict(num_blocks - len(taken))
-        num_elastic = 0
         for block_id in taken:
             ref_count[block_id] = 1
-            num_elastic += block_id >= self.num_base_blocks
+        num_elastic = 0 if max(taken) < self.num_base_blocks else \
+            sum(1 for b in taken if b >= self.num_base_blocks)
         self.num_used_base += num_blocks - num_elastic
         self.num_used_elastic += num_elastic
         return taken
-
-    def allocate_each(self, counts: list[int]) -> list[list[int]] | None:
-        """`allocate(n)` for each n of `counts` in turn (the same blocks), in one call when
-        the free base blocks hold them all; None, and no change, if they do not all fit."""
-        total = sum(counts)
-        free_base = self._free_base
-        if total > len(free_base):
-            if not self.can_allocate(total):
-                return None
-            return [self.allocate(n) or [] for n in counts]
-        taken = free_base[-total:] if total else []
-        del free_base[len(free_base) - total:]
-        ref_count = self._ref_count
-        for block_id in taken:
-            ref_count[block_id] = 1
-        self.num_used_base += total
-        # allocate(n) takes the last n of the stack: the first request's are the list's last
-        parts = []
-        end = total
-        for n in counts:
-            parts.append(taken[end - n:end])
-            end -= n
-        return parts
 
     def _take_free_elastic(self, num_blocks: int) -> list[int]:
         """Up to `num_blocks` free attached elastic blocks: freed ones first (last freed
@@ -195,7 +173,8 @@ class BlockPool:
         ref_count, key_of, cache = self._ref_count, self._cache.key_of, self._cache
         free_base, free_elastic = self._free_base, self._free_elastic
         num_base = self.num_base_blocks
-        named = bool(cache.block_of)
+        named: list[int] = []  # freed blocks that keep their key, in order
+        cache_in_use = cache.in_use
         freed_base = freed_elastic = named_elastic = 0
         for block_id in block_ids:
             count = ref_count[block_id]
@@ -207,28 +186,29 @@ class BlockPool:
             ref_count[block_id] = 0
             if block_id < num_base:
                 freed_base += 1
-                if named and key_of[block_id] is not None:
-                    cache.push(block_id)
+                if cache_in_use and key_of[block_id] is not None:
+                    named.append(block_id)
                 else:
                     free_base.append(block_id)
             else:
                 freed_elastic += 1
-                if named and key_of[block_id] is not None:
-                    cache.push(block_id)
+                if cache_in_use and key_of[block_id] is not None:
+                    named.append(block_id)
                     named_elastic += 1
                 else:
                     free_elastic.append(block_id)
         self.num_used_base -= freed_base
         self.num_used_elastic -= freed_elastic
+        if named:
+            cache.push(named, len(named) - named_elastic)
+            cache.maybe_sweep()
         if named_elastic and self.elastic_state is not ElasticState.ATTACHED:
             self.cache_epoch += 1  # a hit on those blocks is no longer usable
-        if named:
-            cache.maybe_sweep()
 
     # ------------------------------------------------------------ prefix cache
     def cached_block(self, key: Hashable) -> int | None:
         """The block holding the content named `key`, if cached and usable right now."""
-        block_id = self._cache.block_of.get(key)
+        block_id = self._cache.lookup(key)
         if block_id is None:
             return None
         if block_id >= self.num_base_blocks and self.elastic_state is not ElasticState.ATTACHED:
@@ -238,21 +218,27 @@ class BlockPool:
 
     def num_unreferenced(self, block_ids: list[int]) -> int:
         """How many of `block_ids` no request references (cached but free)."""
-        ref_count = self._ref_count
-        return [ref_count[b] for b in block_ids].count(0)
+        if not block_ids:
+            return 0
+        if len(block_ids) == 1:
+            return int(self._ref_count[block_ids[0]] == 0)
+        return operator.itemgetter(*block_ids)(self._ref_count).count(0)
 
     def touch(self, block_ids: list[int]) -> None:
         """Take a reference to each cached block (prefix-cache hits)."""
-        ref_count, cache = self._ref_count, self._cache
-        num_used_elastic = 0
+        ref_count, num_base = self._ref_count, self.num_base_blocks
+        idle: list[int] = []  # cached but free: they leave the LRU and count as used
+        idle_base = 0
         for block_id in block_ids:
             count = ref_count[block_id]
-            if count == 0:  # cached but free: it leaves the LRU and counts as used
-                cache.take(block_id)
-                num_used_elastic += block_id >= self.num_base_blocks
-                self.num_used_base += block_id < self.num_base_blocks
+            if count == 0:
+                idle.append(block_id)
+                idle_base += block_id < num_base
             ref_count[block_id] = count + 1
-        self.num_used_elastic += num_used_elastic
+        if idle:
+            self._cache.take(idle, idle_base)
+            self.num_used_base += idle_base
+            self.num_used_elastic += len(idle) - idle_base
 
     def register(self, block_ids: list[int], keys: list[Hashable]) -> None:
         """Name full, used blocks by their content keys so later requests can share them.

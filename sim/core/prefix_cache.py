@@ -28,7 +28,8 @@ from sim.core.request import RequestState
 
 @dataclass
 class _Memo:
-    """A waiting request's hits as last looked up, and where each of its keys sits."""
+    """A waiting request's hits as last looked up, and the index of each hit's key (built
+    when first needed; it may hold keys past a cut, which the cut's bound ignores)."""
 
     request_id: int
     epoch: int
@@ -68,8 +69,19 @@ class PrefixCache:
             self._keys[req.request_id] = keys
         return keys
 
+    def fewest_new_blocks(self, req: RequestState, budget: int) -> int:
+        """The fewest blocks the request's first chunk can need, whatever it hits: with every
+        block it could hit cached, the chunk is what is left of the prompt, up to `budget`.
+        When even these are not free it cannot be admitted, and need not be looked up."""
+        max_hits = min(len(self.keys(req)), (req.num_prompt_tokens + req.num_output_tokens - 1)
+                       // self.block_size)
+        num_new = min(req.num_prompt_tokens + req.num_output_tokens
+                      - max_hits * self.block_size, budget)
+        return -(-num_new // self.block_size)
+
     def hits(self, req: RequestState) -> list[int]:
-        """Cached blocks holding the longest prefix of the request's prompt (a fresh list).
+        """Cached blocks holding the longest prefix of the request's prompt. The list is the
+        prefix cache's own: read it, do not change it.
 
         At least the last prompt token is always computed, so the request samples."""
         keys = self.keys(req)
@@ -78,24 +90,22 @@ class PrefixCache:
         pool = self.pool
         dropped = pool.take_dropped_keys()
         memo = self._memo
-        if memo is not None and memo.request_id == req.request_id and \
-                memo.epoch == pool.cache_epoch:
-            hits = memo.hits
-            if dropped and hits:  # cut the hits at the first one evicted since
-                gone = memo.position.keys() & dropped
-                if gone:
-                    del hits[min(map(memo.position.__getitem__, gone)):]
-        else:
-            hits = []
-            memo = self._memo = _Memo(req.request_id, pool.cache_epoch, hits,
-                                      {key: i for i, key in enumerate(keys[:max_hits])})
+        if memo is None or memo.request_id != req.request_id or memo.epoch != pool.cache_epoch:
+            memo = self._memo = _Memo(req.request_id, pool.cache_epoch, [], {})
+        elif dropped and memo.hits:  # cut the hits at the first one evicted since
+            if len(memo.position) < len(memo.hits):
+                memo.position = dict(zip(keys[:len(memo.hits)], range(len(memo.hits))))
+            gone = memo.position.keys() & dropped
+            if gone:
+                del memo.hits[min(map(memo.position.__getitem__, gone)):]
+        hits = memo.hits
         cached_block = pool.cached_block
         while len(hits) < max_hits:
             block_id = cached_block(keys[len(hits)])
             if block_id is None:
                 break
             hits.append(block_id)
-        return list(hits)
+        return hits
 
     def admitted(self, req: RequestState, num_hits: int) -> None:
         """Its first `num_hits` blocks came from the cache: they are named already."""

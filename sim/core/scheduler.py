@@ -40,6 +40,10 @@ from sim.core.step import (
     SchedulerStats,
 )
 
+# A named tuple built straight from its fields' tuple, as its own __new__ would build it
+# without the call through Python: one per scheduled request per step adds up.
+_new_tuple = tuple.__new__
+
 DecodeRunLimit = Callable[[int, int, int, ElasticAction | None], int]
 """limit(batch_size, context_tokens, max_steps, attach) -> steps (1..max_steps) to run at
 once; `attach` is the elastic attach the run waits for first (its pause delays every step)."""
@@ -187,7 +191,11 @@ class Scheduler:
         pool, prefix = self.pool, self.prefix
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
-            hits = prefix.hits(req) if prefix is not None else []
+            hits: list[int] = []
+            if prefix is not None and req.block_hashes:
+                if not pool.can_allocate(prefix.fewest_new_blocks(req, budget)):
+                    break
+                hits = prefix.hits(req)
             num_cached = len(hits) * block_size
             num_new = min(req.num_prompt_tokens + req.num_output_tokens - num_cached, budget)
             needed = -(-(num_cached + num_new) // block_size) - len(hits)
@@ -204,7 +212,7 @@ class Scheduler:
             req.num_computed_tokens = num_cached
             if req.num_preemptions == 0:  # as vLLM: counted at the first admission only
                 req.num_cached_tokens = num_cached
-            if prefix is not None:
+            if prefix is not None and req.block_hashes:
                 prefix.admitted(req, len(hits))
             req.status = RequestStatus.RUNNING
             self.running.append(req)
@@ -230,16 +238,18 @@ class Scheduler:
         context_tokens = bounds[1]
         num_steps = max(1, min(max_steps,
                                limit(len(running), context_tokens, max_steps, attach)))
-        counts = [max(0, -(-(r.num_computed_tokens + num_steps) // block_size) - len(r.block_ids))
-                  for r in running]
-        parts = self.pool.allocate_each(counts)
-        assert parts is not None, "decode run horizon allowed too many blocks"
+        allocate = self.pool.allocate
         scheduled = []
-        for req, new_blocks in zip(running, parts):
-            if new_blocks:
-                req.block_ids.extend(new_blocks)
-            scheduled.append(ScheduledRequest(req.request_id, req.num_computed_tokens, 1,
-                                              tuple(new_blocks), True, True))
+        for req in running:
+            needed = -(-(req.num_computed_tokens + num_steps) // block_size) - len(req.block_ids)
+            new_ids: tuple[int, ...] = ()
+            if needed > 0:
+                new_blocks = allocate(needed)
+                assert new_blocks is not None, "decode run horizon allowed too many blocks"
+                req.block_ids += new_blocks
+                new_ids = tuple(new_blocks)
+            scheduled.append(_new_tuple(ScheduledRequest, (
+                req.request_id, req.num_computed_tokens, 1, new_ids, True, True, False)))
         self._run_states = (self._step_id, tuple(running))
         return self._output(tuple(scheduled), num_steps, 0, len(running), (), context_tokens,
                             [], attach, None, len(running))
@@ -271,18 +281,21 @@ class Scheduler:
             else:
                 num_prefill += num_new
                 prefill_chunks.append((num_new, num_computed))
-        oom = self._check_memory(num_prefill + num_decode, num_rows, items)
+        need = None
+        oom = None
+        if items:
+            need = self.controller.activation_need(self.pool, num_prefill + num_decode, num_rows)
+            oom = self._check_memory(need, items)
         if oom is not None:
             items, num_prefill, num_decode, prefill_chunks, decode_context = [], 0, 0, [], 0
-            num_rows = 0
+            num_rows, need = 0, None
         return self._output(tuple(items), 1, num_prefill, num_decode, tuple(prefill_chunks),
-                            decode_context, preempted, action, oom, num_rows)
+                            decode_context, preempted, action, oom, num_rows, need)
 
-    def _check_memory(self, num_tokens: int, num_rows: int,
+    def _check_memory(self, need: tuple[int, int],
                       items: list[ScheduledRequest]) -> OutOfMemory | None:
-        if not items:
-            return None
-        needed, available = self.controller.activation_need(self.pool, num_tokens, num_rows)
+        """Fail the step's requests when its activations exceed what the reserve holds."""
+        needed, available = need
         if needed <= available:
             return None
         failed = tuple(s.request_id for s in items)
@@ -307,20 +320,23 @@ class Scheduler:
             self._failed.append(req)
 
     def _output(self, items, num_steps, num_prefill, num_decode, prefill_chunks,
-                decode_context, preempted, action, oom, num_rows) -> SchedulerOutput:
+                decode_context, preempted, action, oom, num_rows,
+                need: tuple[int, int] | None = None) -> SchedulerOutput:
+        """The output, and the stats `make_stats` reports; `need`: the step's activation need
+        when the caller has it already (the pool has not changed since)."""
         pool = self.pool
-        needed, available = self.controller.activation_need(
+        needed, available = need or self.controller.activation_need(
             pool, num_prefill + num_decode, num_rows)
         if items:  # a step ran: its activations stay in the allocator's cache
             self.controller.note_step(needed)
         lent = pool.num_attached_elastic
-        self._stats = SchedulerStats(
+        self._stats = _new_tuple(SchedulerStats, (
             self._step_id, len(self.running), len(self.waiting),
             pool.num_used_base + pool.num_used_elastic, pool.num_base_blocks + lent, lent,
-            needed, available)
-        return SchedulerOutput(
+            needed, available))
+        return _new_tuple(SchedulerOutput, (
             self._step_id, items, num_steps, num_prefill, num_decode, prefill_chunks,
-            decode_context, tuple(preempted), action, oom, num_rows)
+            decode_context, tuple(preempted), action, oom, num_rows))
 
     # ---------------------------------------------------------------- update
     def update(self, out: SchedulerOutput, end_s: float) -> list[RequestState]:
