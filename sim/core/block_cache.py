@@ -7,14 +7,14 @@ an OrderedDict: a block leaves the middle of it (a prefix hit takes it back) by 
 more stale entry for that block (`_stale`), and the oldest entries are popped at eviction,
 each stale one skipped and uncounted. A block has at most one live entry, its newest, so the
 first `_stale[b]` entries of `b` met from the front are the stale ones. Stale entries are
-swept out once they outnumber the live ones.
+swept out once there are SWEEP_FACTOR times as many as blocks.
 
 A block is in the LRU exactly when it is named and no request references it.
 
 `block_of` (key -> block) is cleaned lazily too: evicting a block only clears `key_of`, and an
 entry of `block_of` counts only while `key_of` of its block still names its key (`lookup`).
 A dict delete at every eviction missed the CPU's caches on a table of millions of keys; stale
-entries are swept once they outnumber the blocks.
+entries are swept once there are SWEEP_FACTOR times as many as blocks.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Hashable
 
 MIN_SWEEP_ENTRIES = 1 << 12
+SWEEP_FACTOR = 4  # stale entries allowed per block before a sweep (each sweep is O(blocks))
 
 
 class BlockCache:
@@ -79,7 +80,7 @@ class BlockCache:
 
     def maybe_sweep_names(self) -> None:
         """Drop `block_of`'s stale entries once they outnumber the blocks."""
-        if self._num_stale_names > max(len(self.key_of), MIN_SWEEP_ENTRIES):
+        if self._num_stale_names > SWEEP_FACTOR * len(self.key_of) + MIN_SWEEP_ENTRIES:
             self.block_of = {key: block_id for block_id, key in enumerate(self.key_of)
                              if key is not None}
             self._num_stale_names = 0
@@ -105,19 +106,19 @@ class BlockCache:
     def evict_oldest(self, num_blocks: int) -> tuple[list[int], list[Hashable]]:
         """Evict the `num_blocks` oldest cached blocks (the caller knows there are as many):
         their ids and their keys, now forgotten."""
-        lru, stale, key_of = self._lru, self._stale, self.key_of
+        popleft, stale, key_of = self._lru.popleft, self._stale, self.key_of
         evicted: list[int] = []
-        keys: list[Hashable] = []
-        while len(evicted) < num_blocks:
-            block_id = lru.popleft()
-            if stale[block_id]:
+        for _ in range(num_blocks):
+            block_id = popleft()
+            while stale[block_id]:  # entries of blocks taken back since: skip them
                 stale[block_id] -= 1
-                continue
-            keys.append(key_of[block_id])
-            key_of[block_id] = None
+                block_id = popleft()
             evicted.append(block_id)
+        keys = [key_of[block_id] for block_id in evicted]
+        for block_id in evicted:
+            key_of[block_id] = None
         self._num_stale_names += num_blocks
-        if self._num_stale_names > len(key_of):
+        if self._num_stale_names > SWEEP_FACTOR * len(key_of):
             self.maybe_sweep_names()
         if self.free_elastic:
             self.free_elastic.difference_update(evicted)
@@ -157,7 +158,9 @@ class BlockCache:
         return live
 
     def maybe_sweep(self) -> None:
-        if len(self._lru) > 2 * self.num_free + MIN_SWEEP_ENTRIES:
+        """Sweep stale entries out once they outnumber the pool's blocks several times over
+        (evictions skip them anyway: this only bounds the deque while none happen)."""
+        if len(self._lru) > self.num_free + SWEEP_FACTOR * len(self._stale) + MIN_SWEEP_ENTRIES:
             self._sweep()
 
     def _sweep(self) -> None:

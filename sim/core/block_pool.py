@@ -216,6 +216,23 @@ class BlockPool:
                 return None
         return block_id
 
+    def cached_run(self, keys: list[Hashable], start: int, stop: int) -> list[int]:
+        """The blocks `cached_block` gives for keys[start], keys[start + 1], ... up to
+        keys[stop - 1], stopping at the first key it gives none for."""
+        block_of, key_of, ref_count = self._cache.block_of, self._cache.key_of, self._ref_count
+        reachable_elastic = self.elastic_state is ElasticState.ATTACHED
+        num_base = self.num_base_blocks
+        run = []
+        for index in range(start, stop):
+            key = keys[index]
+            block_id = block_of.get(key)
+            if block_id is None or key_of[block_id] != key:
+                break
+            if block_id >= num_base and not reachable_elastic and ref_count[block_id] == 0:
+                break
+            run.append(block_id)
+        return run
+
     def num_unreferenced(self, block_ids: list[int]) -> int:
         """How many of `block_ids` no request references (cached but free)."""
         if not block_ids:

@@ -99,12 +99,8 @@ class PrefixCache:
             if gone:
                 del memo.hits[min(map(memo.position.__getitem__, gone)):]
         hits = memo.hits
-        cached_block = pool.cached_block
-        while len(hits) < max_hits:
-            block_id = cached_block(keys[len(hits)])
-            if block_id is None:
-                break
-            hits.append(block_id)
+        if len(hits) < max_hits:
+            hits += pool.cached_run(keys, len(hits), max_hits)
         return hits
 
     def admitted(self, req: RequestState, num_hits: int) -> None:
