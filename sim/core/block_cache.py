@@ -20,7 +20,7 @@ entries are swept once there are SWEEP_FACTOR times as many as blocks.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 
 MIN_SWEEP_ENTRIES = 1 << 12
 SWEEP_FACTOR = 4  # stale entries allowed per block before a sweep (each sweep is O(blocks))
@@ -55,7 +55,7 @@ class BlockCache:
             return None
         return block_id
 
-    def name(self, block_ids: list[int], keys: list[Hashable]) -> None:
+    def name(self, block_ids: list[int], keys: Sequence[Hashable]) -> None:
         """Name full, used blocks by their content keys. A key already cached elsewhere, or
         a block already named, is left as it is."""
         key_of, block_of = self.key_of, self.block_of

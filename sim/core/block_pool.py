@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import enum
 import operator
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 
 from sim.core.block_cache import BlockCache
 
@@ -216,7 +216,7 @@ class BlockPool:
                 return None
         return block_id
 
-    def cached_run(self, keys: list[Hashable], start: int, stop: int) -> list[int]:
+    def cached_run(self, keys: Sequence[Hashable], start: int, stop: int) -> list[int]:
         """The blocks `cached_block` gives for keys[start], keys[start + 1], ... up to
         keys[stop - 1], stopping at the first key it gives none for."""
         block_of, key_of, ref_count = self._cache.block_of, self._cache.key_of, self._ref_count
@@ -257,7 +257,7 @@ class BlockPool:
             self.num_used_base += idle_base
             self.num_used_elastic += len(idle) - idle_base
 
-    def register(self, block_ids: list[int], keys: list[Hashable]) -> None:
+    def register(self, block_ids: list[int], keys: Sequence[Hashable]) -> None:
         """Name full, used blocks by their content keys so later requests can share them.
         A key already cached elsewhere, or a block already named, is left as it is."""
         self._cache.name(block_ids, keys)

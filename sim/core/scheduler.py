@@ -342,7 +342,7 @@ class Scheduler:
     def update(self, out: SchedulerOutput, end_s: float) -> list[RequestState]:
         """Close a step that ended at `end_s`; return the requests that ended in it: those
         that finished, then those that failed (out of memory) since the last update."""
-        finished = []
+        finished: list[RequestState] = []
         requests, num_steps = self.requests, out.num_steps
         if self._run_states is not None and self._run_states[0] == out.step_id:
             self._close_run(self._run_states[1], num_steps, end_s, finished)
