@@ -1,4 +1,4 @@
-"""When a run of decode-only steps can be advanced as one event, and how long it may be.
+"""A step's items, and when a run of decode-only steps can be advanced as one event.
 
 A run is a stretch of steps in which every running request decodes one token per step and
 no scheduling decision can change: nobody is admitted, nobody finishes before its last step,
@@ -8,9 +8,14 @@ and every new block the run needs is free now. The scheduler emits such a run as
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from sim.core.request import RequestState
+from sim.core.step import ScheduledRequest
+
+# A named tuple built straight from its fields' tuple, as its own __new__ would build it
+# without the call through Python: one per scheduled request per step adds up.
+new_tuple = tuple.__new__
 
 
 def decode_run_bounds(running: Sequence[RequestState]) -> tuple[int, int] | None:
@@ -51,3 +56,46 @@ def steps_that_fit(running: Sequence[RequestState], num_free_blocks: int, block_
         else:
             high = mid
     return low
+
+
+def allocate_run(running: Sequence[RequestState], num_steps: int, block_size: int,
+                 allocate: Callable[[int], list[int] | None]) -> tuple[ScheduledRequest, ...]:
+    """Give each running request the blocks `num_steps` more tokens need; the run's items
+    (one token per step each, every one sampling)."""
+    items = []
+    for req in running:
+        needed = -(-(req.num_computed_tokens + num_steps) // block_size) - len(req.block_ids)
+        new_ids: tuple[int, ...] = ()
+        if needed > 0:
+            new_blocks = allocate(needed)
+            assert new_blocks is not None, "decode run horizon allowed too many blocks"
+            req.block_ids += new_blocks
+            new_ids = tuple(new_blocks)
+        items.append(new_tuple(ScheduledRequest, (
+            req.request_id, req.num_computed_tokens, 1, new_ids, True, True, False)))
+    return tuple(items)
+
+
+def step_items(scheduled: list[tuple[RequestState, int, list[int]]]) -> tuple:
+    """(items, prefill tokens, decode tokens, prefill chunks, decode context tokens, sampled
+    rows) of one step whose (request, new tokens, new blocks) the scheduler picked; new
+    blocks that are the request's whole table mark it admitted this step."""
+    items = []
+    prefill_chunks = []
+    num_prefill = num_decode = decode_context = num_rows = 0
+    for req, num_new, new_blocks in scheduled:
+        num_computed = req.num_computed_tokens
+        num_tokens = req.num_prompt_tokens + req.num_output_tokens
+        decode = num_new == 1 and req.num_output_tokens > 0 and num_tokens - num_computed == 1
+        samples = num_computed + num_new == num_tokens
+        items.append(new_tuple(ScheduledRequest, (
+            req.request_id, num_computed, num_new, tuple(new_blocks), decode, samples,
+            new_blocks is req.block_ids)))
+        num_rows += samples
+        if decode:
+            num_decode += 1
+            decode_context += num_tokens
+        else:
+            num_prefill += num_new
+            prefill_chunks.append((num_new, num_computed))
+    return items, num_prefill, num_decode, prefill_chunks, decode_context, num_rows

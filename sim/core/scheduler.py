@@ -24,13 +24,19 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from sim.core.block_pool import BlockPool
 from sim.core.controller import ElasticController
-from sim.core.decode_run import decode_run_bounds, steps_that_fit
+from sim.core.decode_run import (
+    allocate_run,
+    decode_run_bounds,
+    new_tuple,
+    step_items,
+    steps_that_fit,
+)
 from sim.core.prefix_cache import PrefixCache
 from sim.core.request import RejectReason, RequestState, RequestStatus
+from sim.core.scheduler_config import SchedulerConfig
 from sim.core.step import (
     ElasticAction,
     ElasticActionKind,
@@ -40,34 +46,11 @@ from sim.core.step import (
     SchedulerStats,
 )
 
-# A named tuple built straight from its fields' tuple, as its own __new__ would build it
-# without the call through Python: one per scheduled request per step adds up.
-_new_tuple = tuple.__new__
+__all__ = ["DecodeRunLimit", "Scheduler", "SchedulerConfig"]
 
 DecodeRunLimit = Callable[[int, int, int, ElasticAction | None], int]
 """limit(batch_size, context_tokens, max_steps, attach) -> steps (1..max_steps) to run at
 once; `attach` is the elastic attach the run waits for first (its pause delays every step)."""
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    max_num_batched_tokens: int = 8192
-    max_num_seqs: int = 256
-    max_model_len: int = 32768
-    block_size: int = 16
-    enable_prefix_caching: bool = False
-    hash_block_tokens: int = 512  # prompt tokens named by one trace block hash (Mooncake)
-
-    def __post_init__(self) -> None:
-        if self.max_num_batched_tokens < 1:
-            raise ValueError("max_num_batched_tokens must be >= 1")
-        if self.max_num_seqs < 1:
-            raise ValueError("max_num_seqs must be >= 1")
-        if self.block_size < 1 or self.hash_block_tokens % self.block_size:
-            raise ValueError(
-                f"block_size {self.block_size} must be >= 1 and divide hash_block_tokens "
-                f"{self.hash_block_tokens}"
-            )
 
 
 class Scheduler:
@@ -238,21 +221,10 @@ class Scheduler:
         context_tokens = bounds[1]
         num_steps = max(1, min(max_steps,
                                limit(len(running), context_tokens, max_steps, attach)))
-        allocate = self.pool.allocate
-        scheduled = []
-        for req in running:
-            needed = -(-(req.num_computed_tokens + num_steps) // block_size) - len(req.block_ids)
-            new_ids: tuple[int, ...] = ()
-            if needed > 0:
-                new_blocks = allocate(needed)
-                assert new_blocks is not None, "decode run horizon allowed too many blocks"
-                req.block_ids += new_blocks
-                new_ids = tuple(new_blocks)
-            scheduled.append(_new_tuple(ScheduledRequest, (
-                req.request_id, req.num_computed_tokens, 1, new_ids, True, True, False)))
+        items = allocate_run(running, num_steps, block_size, self.pool.allocate)
         self._run_states = (self._step_id, tuple(running))
-        return self._output(tuple(scheduled), num_steps, 0, len(running), (), context_tokens,
-                            [], attach, None, len(running))
+        return self._output(items, num_steps, 0, len(running), (), context_tokens, [], attach,
+                            None, len(running))
 
     def _admission_possible(self) -> bool:
         needed = self.head_chunk_blocks()
@@ -263,24 +235,8 @@ class Scheduler:
     # ---------------------------------------------------------------- output
     def _finish_output(self, scheduled: list, preempted: list[int],
                        action: ElasticAction | None) -> SchedulerOutput:
-        items = []
-        prefill_chunks = []
-        num_prefill = num_decode = decode_context = num_rows = 0
-        for req, num_new, new_blocks in scheduled:
-            num_computed = req.num_computed_tokens
-            num_tokens = req.num_prompt_tokens + req.num_output_tokens
-            decode = num_new == 1 and req.num_output_tokens > 0 and num_tokens - num_computed == 1
-            samples = num_computed + num_new == num_tokens
-            items.append(ScheduledRequest(req.request_id, num_computed, num_new,
-                                          tuple(new_blocks), decode, samples,
-                                          new_table=new_blocks is req.block_ids))
-            num_rows += samples
-            if decode:
-                num_decode += 1
-                decode_context += num_tokens
-            else:
-                num_prefill += num_new
-                prefill_chunks.append((num_new, num_computed))
+        items, num_prefill, num_decode, prefill_chunks, decode_context, num_rows = \
+            step_items(scheduled)
         need = None
         oom = None
         if items:
@@ -330,11 +286,11 @@ class Scheduler:
         if items:  # a step ran: its activations stay in the allocator's cache
             self.controller.note_step(needed)
         lent = pool.num_attached_elastic
-        self._stats = _new_tuple(SchedulerStats, (
+        self._stats = new_tuple(SchedulerStats, (
             self._step_id, len(self.running), len(self.waiting),
             pool.num_used_base + pool.num_used_elastic, pool.num_base_blocks + lent, lent,
             needed, available))
-        return _new_tuple(SchedulerOutput, (
+        return new_tuple(SchedulerOutput, (
             self._step_id, items, num_steps, num_prefill, num_decode, prefill_chunks,
             decode_context, tuple(preempted), action, oom, num_rows))
 

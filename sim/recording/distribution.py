@@ -126,7 +126,7 @@ class WeightedSample:
             self._histogram = np.zeros(_NUM_BUCKETS)
         index = np.ceil(np.log(np.clip(values, MIN_S, MAX_S)) / _LOG_GAMMA) - _FIRST_BUCKET
         self._histogram += np.bincount(index.astype(np.int64), weights, _NUM_BUCKETS)
-        self._weighted_sum += float(values @ weights)
+        self._weighted_sum += float((values * weights).sum())  # no BLAS threads for this
         self._total_weight += float(weights.sum())
 
     @property

@@ -61,7 +61,9 @@ class ReplicaRecorder:
         self.requests: list[RequestState] = []
         self.request_sink = request_sink
         self.timeline_sink: TimelineSink = timeline_sink or TimelineMemory()
-        self.elastic_events: list[tuple[float, str, float, int, int]] = []
+        # per elastic action kind: [count, seconds]; victims and bytes over all of them
+        self.elastic_totals = {kind: [0, 0.0] for kind in ElasticActionKind}
+        self.num_drain_victims = self.migrated_bytes = 0
         self.queue = QueueSamples()
         self.itl = WeightedSample()
         self.totals = TimelineTotals()
@@ -144,8 +146,13 @@ class ReplicaRecorder:
             self._flush_steps()
 
     def elastic(self, now_s: float, action: ElasticAction, pause_s: float) -> None:
-        self.elastic_events.append((now_s, action.kind.value, pause_s,
-                                    len(action.preempted_ids), action.migrated_bytes))
+        """An elastic action paused the engine for `pause_s` from `now_s` (the time is for
+        recorders that log events; this one keeps totals)."""
+        totals = self.elastic_totals[action.kind]
+        totals[0] += 1
+        totals[1] += pause_s
+        self.num_drain_victims += len(action.preempted_ids)
+        self.migrated_bytes += action.migrated_bytes
 
     def _flush_steps(self) -> None:
         if self._steps:
@@ -245,15 +252,13 @@ def _makespan(recorders: Sequence[ReplicaRecorder]) -> float:
 
 
 def _elastic_stats(recorders: Sequence[ReplicaRecorder]) -> dict:
-    events = [e for rec in recorders for e in rec.elastic_events]
+    def total(kind: ElasticActionKind, index: int) -> float:
+        return sum(rec.elastic_totals[kind][index] for rec in recorders)
 
-    def of(kind: ElasticActionKind) -> list[tuple]:
-        return [e for e in events if e[1] == kind.value]
-
-    attach, detach = of(ElasticActionKind.ATTACH), of(ElasticActionKind.DETACH)
+    attach, detach = ElasticActionKind.ATTACH, ElasticActionKind.DETACH
     return {
-        "num_attach": len(attach), "attach_time_s": float(sum(e[2] for e in attach)),
-        "num_detach": len(detach), "detach_time_s": float(sum(e[2] for e in detach)),
-        "num_drain_victims": int(sum(e[3] for e in events)),
-        "migrated_bytes": int(sum(e[4] for e in events)),
+        "num_attach": int(total(attach, 0)), "attach_time_s": float(total(attach, 1)),
+        "num_detach": int(total(detach, 0)), "detach_time_s": float(total(detach, 1)),
+        "num_drain_victims": sum(rec.num_drain_victims for rec in recorders),
+        "migrated_bytes": sum(rec.migrated_bytes for rec in recorders),
     }
