@@ -63,6 +63,7 @@ class BlockPool:
         self._cache = BlockCache(self.num_blocks, num_base_blocks)
         self._dropped_keys: list[Hashable] = []  # evicted since take_dropped_keys
         self.cache_epoch = 0
+        self.num_freed_blocks = 0  # blocks that came free so far (a count to compare)
         self.num_used_base = 0
         self.num_used_elastic = 0
         self.elastic_state = ElasticState.DETACHED
@@ -199,6 +200,7 @@ class BlockPool:
                     free_elastic.append(block_id)
         self.num_used_base -= freed_base
         self.num_used_elastic -= freed_elastic
+        self.num_freed_blocks += freed_base + freed_elastic
         if named:
             cache.push(named, len(named) - named_elastic)
             cache.maybe_sweep()

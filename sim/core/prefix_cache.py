@@ -35,6 +35,7 @@ class _Memo:
     epoch: int
     hits: list[int]
     position: dict[int, int]
+    refused: tuple[int, int] | None = None  # (pool's freed blocks, new blocks) when refused
 
 
 class PrefixCache:
@@ -69,16 +70,6 @@ class PrefixCache:
             self._keys[req.request_id] = keys
         return keys
 
-    def fewest_new_blocks(self, req: RequestState, budget: int) -> int:
-        """The fewest blocks the request's first chunk can need, whatever it hits: with every
-        block it could hit cached, the chunk is what is left of the prompt, up to `budget`.
-        When even these are not free it cannot be admitted, and need not be looked up."""
-        max_hits = min(len(self.keys(req)), (req.num_prompt_tokens + req.num_output_tokens - 1)
-                       // self.block_size)
-        num_new = min(req.num_prompt_tokens + req.num_output_tokens
-                      - max_hits * self.block_size, budget)
-        return -(-num_new // self.block_size)
-
     def hits(self, req: RequestState) -> list[int]:
         """Cached blocks holding the longest prefix of the request's prompt. The list is the
         prefix cache's own: read it, do not change it.
@@ -98,10 +89,30 @@ class PrefixCache:
             gone = memo.position.keys() & dropped
             if gone:
                 del memo.hits[min(map(memo.position.__getitem__, gone)):]
+                memo.refused = None
         hits = memo.hits
         if len(hits) < max_hits:
-            hits += pool.cached_run(keys, len(hits), max_hits)
+            more = pool.cached_run(keys, len(hits), max_hits)
+            if more:
+                hits += more
+                memo.refused = None
         return hits
+
+    def still_refused(self, req: RequestState, num_new_blocks: int) -> bool:
+        """Was the request refused at its last admission check, with nothing since that could
+        let it in? Its hits are the same (`hits` was called), no block came free, and its
+        chunk needs no fewer new blocks. Free blocks then only went down, and free hits only
+        with them (a hit taken by another request is one free block less of both), so the
+        check would fail again: it is not worth counting its free hits again."""
+        memo = self._memo
+        return (memo is not None and memo.request_id == req.request_id
+                and memo.refused is not None and memo.refused[0] == self.pool.num_freed_blocks
+                and num_new_blocks >= memo.refused[1])
+
+    def refuse(self, req: RequestState, num_new_blocks: int) -> None:
+        """The request's admission check failed needing `num_new_blocks` new blocks."""
+        if self._memo is not None and self._memo.request_id == req.request_id:
+            self._memo.refused = (self.pool.num_freed_blocks, num_new_blocks)
 
     def admitted(self, req: RequestState, num_hits: int) -> None:
         """Its first `num_hits` blocks came from the cache: they are named already."""

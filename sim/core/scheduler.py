@@ -174,18 +174,18 @@ class Scheduler:
         pool, prefix = self.pool, self.prefix
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
-            hits: list[int] = []
-            if prefix is not None and req.block_hashes:
-                if not pool.can_allocate(prefix.fewest_new_blocks(req, budget)):
-                    break
-                hits = prefix.hits(req)
+            cached = prefix if prefix is not None and req.block_hashes else None
+            hits = cached.hits(req) if cached is not None else []
             num_cached = len(hits) * block_size
             num_new = min(req.num_prompt_tokens + req.num_output_tokens - num_cached, budget)
             needed = -(-(num_cached + num_new) // block_size) - len(hits)
-            if not pool.can_allocate(needed):
+            if cached is not None and cached.still_refused(req, needed):
                 break
             # A hit sitting free in the cache stops being free once touched.
-            if hits and not pool.can_allocate(needed + pool.num_unreferenced(hits)):
+            if not pool.can_allocate(needed) or (
+                    hits and not pool.can_allocate(needed + pool.num_unreferenced(hits))):
+                if cached is not None:
+                    cached.refuse(req, needed)
                 break
             pool.touch(hits)
             new_blocks = pool.allocate(needed)
@@ -195,8 +195,8 @@ class Scheduler:
             req.num_computed_tokens = num_cached
             if req.num_preemptions == 0:  # as vLLM: counted at the first admission only
                 req.num_cached_tokens = num_cached
-            if prefix is not None and req.block_hashes:
-                prefix.admitted(req, len(hits))
+            if cached is not None:
+                cached.admitted(req, len(hits))
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             scheduled.append((req, num_new, req.block_ids))
