@@ -70,7 +70,7 @@ def weighted_percentiles(values: np.ndarray, weights: np.ndarray) -> dict[str, f
     values, weights = values[order], weights[order]
     cumulative = np.cumsum(weights) / weights.sum()
     result: dict[str, float | None] = {
-        f"p{p}": float(values[min(np.searchsorted(cumulative, p / 100.0), values.size - 1)])
+        f"p{p}": float(values[min(int(np.searchsorted(cumulative, p / 100.0)), values.size - 1)])
         for p in PERCENTILES
     }
     result["mean"] = float(np.average(values, weights=weights))
@@ -170,7 +170,7 @@ def merged_percentiles(samples: Sequence[WeightedSample]) -> dict[str, float | N
     cumulative = np.cumsum(histogram) / total
     result: dict[str, float | None] = {}
     for p in PERCENTILES:
-        bucket = int(min(np.searchsorted(cumulative, p / 100.0), _NUM_BUCKETS - 1))
+        bucket = min(int(np.searchsorted(cumulative, p / 100.0)), _NUM_BUCKETS - 1)
         # the bucket (gamma^(i-1), gamma^i] is represented within RELATIVE_ACCURACY
         result[f"p{p}"] = 2.0 * _GAMMA ** (bucket + _FIRST_BUCKET) / (_GAMMA + 1.0)
     result["mean"] = weighted_sum / total
