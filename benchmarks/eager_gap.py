@@ -105,7 +105,7 @@ class Lab:
                                   self.config.model.vocab_size)
         if scatter:
             scatter_tables(mirror, pool_blocks)
-        return lambda: runner.execute(mirror.build(out))
+        return lambda: runner.execute(mirror.build(out, pool_blocks))
 
     def runner_on(self, caches, sizes: tuple[int, ...] | None = None, width: int | None = None):
         """A runner on `caches` with decode graphs of `sizes` (default: DECODE's batch)."""

@@ -34,13 +34,14 @@ RESULT = Path(__file__).resolve().parent / "results" / "host_build_cpu.json"
 
 
 def build_seconds(shape, repeat: int = 200) -> float:
-    mirror, out = engine_step(shape, 16, 1 << 20, VOCAB)
+    num_blocks = 1 << 20
+    mirror, out = engine_step(shape, 16, num_blocks, VOCAB)
     for _ in range(10):
-        mirror.build(out)
+        mirror.build(out, num_blocks)
     times = []
     for _ in range(repeat):
         start = time.perf_counter()
-        mirror.build(out)
+        mirror.build(out, num_blocks)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 

@@ -126,7 +126,7 @@ def main() -> None:
     steps = {}
     for name, shape in (("eager 128 + 32 decodes", EAGER), ("decode graph, 1 sequence", DECODE)):
         mirror, out = engine.step(shape)
-        steps[name] = (lambda mirror=mirror, out=out: mirror.build(out))
+        steps[name] = (lambda mirror=mirror, out=out: mirror.build(out, engine.num_blocks))
     rounds(engine.runner, steps, 5)  # warm-up
     result = {"env": device_environment(), "model": args.model, "cpu": cpu_facts(),
               "probe_iterations": PROBE_ITERATIONS, "conditions": {}}

@@ -38,6 +38,13 @@ ELASTIC_RATIO_TARGET = 1.2
 PREFIX_RATIO_TARGET = 1.3
 
 
+def machine() -> dict:
+    """What the numbers were measured on (also recorded by benchmarks/host_build.py)."""
+    return {"platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(), "python": platform.python_version()}
+
+
 def case_names(cases: list[str], sizes: list[int]) -> list[str]:
     names = []
     if "conv" in cases:
@@ -155,11 +162,12 @@ def main() -> None:
     for name in case_names(args.cases.split(","), sizes):
         rows[name] = best_of(name, 1 if name.startswith("synthetic") else args.repeats)
         print(f"  {name}: {rows[name]['cpu_s']:.2f} s CPU", flush=True)
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-          f"Python {platform.python_version()}")
+    m = machine()
+    print(f"machine: {m['processor']}, {m['cpu_count']} CPUs, Python {m['python']}")
     print_report(rows)
     if args.out is not None:
-        args.out.write_text(json.dumps(list(rows.values()), indent=2))
+        args.out.write_text(json.dumps({"machine": machine(), "rows": list(rows.values())},
+                                       indent=2))
 
 
 if __name__ == "__main__":

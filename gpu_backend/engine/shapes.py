@@ -119,7 +119,7 @@ def scheduler_output(shape: StepShape) -> SchedulerOutput:
 def engine_step(shape: StepShape, block_size: int, num_pool_blocks: int,
                 vocab_size: int) -> tuple[RequestMirror, SchedulerOutput]:
     """The engine's own host side of `shape`: a RequestMirror holding the step's requests and
-    the SchedulerOutput it builds from. `mirror.build(out)` gives the arrays `host_batch` gives
+    the SchedulerOutput it builds from. `mirror.build(out, num_blocks)` gives the arrays `host_batch` gives
     (same tables, slots and token ids), by the code a replay runs, so a calibration that times
     build + execute times what a replay's step time holds."""
     out = scheduler_output(shape)  # build it with num_usable_blocks=num_pool_blocks
