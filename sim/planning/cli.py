@@ -38,6 +38,7 @@ from sim.core.config_flags import (
 )
 from sim.core.engine_config import DEFAULT_GPU, DEFAULT_MODEL
 from sim.planning import gain_map, plan, plan_report, report, reserve
+from sim.planning.cases import build_trace
 from sim.planning.flags import add_executor_arguments as _add_executor_arguments
 from sim.planning.flags import executor_from as _executor
 from sim.planning.flags import options_from as _options
@@ -46,7 +47,8 @@ from sim.planning.fleet_cli import fleet_main
 from sim.planning.map_figure import plot_map
 from sim.planning.pricing import options_engine, price_cases, pricing_lines
 from sim.planning.spec import SWEEP_FIXED, SweepSpec, load_sweep
-from sim.planning.sweep import open_table, run_sweep, write_parquet, write_table
+from sim.planning.sweep import SWEEP_FILES, open_table, run_sweep, write_parquet, write_table
+from sim.recording.folder import OutputFolder
 from sim.recording.metrics import Slo
 from sim.recording.outputs import parse_int_list
 from traces import TraceError, add_trace_arguments
@@ -65,6 +67,11 @@ def main(argv: list[str]) -> int:
     except (TraceError, ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before --out was claimed: each command handles the rest
+        name = f"{command} {sub}" if sub else command
+        print(f"interrupted: python -m sim {name} stopped before it wrote anything",
+              file=sys.stderr)
+        return 130
 
 
 # ----------------------------------------------------------------------------- shared flags
@@ -87,6 +94,22 @@ def _floats(text: str, flag: str) -> tuple[float, ...]:
 
 def _names(text: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in text.split(",") if v.strip())
+
+
+def _add_out_arguments(g, files: str) -> None:
+    g.add_argument("--out", type=Path, default=None, metavar="DIR",
+                   help=f"write {files} into DIR (new or empty unless --overwrite); checked "
+                        "before any run")
+    g.add_argument("--overwrite", action="store_true",
+                   help=f"remove an earlier result's {files} from --out first")
+
+
+def _claim(args: argparse.Namespace, patterns: tuple[str, ...]) -> OutputFolder | None:
+    """Claim --out before any run (OutputError, one line, if it cannot be used)."""
+    if args.out is None:
+        return None
+    return OutputFolder.claim(args.out, flag="--out", overwrite=args.overwrite,
+                              patterns=patterns)
 
 
 # ----------------------------------------------------------------------------------- sweep
@@ -120,11 +143,20 @@ def sweep_main(argv: list[str]) -> int:
     rows = _sweep_rows(cases, calibrations, args, _executor(args, spec.workers), out)
     if rows is None:
         return 130
+    try:
+        return _sweep_report(rows, cases, calibrations, choice is not None, args, out)
+    except KeyboardInterrupt:
+        return report.stopped("sweep", out, SWEEP_FILES)
+
+
+def _sweep_report(rows: list[dict], cases, calibrations, forced: bool,
+                  args: argparse.Namespace, out: Path | None) -> int:
+    """Print the rows, pricing and failures; add sweep.parquet beside sweep.csv."""
     if args.json:
         print(json.dumps(rows, indent=1, default=str))
     else:
         report.print_sweep(rows)
-    lines, warnings = pricing_lines(cases, calibrations, forced=choice is not None)
+    lines, warnings = pricing_lines(cases, calibrations, forced=forced)
     print("\n".join(lines), file=sys.stderr if args.json else sys.stdout)
     for warning in warnings:
         print(warning, file=sys.stderr)
@@ -174,13 +206,55 @@ def _sweep_from_flags(args: argparse.Namespace) -> SweepSpec:
         models=tuple(axes["model"] or [DEFAULT_MODEL]), gpus=tuple(axes["gpu"] or [DEFAULT_GPU]),
         tps=tuple(axes["tensor_parallel_size"] or [setting_default("tensor_parallel_size")]),
         chunks=tuple(axes["max_num_batched_tokens"] or [None]),
-        policies=tuple(p.value for p in axes["policy"]),
+        policies=tuple(p.value for p in axes["policy"] or ()),
         rate_scales=tuple(s * args.rate_scale for s in scales), traces=(_trace_spec(args),),
         options=_options(args), slo=Slo(args.slo_ttft, args.slo_tpot))
 
 
 # ------------------------------------------------------------------------------------ plan
+PLAN_FILES = ("plan.json", "plan.csv", "plan.parquet")
+
+
 def plan_main(argv: list[str]) -> int:
+    args = _plan_parser().parse_args(argv)
+    model, gpu = getattr(args, "model", DEFAULT_MODEL), getattr(args, "gpu", DEFAULT_GPU)
+    options = _options(args)
+    calibration = choose_calibration(args.calibration, model, gpu, options_engine(options))
+    efficiency, profile, vmm_costs = parts_of(calibration)
+    query = plan.PlanQuery(
+        model=model, gpu=gpu,
+        tp=getattr(args, "tensor_parallel_size", setting_default("tensor_parallel_size")),
+        trace=_trace_spec(args), slo=Slo(args.slo_ttft, args.slo_tpot),
+        chunks=tuple(args.max_num_batched_tokens), options=options,
+        rate_scale=args.rate_scale,
+        max_rate=plan.MaxRateRows("none" if args.no_max_rate else args.max_rate),
+        max_requests=None if args.full_trace else args.max_requests,
+        rel_tol=args.rate_tol, min_attainment=args.attainment, tie_pct=args.tie_pct,
+        pays_pct=args.pays_pct, efficiency=efficiency, profile=profile,
+        vmm_costs=vmm_costs)
+    build_trace(query.trace)  # a trace that cannot load fails before --out is touched
+    folder = _claim(args, PLAN_FILES)
+    try:
+        result = plan.run_plan(query, _executor(args))
+        planned = {**result.as_dict(), "pricing": pricing(calibration)}
+        if args.json:
+            print(json.dumps(planned, indent=1, default=str))
+        else:
+            plan_report.print_plan(result)
+            print(pricing_line(calibration))
+        if calibration is None:
+            print(uncalibrated_warning(model, gpu, options_engine(options),
+                                       forced=args.calibration is not None), file=sys.stderr)
+        if folder is not None:  # plan.json last: beside it, plan.csv is always complete
+            write_table(result.rows, folder.path, stem="plan")
+            folder.write_text("plan.json", json.dumps(planned, indent=1, default=str))
+            print(f"wrote {folder.path / 'plan.json'} and plan.csv", file=sys.stderr)
+    except KeyboardInterrupt:
+        return report.stopped("plan", args.out, PLAN_FILES)
+    return 0
+
+
+def _plan_parser() -> CommandParser:
     parser = CommandParser(
         prog="python -m sim plan",
         description="Static at several chunk sizes versus elastic on one trace: KV capacity, "
@@ -216,45 +290,46 @@ def plan_main(argv: list[str]) -> int:
     g.add_argument("--pays-pct", type=positive_float, default=5.0,
                    help="elastic pays at a gain of at least this many percent (default: 5)")
     g.add_argument("--json", action="store_true", help="print the plan as JSON")
-    g.add_argument("--out", type=Path, default=None, help="write plan.json and plan.csv")
+    _add_out_arguments(g, "plan.json and plan.csv")
     _add_executor_arguments(parser)
-    args = parser.parse_args(argv)
-    model, gpu = getattr(args, "model", DEFAULT_MODEL), getattr(args, "gpu", DEFAULT_GPU)
-    options = _options(args)
-    calibration = choose_calibration(args.calibration, model, gpu, options_engine(options))
-    efficiency, profile, vmm_costs = parts_of(calibration)
-    query = plan.PlanQuery(
-        model=model, gpu=gpu,
-        tp=getattr(args, "tensor_parallel_size", setting_default("tensor_parallel_size")),
-        trace=_trace_spec(args), slo=Slo(args.slo_ttft, args.slo_tpot),
-        chunks=tuple(args.max_num_batched_tokens), options=options,
-        rate_scale=args.rate_scale,
-        max_rate=plan.MaxRateRows("none" if args.no_max_rate else args.max_rate),
-        max_requests=None if args.full_trace else args.max_requests,
-        rel_tol=args.rate_tol, min_attainment=args.attainment, tie_pct=args.tie_pct,
-        pays_pct=args.pays_pct, efficiency=efficiency, profile=profile,
-        vmm_costs=vmm_costs)
-    result = plan.run_plan(query, _executor(args))
-    planned = {**result.as_dict(), "pricing": pricing(calibration)}
-    if args.json:
-        print(json.dumps(planned, indent=1, default=str))
-    else:
-        plan_report.print_plan(result)
-        print(pricing_line(calibration))
-    if calibration is None:
-        print(uncalibrated_warning(model, gpu, options_engine(options),
-                                   forced=args.calibration is not None), file=sys.stderr)
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "plan.json").write_text(json.dumps(planned, indent=1, default=str))
-        write_table(result.rows, args.out, stem="plan")
-        print(f"wrote {args.out / 'plan.json'} and plan.csv", file=sys.stderr)
-    return 0
+    return parser
 
 
 # ------------------------------------------------------------------------------------- map
+MAP_FILES = ("map.png", "map.csv", "map.parquet", "map_runs.csv", "map_runs.parquet")
+
+
 def map_main(argv: list[str]) -> int:
     d = gain_map.MapQuery()
+    args = _map_parser(d).parse_args(argv)
+    query = replace(
+        d, gpu=getattr(args, "gpu", d.gpu), models=_names(args.models),
+        prompts=tuple(parse_int_list(args.prompts, "--prompts")),
+        tps=tuple(parse_int_list(args.tps, "--tps")),
+        chunks=tuple(parse_int_list(args.chunks, "--chunks")), num_requests=args.num_requests,
+        load=args.load, pays_pct=args.pays_pct, slo=Slo(args.slo_ttft, args.slo_tpot),
+        seed=args.seed)
+    gain_map.check_names(query)
+    folder = _claim(args, MAP_FILES)
+    try:
+        cells, rows = gain_map.run_map(query, _executor(args))
+        if args.json:
+            print(json.dumps([gain_map.cell_row(c) for c in cells], indent=1))
+        else:
+            report.print_map(cells, query)
+        if folder is not None:  # the figure last: beside it, both tables are complete
+            write_table(rows, folder.path, stem="map_runs")
+            write_table([gain_map.cell_row(c) for c in cells], folder.path, stem="map")
+            with folder.path_for("map.png") as tmp:
+                plot_map(cells, query, tmp)
+            print(f"wrote {folder.path / 'map.png'}, map.csv and map_runs.csv",
+                  file=sys.stderr)
+    except KeyboardInterrupt:  # the map's files need every cell: none is written before
+        return report.stopped("plan map", args.out, MAP_FILES)
+    return 0
+
+
+def _map_parser(d: gain_map.MapQuery) -> CommandParser:
     parser = CommandParser(
         prog="python -m sim plan map",
         description="Elastic's goodput gain over the best static chunk across models x prompt "
@@ -279,32 +354,16 @@ def map_main(argv: list[str]) -> int:
                         "(default: %(default)s)")
     _add_slo_arguments(g, None, None)
     g.add_argument("--seed", type=int, default=d.seed, help="trace seed (default: %(default)s)")
-    g.add_argument("--out", type=Path, default=None,
-                   help="write map.png, map.csv (cells), map_runs.csv (every run)")
+    _add_out_arguments(g, "map.png, map.csv (cells) and map_runs.csv (every run)")
     g.add_argument("--json", action="store_true", help="print the cells as JSON")
     _add_executor_arguments(parser)
-    args = parser.parse_args(argv)
-    query = replace(
-        d, gpu=getattr(args, "gpu", d.gpu), models=_names(args.models),
-        prompts=tuple(parse_int_list(args.prompts, "--prompts")),
-        tps=tuple(parse_int_list(args.tps, "--tps")),
-        chunks=tuple(parse_int_list(args.chunks, "--chunks")), num_requests=args.num_requests,
-        load=args.load, pays_pct=args.pays_pct, slo=Slo(args.slo_ttft, args.slo_tpot),
-        seed=args.seed)
-    gain_map.check_names(query)
-    cells, rows = gain_map.run_map(query, _executor(args))
-    if args.json:
-        print(json.dumps([gain_map.cell_row(c) for c in cells], indent=1))
-    else:
-        report.print_map(cells, query)
-    if args.out is not None:
-        write_table([gain_map.cell_row(c) for c in cells], args.out, stem="map")
-        write_table(rows, args.out, stem="map_runs")
-        print(f"wrote {plot_map(cells, query, args.out / 'map.png')}", file=sys.stderr)
-    return 0
+    return parser
 
 
 # --------------------------------------------------------------------------------- reserve
+RESERVE_FILES = ("reserve.csv", "reserve.parquet")
+
+
 def reserve_main(argv: list[str]) -> int:
     parser = CommandParser(
         prog="python -m sim plan reserve",
@@ -317,12 +376,17 @@ def reserve_main(argv: list[str]) -> int:
     g.add_argument("--tps", default="1,2,4,8", help="TP degrees (default: %(default)s)")
     g.add_argument("--chunks", default="2048,8192,32768",
                    help="chunk sizes (default: %(default)s)")
-    g.add_argument("--out", type=Path, default=None, help="write reserve.csv")
+    _add_out_arguments(g, "reserve.csv")
     args = parser.parse_args(argv)
-    rows = reserve.reserve_rows(
-        _names(args.models), getattr(args, "gpu", DEFAULT_GPU), parse_int_list(args.tps, "--tps"),
-        parse_int_list(args.chunks, "--chunks"), getattr(args, "max_num_seqs", None))
-    report.print_reserve(rows)
-    if args.out is not None:
-        write_table(rows, args.out, stem="reserve")
+    tps, chunks = parse_int_list(args.tps, "--tps"), parse_int_list(args.chunks, "--chunks")
+    folder = _claim(args, RESERVE_FILES)
+    try:
+        rows = reserve.reserve_rows(_names(args.models), getattr(args, "gpu", DEFAULT_GPU), tps,
+                                    chunks, getattr(args, "max_num_seqs", None))
+        report.print_reserve(rows)
+        if folder is not None:
+            write_table(rows, folder.path, stem="reserve")
+            print(f"wrote {folder.path / 'reserve.csv'}", file=sys.stderr)
+    except KeyboardInterrupt:
+        return report.stopped("plan reserve", args.out, RESERVE_FILES)
     return 0

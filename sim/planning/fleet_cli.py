@@ -17,17 +17,21 @@ from pathlib import Path
 
 from sim.core.config_flags import CommandParser, add_engine_flags, positive_float, positive_int
 from sim.core.engine_config import DEFAULT_MODEL
+from sim.planning.cases import build_trace
 from sim.planning.flags import add_executor_arguments, executor_from, options_from, trace_spec_from
-from sim.planning.fleet import FleetQuery, Objective, run_fleet
+from sim.planning.fleet import FleetQuery, FleetResult, Objective, run_fleet
 from sim.planning.fleet_report import fleet_dict, print_fleet, trial_rows
+from sim.planning.report import stopped
 from sim.planning.spec import SWEEP_FIXED
 from sim.planning.stretch import DEFAULT_MAX_REQUESTS
 from sim.planning.sustain import Sustain
 from sim.planning.sweep import write_table
+from sim.recording.folder import OutputFolder
 from sim.recording.metrics import Slo
 from traces import add_trace_arguments
 
 FLEET_AXES = ("gpu", "tensor_parallel_size", "max_num_batched_tokens", "policy")
+FLEET_FILES = ("fleet.json", "fleet_trials.csv", "fleet_trials.parquet")
 
 
 def fleet_main(argv: list[str]) -> int:
@@ -47,20 +51,31 @@ def fleet_main(argv: list[str]) -> int:
         num_runners_up=args.runners_up,
         max_requests=None if args.full_trace else args.max_requests,
         calibration=args.calibration)
-    result = run_fleet(query, executor_from(args))
-    if args.json:
-        print(json.dumps(fleet_dict(result), indent=1, default=str))
+    build_trace(query.trace)  # a trace that cannot load fails before --out is touched
+    folder = None if args.out is None else OutputFolder.claim(
+        args.out, flag="--out", overwrite=args.overwrite, patterns=FLEET_FILES)
+    try:
+        result = run_fleet(query, executor_from(args))
+        _report(result, folder, as_json=args.json)
+    except KeyboardInterrupt:
+        return stopped("plan fleet", args.out, FLEET_FILES)
+    return 0 if result.answer is not None else 1
+
+
+def _report(result: FleetResult, folder: OutputFolder | None, as_json: bool) -> None:
+    """Print the answer; write fleet_trials.csv, then fleet.json (so that beside fleet.json
+    the trials table is always complete)."""
+    document = json.dumps(fleet_dict(result), indent=1, default=str)
+    if as_json:
+        print(document)
     else:
         print_fleet(result)
     for warning in result.warnings:
         print(warning, file=sys.stderr)
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "fleet.json").write_text(json.dumps(fleet_dict(result), indent=1,
-                                                        default=str))
-        write_table(trial_rows(result), args.out, stem="fleet_trials")
-        print(f"wrote {args.out / 'fleet.json'} and fleet_trials.csv", file=sys.stderr)
-    return 0 if result.answer is not None else 1
+    if folder is not None:
+        write_table(trial_rows(result), folder.path, stem="fleet_trials")
+        folder.write_text("fleet.json", document)
+        print(f"wrote {folder.path / 'fleet.json'} and fleet_trials.csv", file=sys.stderr)
 
 
 def _parser() -> CommandParser:
@@ -101,8 +116,12 @@ def _parser() -> CommandParser:
                    help="calibration JSON for every case (default: each case's shipped one, "
                         "if any; 'none': the datasheet roofline)")
     g.add_argument("--json", action="store_true", help="print the result as JSON")
-    g.add_argument("--out", type=Path, default=None,
-                   help="write fleet.json and fleet_trials.csv (one row per run)")
+    g.add_argument("--out", type=Path, default=None, metavar="DIR",
+                   help="write fleet.json and fleet_trials.csv (one row per run) into DIR "
+                        "(new or empty unless --overwrite); checked before any run")
+    g.add_argument("--overwrite", action="store_true",
+                   help="remove an earlier search's fleet.json and fleet_trials.csv from "
+                        "--out first")
     add_executor_arguments(parser)
     return parser
 

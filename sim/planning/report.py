@@ -1,7 +1,10 @@
-"""Rich tables for `sweep`, `plan`, `plan map` and `plan reserve`."""
+"""Rich tables for `sweep`, `plan`, `plan map` and `plan reserve`, and what a stopped command
+leaves."""
 
 from __future__ import annotations
 
+import fnmatch
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -11,6 +14,7 @@ from rich.table import Table
 from sim.planning.gain_map import Cell, MapQuery
 from sim.planning.reserve import PUBLISHED_NOTE
 from sim.planning.sweep import fit_status
+from sim.recording.folder import TEMP_PREFIX
 
 # (header, row key, format)
 SWEEP_COLUMNS = (
@@ -81,6 +85,32 @@ def interrupted_sweep(rows_done: int, total: int, out: Path | None) -> str:
             f"{out / 'sweep.csv'}; rerun with --resume to run the rest")
 
 
+def stopped(command: str, out: Path | None, patterns: Sequence[str]) -> int:
+    """Say on stderr what a Ctrl-C after --out was claimed leaves, and return exit code 130.
+
+    Every file is written whole or not at all, so the result files in `out` (which the claim
+    emptied of earlier ones) are exactly what this command finished before the stop."""
+    print(interrupted_command(command, out, kept_files(out, patterns)), file=sys.stderr)
+    return 130
+
+
+def interrupted_command(command: str, out: Path | None, kept: Sequence[str]) -> str:
+    head = f"interrupted: python -m sim {command} stopped before it ended"
+    if out is None:
+        return f"{head}; nothing saved (no --out)"
+    if not kept:
+        return f"{head}; nothing written to {out}"
+    return f"{head}; kept in {out}, each file whole: {', '.join(kept)}; nothing else written"
+
+
+def kept_files(out: Path | None, patterns: Sequence[str]) -> list[str]:
+    """The result files (names matching `patterns`) in `out`, leaving out unfinished ones."""
+    if out is None or not out.is_dir():
+        return []
+    return sorted(p.name for p in out.iterdir() if not p.name.startswith(TEMP_PREFIX)
+                  and any(fnmatch.fnmatch(p.name, pattern) for pattern in patterns))
+
+
 def print_map(cells: Sequence[Cell], query: MapQuery, console: Console | None = None) -> None:
     console = console or Console(width=max(Console().width, 120))
     for tp in query.tps:
@@ -98,7 +128,7 @@ def print_map(cells: Sequence[Cell], query: MapQuery, console: Console | None = 
 def _map_text(cell: Cell) -> str:
     if cell.status != "ok":
         return cell.status
-    if cell.gain_pct is None:
+    if cell.gain_pct is None or cell.static_chunk is None:
         return "-"
     return f"{cell.gain_pct:+.1f}{' *' if cell.pays else ''} (c{cell.static_chunk // 1024}k)"
 

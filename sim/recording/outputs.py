@@ -60,7 +60,7 @@ def write_timeline_csv(path: Path, recorders: Sequence[ReplicaRecorder],
     rows = [np.column_stack([np.full(len(rec.timeline), rec.replica_id), timeline_array(rec)])
             for rec in recorders]
     data = np.concatenate(rows) if rows else np.zeros((0, len(TIMELINE_COLUMNS) + 1))
-    names = ("replica",) + TIMELINE_COLUMNS
+    names: tuple[str, ...] = ("replica", *TIMELINE_COLUMNS)
     for name, column in (extra or {}).items():
         data = np.column_stack([data, np.asarray(column, dtype=np.float64)[:len(data)]])
         names += (name,)
