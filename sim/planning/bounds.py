@@ -157,7 +157,8 @@ def work_bound(case: Case, trace: Trace, rule: Sustain) -> WorkBound:
     prompt = trace.prompt_tokens.astype(np.float64)
     cached = (cacheable_tokens(trace, engine.block_size, engine.hash_block_tokens)
               if engine.enable_prefix_caching else np.zeros(len(trace), dtype=np.int64))
-    with_decode = rule.slo.tpot_s is not None
+    tpot_s = rule.slo.tpot_s
+    with_decode = tpot_s is not None
     outputs = trace.output_tokens.astype(np.float64) if with_decode else np.ones(len(trace))
     decodes = outputs - 1
     tokens = prompt - cached + decodes
@@ -173,7 +174,7 @@ def work_bound(case: Case, trace: Trace, rule: Sustain) -> WorkBound:
     deadline = None
     if rule.slo.ttft_s is not None:
         deadline = trace.arrival_s + rule.slo.ttft_s + (
-            rule.slo.tpot_s * decodes if with_decode else 0.0)
+            tpot_s * decodes if tpot_s is not None else 0.0)
     first_s = float(trace.arrival_s[0]) if len(trace) else 0.0
     return WorkBound(np.vstack(forms), deadline, first_s)
 

@@ -8,6 +8,7 @@ process) and the engine from the case's fields.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -111,7 +112,7 @@ def parse_length(data: dict | int) -> LengthDist:
         raise ValueError(f"a length distribution is an integer or a mapping with 'kind', got {data!r}")
     args = {k: v for k, v in data.items() if k != "kind"}
     kind = data["kind"]
-    makers = {"fixed": LengthDist.fixed, "uniform": LengthDist.uniform,
+    makers: dict[str, Callable[..., LengthDist]] = {"fixed": LengthDist.fixed, "uniform": LengthDist.uniform,
               "lognormal": LengthDist.lognormal}
     if kind not in makers:
         raise ValueError(f"length kind must be one of {sorted(makers)}, got {kind!r}")
@@ -156,7 +157,7 @@ class Case:
     model: str
     gpu: str
     tp: int
-    chunk: int
+    chunk: int | None  # None: vLLM's default for the GPU (EngineConfig.chunk_tokens)
     policy: str
     trace: TraceSpec
     rate_scale: float = 1.0
@@ -169,9 +170,11 @@ class Case:
     vmm_costs: VmmCosts | None = None  # a calibration's measured elastic transition costs
 
     def engine(self) -> EngineConfig:
-        """The engine config; raises ValueError for unknown names or invalid shapes."""
+        """The engine config; raises ValueError for unknown names or invalid shapes.
+        Piecewise graphs are captured at the engine's chunk, vLLM's default where the case
+        gives none."""
         o = self.options
-        return EngineConfig(
+        config = EngineConfig(
             model=get_model(self.model), gpu=get_gpu(self.gpu), tensor_parallel_size=self.tp,
             max_num_batched_tokens=self.chunk, max_num_seqs=o.max_num_seqs,
             gpu_memory_utilization=o.gpu_memory_utilization, max_model_len=o.max_model_len,
@@ -179,9 +182,11 @@ class Case:
             drain=DrainStrategy.parse(o.drain), vmm_handle_bytes=o.vmm_handle_mib * MIB,
             reclaim=o.reclaim, enable_prefix_caching=o.enable_prefix_caching,
             cuda_graph_sizes=o.cuda_graph_sizes,
-            piecewise_graph_sizes=(piecewise_sizes_for(self.chunk, o.piecewise_max_tokens)
-                                   if o.piecewise_graphs else ()),
         )
+        if not o.piecewise_graphs:
+            return config
+        return replace(config, piecewise_graph_sizes=piecewise_sizes_for(
+            config.chunk_tokens, o.piecewise_max_tokens))
 
     def run_spec(self) -> RunSpec:
         return RunSpec(self.engine(), self.num_replicas, self.router, efficiency=self.efficiency,

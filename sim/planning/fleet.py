@@ -141,7 +141,7 @@ def grid_cases(query: FleetQuery) -> tuple[list[Case], list]:
     cases = []
     for gpu, tp, chunk, policy in itertools.product(query.gpus, query.tps, query.chunks,
                                                     query.policies):
-        case = Case(model=query.model, gpu=gpu, tp=tp, chunk=chunk, policy=policy,  # type: ignore[arg-type]
+        case = Case(model=query.model, gpu=gpu, tp=tp, chunk=chunk, policy=policy,
                     trace=query.trace, rate_scale=query.rate_scale, options=options,
                     slo=query.rule.slo, router=query.router)
         if chunk is None:

@@ -124,9 +124,9 @@ def describe_exception(exc: BaseException, where: bool = True) -> str:
     if len(message) > MAX_MESSAGE:
         message = message[:MAX_MESSAGE - 3] + "..."
     frames = traceback.extract_tb(exc.__traceback__)
-    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno} in " \
+    place = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno} in " \
             f"{frames[-1].name})" if frames and where else ""
-    return f"{type(exc).__name__}: {message}{where}"
+    return f"{type(exc).__name__}: {message}{place}"
 
 
 # ------------------------------------------------------------------------------------ local

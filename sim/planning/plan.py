@@ -21,6 +21,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field, replace
 
+from sim.core.cost_model import Efficiency
+from sim.core.elastic import VmmCosts
+from sim.core.memory_plan import ActivationProfile
 from sim.planning.bounds import work_bound
 from sim.planning.capacity import MaxRate, RateSearch, search_task
 from sim.planning.cases import Case, EngineOptions, TraceSpec, build_trace, fitting_max_model_len
@@ -62,9 +65,9 @@ class PlanQuery:
     tie_pct: float = 1.0
     pays_pct: float = 5.0
     max_requests: int | None = DEFAULT_MAX_REQUESTS  # None: every request (--full-trace)
-    efficiency: object | None = None
-    profile: object | None = None
-    vmm_costs: object | None = None
+    efficiency: Efficiency | None = None
+    profile: ActivationProfile | None = None
+    vmm_costs: VmmCosts | None = None
 
     def cases(self, trace: TraceSpec | None = None) -> list[Case]:
         options = replace(self.options, max_model_len=self.max_model_len())

@@ -41,7 +41,8 @@ def price_cases(cases: Sequence[Case], choice: str | Path | None
     shipped one), and that calibration (None: the roofline). A case whose model or GPU is
     unknown is left as it is: running it reports that."""
     found: dict[tuple, Calibration | None] = {}
-    priced, calibrations = [], []
+    priced: list[Case] = []
+    calibrations: list[Calibration | None] = []
     for case in cases:
         try:
             key = (get_model(case.model).name, get_gpu(case.gpu).name, case_engine(case))
