@@ -157,3 +157,41 @@ def test_ctrl_c_before_out_is_claimed_leaves_it_untouched(tmp_path, monkeypatch,
     assert one_line(capsys.readouterr().err) == (
         "interrupted: python -m sim plan stopped before it wrote anything")
     assert not out.exists()
+
+
+def test_ctrl_c_in_the_map_keeps_the_tables_of_the_cells_that_ended(tmp_path, monkeypatch,
+                                                                     capsys):
+    """Two cells of two runs each (static and elastic at one chunk), run one at a time: a stop
+    in the third run keeps the first cell and its two runs; the figure needs every cell."""
+    import csv
+
+    import sim.planning.gain_map as gain_map
+
+    real_run_case = gain_map.run_case
+    calls: list = []
+
+    def stop_at_the_third(case):
+        calls.append(case)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real_run_case(case)
+
+    monkeypatch.setattr(gain_map, "run_case", stop_at_the_third)
+    out = tmp_path / "out"
+    argv = [*MAP[:5], "1024,2048", *MAP[6:], "--out", str(out)]
+    assert main(argv) == 130
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert one_line(captured.err) == (
+        f"interrupted: python -m sim plan map stopped before it ended; kept in {out}, each file "
+        "whole: map.csv, map_runs.csv (the 1 of 2 cells that ended); nothing else written")
+    assert result_files(out) == {"map.csv", "map_runs.csv"}
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]
+    with (out / "map.csv").open() as f:
+        cells = list(csv.DictReader(f))
+    assert [(c["model"], c["prompt_tokens"], c["tp"], c["status"]) for c in cells] == [
+        ("qwen2.5-0.5b", "1024", "1", "ok")]
+    with (out / "map_runs.csv").open() as f:
+        runs = list(csv.DictReader(f))
+    assert [(r["policy"], r["chunk"], r["prompt"]) for r in runs] == [
+        ("static", "2048", "fixed(1024)"), ("elastic", "2048", "fixed(1024)")]

@@ -213,6 +213,9 @@ def test_piecewise_graphs_option_pads_each_cases_prefill_steps_at_its_own_chunk(
     assert plain.engine().piecewise_graph_sizes == ()
     assert padded.engine().piecewise_graph_sizes == (*range(16, 257, 16), 320, 384, 448, 512)
     assert replace(padded, chunk=8192).engine().piecewise_graph_sizes[-1] == 8192
+    # no chunk given: captured at vLLM's default chunk, 8192 on an H200 and 2048 on an A10G
+    assert replace(padded, chunk=None).engine().piecewise_graph_sizes[-1] == 8192
+    assert replace(padded, chunk=None, gpu="a10g").engine().piecewise_graph_sizes[-1] == 2048
     assert padded.input_fields()["piecewise_graphs"] is True
     rows = run_sweep([plain, padded], QUIET)
     assert rows[1]["ttft_s_p50"] > rows[0]["ttft_s_p50"]
@@ -274,3 +277,50 @@ def test_yaml_engine_settings_left_out_take_the_engine_configs_defaults(tmp_path
     assert engine.vmm_handle_bytes == 256 * 2**20 and engine.chunk_tokens == 8192
     assert (engine.enable_prefix_caching, engine.reclaim, engine.drain, engine.max_num_seqs) == (
         default.enable_prefix_caching, default.reclaim, default.drain, default.max_num_seqs)
+
+
+# ------------------------------------------------------------------------------------ map
+def test_the_map_hands_back_each_cell_as_its_last_run_ends(monkeypatch):
+    """A cell that needs no run comes first, before any run; each other cell comes once both
+    of its runs (static and elastic at the one chunk) have ended, in run order here (one
+    worker), with the position that puts it back in (model, prompt, tp) order."""
+    from sim.planning import gain_map
+
+    runs: list[tuple[str, int]] = []
+    real_run_case = gain_map.run_case
+
+    def counted(case):
+        runs.append((case.model, case.trace.synthetic.prompt.value))
+        return real_run_case(case)
+
+    monkeypatch.setattr(gain_map, "run_case", counted)
+    query = gain_map.MapQuery(gpu="a10g", models=("qwen2.5-0.5b", "llama-3.1-70b"),
+                              prompts=(1024, 2048), tps=(1,), chunks=(2048,), num_requests=8)
+    cells = gain_map.iter_cells(query, QUIET)
+    seen = []
+    for done in cells:
+        seen.append((done.position, done.cell.model, done.cell.prompt_tokens, done.cell.status,
+                     len(done.rows), len(runs)))
+    assert seen == [  # a 70B model's weights alone overflow a 24 GB A10G
+        (2, "llama-3.1-70b", 1024, "does not fit", 0, 0),
+        (3, "llama-3.1-70b", 2048, "does not fit", 0, 0),
+        (0, "qwen2.5-0.5b", 1024, "ok", 2, 2),
+        (1, "qwen2.5-0.5b", 2048, "ok", 2, 4),
+    ]
+
+
+def test_a_failed_map_run_is_named_in_the_error(monkeypatch, capsys):
+    from sim.planning import gain_map
+    from sim.planning.cli import main
+
+    def fail(case):
+        raise ValueError("no memory left")
+
+    monkeypatch.setattr(gain_map, "run_case", fail)
+    assert main(["plan", "map", "--models", "qwen2.5-0.5b", "--prompts", "1024", "--tps", "1",
+                 "--chunks", "2048", "--num-requests", "8", "--workers", "1",
+                 "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: map: the run of qwen2.5-0.5b TP 1, fixed(1024) prompts, "
+                          "static chunk 2048 failed: ValueError: no memory left (at ")
+    assert len(err.splitlines()) == 1

@@ -1,4 +1,5 @@
-"""`python -m sim sweep ...` and `python -m sim plan [map|reserve] ...`.
+"""`python -m sim sweep ...` and `python -m sim plan ...`; `plan fleet`, `plan map` and
+`plan reserve` are handed to their own modules (fleet_cli, map_cli).
 
     python -m sim sweep --config examples/sweep.yaml --out out/sweep
     python -m sim sweep --trace azure-conv --model llama-3.1-8b,qwen2.5-7b --tp 1,2 \\
@@ -18,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 from sim.core.calibration import (
@@ -37,20 +37,23 @@ from sim.core.config_flags import (
     setting_default,
 )
 from sim.core.engine_config import DEFAULT_GPU, DEFAULT_MODEL
-from sim.planning import gain_map, plan, plan_report, report, reserve
+from sim.planning import plan, plan_report, report
 from sim.planning.cases import build_trace
-from sim.planning.flags import add_executor_arguments as _add_executor_arguments
-from sim.planning.flags import executor_from as _executor
-from sim.planning.flags import options_from as _options
-from sim.planning.flags import trace_spec_from as _trace_spec
+from sim.planning.flags import (
+    add_executor_arguments,
+    add_out_arguments,
+    add_slo_arguments,
+    claim_out,
+    executor_from,
+    options_from,
+    trace_spec_from,
+)
 from sim.planning.fleet_cli import fleet_main
-from sim.planning.map_figure import plot_map
+from sim.planning.map_cli import map_main, reserve_main
 from sim.planning.pricing import options_engine, price_cases, pricing_lines
 from sim.planning.spec import SWEEP_FIXED, SweepSpec, load_sweep
 from sim.planning.sweep import SWEEP_FILES, open_table, run_sweep, write_parquet, write_table
-from sim.recording.folder import OutputFolder
 from sim.recording.metrics import Slo
-from sim.recording.outputs import parse_int_list
 from traces import TraceError, add_trace_arguments
 
 SWEEP_AXES = ("model", "gpu", "tensor_parallel_size", "max_num_batched_tokens", "policy")
@@ -74,14 +77,6 @@ def main(argv: list[str]) -> int:
         return 130
 
 
-# ----------------------------------------------------------------------------- shared flags
-def _add_slo_arguments(g, ttft_s: float | None, tpot_s: float | None) -> None:
-    g.add_argument("--slo-ttft", type=positive_float, default=ttft_s,
-                   help=f"TTFT SLO in seconds, for goodput (default: {ttft_s or 'none'})")
-    g.add_argument("--slo-tpot", type=positive_float, default=tpot_s,
-                   help=f"TPOT SLO in seconds, for goodput (default: {tpot_s or 'none'})")
-
-
 def _floats(text: str, flag: str) -> tuple[float, ...]:
     try:
         values = tuple(float(v) for v in text.split(",") if v.strip())
@@ -90,26 +85,6 @@ def _floats(text: str, flag: str) -> tuple[float, ...]:
     if not values or min(values) <= 0:
         raise ValueError(f"{flag} values must be positive, got {text!r}")
     return values
-
-
-def _names(text: str) -> tuple[str, ...]:
-    return tuple(v.strip() for v in text.split(",") if v.strip())
-
-
-def _add_out_arguments(g, files: str) -> None:
-    g.add_argument("--out", type=Path, default=None, metavar="DIR",
-                   help=f"write {files} into DIR (new or empty unless --overwrite); checked "
-                        "before any run")
-    g.add_argument("--overwrite", action="store_true",
-                   help=f"remove an earlier result's {files} from --out first")
-
-
-def _claim(args: argparse.Namespace, patterns: tuple[str, ...]) -> OutputFolder | None:
-    """Claim --out before any run (OutputError, one line, if it cannot be used)."""
-    if args.out is None:
-        return None
-    return OutputFolder.claim(args.out, flag="--out", overwrite=args.overwrite,
-                              patterns=patterns)
 
 
 # ----------------------------------------------------------------------------------- sweep
@@ -131,16 +106,16 @@ def sweep_main(argv: list[str]) -> int:
                    help="calibration JSON from `python -m gpu_backend profile` for every case "
                         "(default: the YAML's, else each case's shipped one, if any; 'none': "
                         "the datasheet roofline with default efficiencies)")
-    _add_slo_arguments(g, None, None)
+    add_slo_arguments(g, None, None)
     _add_sweep_out_arguments(g)
     g.add_argument("--json", action="store_true", help="print the rows as JSON")
-    _add_executor_arguments(parser)
+    add_executor_arguments(parser)
     args = parser.parse_args(argv)
     spec = load_sweep(args.config) if args.config else _sweep_from_flags(args)
     choice = spec.calibration or args.calibration
     cases, calibrations = price_cases(spec.cases(), choice)
     out = args.out or spec.out
-    rows = _sweep_rows(cases, calibrations, args, _executor(args, spec.workers), out)
+    rows = _sweep_rows(cases, calibrations, args, executor_from(args, spec.workers), out)
     if rows is None:
         return 130
     try:
@@ -207,8 +182,8 @@ def _sweep_from_flags(args: argparse.Namespace) -> SweepSpec:
         tps=tuple(axes["tensor_parallel_size"] or [setting_default("tensor_parallel_size")]),
         chunks=tuple(axes["max_num_batched_tokens"] or [None]),
         policies=tuple(p.value for p in axes["policy"] or ()),
-        rate_scales=tuple(s * args.rate_scale for s in scales), traces=(_trace_spec(args),),
-        options=_options(args), slo=Slo(args.slo_ttft, args.slo_tpot))
+        rate_scales=tuple(s * args.rate_scale for s in scales), traces=(trace_spec_from(args),),
+        options=options_from(args), slo=Slo(args.slo_ttft, args.slo_tpot))
 
 
 # ------------------------------------------------------------------------------------ plan
@@ -218,13 +193,13 @@ PLAN_FILES = ("plan.json", "plan.csv", "plan.parquet")
 def plan_main(argv: list[str]) -> int:
     args = _plan_parser().parse_args(argv)
     model, gpu = getattr(args, "model", DEFAULT_MODEL), getattr(args, "gpu", DEFAULT_GPU)
-    options = _options(args)
+    options = options_from(args)
     calibration = choose_calibration(args.calibration, model, gpu, options_engine(options))
     efficiency, profile, vmm_costs = parts_of(calibration)
     query = plan.PlanQuery(
         model=model, gpu=gpu,
         tp=getattr(args, "tensor_parallel_size", setting_default("tensor_parallel_size")),
-        trace=_trace_spec(args), slo=Slo(args.slo_ttft, args.slo_tpot),
+        trace=trace_spec_from(args), slo=Slo(args.slo_ttft, args.slo_tpot),
         chunks=tuple(args.max_num_batched_tokens), options=options,
         rate_scale=args.rate_scale,
         max_rate=plan.MaxRateRows("none" if args.no_max_rate else args.max_rate),
@@ -233,9 +208,9 @@ def plan_main(argv: list[str]) -> int:
         pays_pct=args.pays_pct, efficiency=efficiency, profile=profile,
         vmm_costs=vmm_costs)
     build_trace(query.trace)  # a trace that cannot load fails before --out is touched
-    folder = _claim(args, PLAN_FILES)
+    folder = claim_out(args, PLAN_FILES)
     try:
-        result = plan.run_plan(query, _executor(args))
+        result = plan.run_plan(query, executor_from(args))
         planned = {**result.as_dict(), "pricing": pricing(calibration)}
         if args.json:
             print(json.dumps(planned, indent=1, default=str))
@@ -271,7 +246,7 @@ def _plan_parser() -> CommandParser:
                    help="calibration JSON from `python -m gpu_backend profile` (default: the "
                         "one shipped for the model, GPU and engine, if any; 'none': the "
                         "datasheet roofline with default efficiencies)")
-    _add_slo_arguments(g, 2.0, 0.1)
+    add_slo_arguments(g, 2.0, 0.1)
     g.add_argument("--max-rate", choices=[m.value for m in plan.MaxRateRows], default="picks",
                    help="rows that get a max-rate search: the static and elastic picks, "
                         "every fitting row, or none (default: picks)")
@@ -290,103 +265,6 @@ def _plan_parser() -> CommandParser:
     g.add_argument("--pays-pct", type=positive_float, default=5.0,
                    help="elastic pays at a gain of at least this many percent (default: 5)")
     g.add_argument("--json", action="store_true", help="print the plan as JSON")
-    _add_out_arguments(g, "plan.json and plan.csv")
-    _add_executor_arguments(parser)
+    add_out_arguments(g, "plan.json and plan.csv")
+    add_executor_arguments(parser)
     return parser
-
-
-# ------------------------------------------------------------------------------------- map
-MAP_FILES = ("map.png", "map.csv", "map.parquet", "map_runs.csv", "map_runs.parquet")
-
-
-def map_main(argv: list[str]) -> int:
-    d = gain_map.MapQuery()
-    args = _map_parser(d).parse_args(argv)
-    query = replace(
-        d, gpu=getattr(args, "gpu", d.gpu), models=_names(args.models),
-        prompts=tuple(parse_int_list(args.prompts, "--prompts")),
-        tps=tuple(parse_int_list(args.tps, "--tps")),
-        chunks=tuple(parse_int_list(args.chunks, "--chunks")), num_requests=args.num_requests,
-        load=args.load, pays_pct=args.pays_pct, slo=Slo(args.slo_ttft, args.slo_tpot),
-        seed=args.seed)
-    gain_map.check_names(query)
-    folder = _claim(args, MAP_FILES)
-    try:
-        cells, rows = gain_map.run_map(query, _executor(args))
-        if args.json:
-            print(json.dumps([gain_map.cell_row(c) for c in cells], indent=1))
-        else:
-            report.print_map(cells, query)
-        if folder is not None:  # the figure last: beside it, both tables are complete
-            write_table(rows, folder.path, stem="map_runs")
-            write_table([gain_map.cell_row(c) for c in cells], folder.path, stem="map")
-            with folder.path_for("map.png") as tmp:
-                plot_map(cells, query, tmp)
-            print(f"wrote {folder.path / 'map.png'}, map.csv and map_runs.csv",
-                  file=sys.stderr)
-    except KeyboardInterrupt:  # the map's files need every cell: none is written before
-        return report.stopped("plan map", args.out, MAP_FILES)
-    return 0
-
-
-def _map_parser(d: gain_map.MapQuery) -> CommandParser:
-    parser = CommandParser(
-        prog="python -m sim plan map",
-        description="Elastic's goodput gain over the best static chunk across models x prompt "
-                    "lengths x TP degrees, on small synthetic traces that stress the KV pool.")
-    add_engine_flags(parser, include=("gpu",), keep_text=("gpu",), config_file=False)
-    g = parser.add_argument_group("map")
-    g.add_argument("--models", default=",".join(d.models),
-                   help="models, comma-separated (default: %(default)s)")
-    g.add_argument("--prompts", default=",".join(map(str, d.prompts)),
-                   help="prompt lengths, tokens (default: %(default)s)")
-    g.add_argument("--tps", default=",".join(map(str, d.tps)),
-                   help="TP degrees (default: %(default)s)")
-    g.add_argument("--chunks", default=",".join(map(str, d.chunks)),
-                   help="static chunk sizes to beat (default: %(default)s)")
-    g.add_argument("--num-requests", type=positive_int, default=d.num_requests,
-                   help="requests per synthetic trace (default: %(default)s)")
-    g.add_argument("--load", type=positive_float, default=d.load,
-                   help="offered load over the rate that just fills the static KV pool "
-                        "(default: %(default)s)")
-    g.add_argument("--pays-pct", type=positive_float, default=d.pays_pct,
-                   help="a cell 'pays' when elastic's goodput gain is at least this, %% "
-                        "(default: %(default)s)")
-    _add_slo_arguments(g, None, None)
-    g.add_argument("--seed", type=int, default=d.seed, help="trace seed (default: %(default)s)")
-    _add_out_arguments(g, "map.png, map.csv (cells) and map_runs.csv (every run)")
-    g.add_argument("--json", action="store_true", help="print the cells as JSON")
-    _add_executor_arguments(parser)
-    return parser
-
-
-# --------------------------------------------------------------------------------- reserve
-RESERVE_FILES = ("reserve.csv", "reserve.parquet")
-
-
-def reserve_main(argv: list[str]) -> int:
-    parser = CommandParser(
-        prog="python -m sim plan reserve",
-        description="Activation reserve as a share of the KV pool (memory plan only).")
-    add_engine_flags(parser, include=("gpu", "max_num_seqs"), keep_text=("gpu",),
-                     config_file=False)
-    g = parser.add_argument_group("grid")
-    g.add_argument("--models", default="qwen2.5-7b,llama-3.1-8b,qwen2.5-32b,llama-3.1-70b",
-                   help="models, comma-separated (default: %(default)s)")
-    g.add_argument("--tps", default="1,2,4,8", help="TP degrees (default: %(default)s)")
-    g.add_argument("--chunks", default="2048,8192,32768",
-                   help="chunk sizes (default: %(default)s)")
-    _add_out_arguments(g, "reserve.csv")
-    args = parser.parse_args(argv)
-    tps, chunks = parse_int_list(args.tps, "--tps"), parse_int_list(args.chunks, "--chunks")
-    folder = _claim(args, RESERVE_FILES)
-    try:
-        rows = reserve.reserve_rows(_names(args.models), getattr(args, "gpu", DEFAULT_GPU), tps,
-                                    chunks, getattr(args, "max_num_seqs", None))
-        report.print_reserve(rows)
-        if folder is not None:
-            write_table(rows, folder.path, stem="reserve")
-            print(f"wrote {folder.path / 'reserve.csv'}", file=sys.stderr)
-    except KeyboardInterrupt:
-        return report.stopped("plan reserve", args.out, RESERVE_FILES)
-    return 0

@@ -1,14 +1,18 @@
-"""Flags the planning commands share (`sweep`, `plan`, `plan fleet`, `plan map`) and the
-objects made from them: where the runs execute, which trace, which fixed engine settings."""
+"""Flags the planning commands share (`sweep`, `plan`, `plan fleet`, `plan map`, `plan
+reserve`) and the objects made from them: where the runs execute, which trace, which fixed
+engine settings, the SLO targets, and the results folder (claimed before any run, so that a
+long run cannot find out at its end that it has nowhere to write)."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from sim.core.config_flags import positive_int
+from sim.core.config_flags import positive_float, positive_int
 from sim.planning.cases import EngineOptions, TraceSpec
 from sim.planning.parallel import Executor
 from sim.planning.spec import OPTION_SETTINGS, engine_options
+from sim.recording.folder import OutputFolder
 
 
 def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,3 +40,34 @@ def options_from(args: argparse.Namespace) -> EngineOptions:
     """The fixed engine flags given (the rest at EngineConfig's defaults)."""
     given = {name: getattr(args, name) for name in OPTION_SETTINGS.values() if name in vars(args)}
     return engine_options(given, args.piecewise_graphs, args.piecewise_max_tokens)
+
+
+def add_slo_arguments(group, ttft_s: float | None, tpot_s: float | None) -> None:
+    """--slo-ttft and --slo-tpot with these defaults (None: no target)."""
+    group.add_argument("--slo-ttft", type=positive_float, default=ttft_s,
+                       help=f"TTFT SLO in seconds, for goodput (default: {ttft_s or 'none'})")
+    group.add_argument("--slo-tpot", type=positive_float, default=tpot_s,
+                       help=f"TPOT SLO in seconds, for goodput (default: {tpot_s or 'none'})")
+
+
+def names(text: str) -> tuple[str, ...]:
+    """'a, b,,c' -> ('a', 'b', 'c')."""
+    return tuple(v.strip() for v in text.split(",") if v.strip())
+
+
+def add_out_arguments(group, files: str) -> None:
+    """--out DIR and --overwrite for a command that writes `files` (said in the help)."""
+    group.add_argument("--out", type=Path, default=None, metavar="DIR",
+                       help=f"write {files} into DIR (new or empty unless --overwrite); "
+                            "checked before any run")
+    group.add_argument("--overwrite", action="store_true",
+                       help=f"remove an earlier result's {files} from --out first")
+
+
+def claim_out(args: argparse.Namespace, patterns: tuple[str, ...]) -> OutputFolder | None:
+    """Claim --out before any run (OutputError, one line, if it cannot be used); None
+    without --out. `patterns`: the files the command writes, all --overwrite may remove."""
+    if args.out is None:
+        return None
+    return OutputFolder.claim(args.out, flag="--out", overwrite=args.overwrite,
+                              patterns=patterns)

@@ -13,12 +13,18 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 from sim.core.config_flags import CommandParser, add_engine_flags, positive_float, positive_int
 from sim.core.engine_config import DEFAULT_MODEL
 from sim.planning.cases import build_trace
-from sim.planning.flags import add_executor_arguments, executor_from, options_from, trace_spec_from
+from sim.planning.flags import (
+    add_executor_arguments,
+    add_out_arguments,
+    claim_out,
+    executor_from,
+    options_from,
+    trace_spec_from,
+)
 from sim.planning.fleet import FleetQuery, FleetResult, Objective, run_fleet
 from sim.planning.fleet_report import fleet_dict, print_fleet, trial_rows
 from sim.planning.report import stopped
@@ -52,8 +58,7 @@ def fleet_main(argv: list[str]) -> int:
         max_requests=None if args.full_trace else args.max_requests,
         calibration=args.calibration)
     build_trace(query.trace)  # a trace that cannot load fails before --out is touched
-    folder = None if args.out is None else OutputFolder.claim(
-        args.out, flag="--out", overwrite=args.overwrite, patterns=FLEET_FILES)
+    folder = claim_out(args, FLEET_FILES)
     try:
         result = run_fleet(query, executor_from(args))
         _report(result, folder, as_json=args.json)
@@ -116,12 +121,7 @@ def _parser() -> CommandParser:
                    help="calibration JSON for every case (default: each case's shipped one, "
                         "if any; 'none': the datasheet roofline)")
     g.add_argument("--json", action="store_true", help="print the result as JSON")
-    g.add_argument("--out", type=Path, default=None, metavar="DIR",
-                   help="write fleet.json and fleet_trials.csv (one row per run) into DIR "
-                        "(new or empty unless --overwrite); checked before any run")
-    g.add_argument("--overwrite", action="store_true",
-                   help="remove an earlier search's fleet.json and fleet_trials.csv from "
-                        "--out first")
+    add_out_arguments(g, "fleet.json and fleet_trials.csv (one row per run)")
     add_executor_arguments(parser)
     return parser
 

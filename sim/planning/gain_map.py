@@ -14,13 +14,14 @@ request, so a cell whose KV pool cannot hold one request does not fit.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from sim.core.catalog import get_gpu, get_model
 from sim.core.cost_model import CostModel
 from sim.core.memory_plan import plan_memory
 from sim.planning.cases import Case, EngineOptions, SyntheticSpec, TraceSpec
-from sim.planning.parallel import Executor, run_parallel
+from sim.planning.parallel import Executor, iter_outcomes
 from sim.planning.plan import pick
 from sim.planning.sweep import fit_error, fit_status, run_case
 from sim.recording.metrics import Slo
@@ -119,18 +120,58 @@ def stress_rate(case: Case, prompt_tokens: int, load: float) -> float:
     return load * concurrency / lifetime_s
 
 
+@dataclass(frozen=True)
+class FinishedCell:
+    """One cell and its runs' rows, handed back as soon as its last run ends."""
+
+    position: int  # in (model, prompt, tp) order
+    cell: Cell
+    rows: list[dict]
+
+
 def run_map(query: MapQuery, executor: Executor | None = None) -> tuple[list[Cell], list[dict]]:
     """Cells in (model, prompt, tp) order, and every simulated row (for the table)."""
+    return in_order(list(iter_cells(query, executor)))
+
+
+def in_order(finished: Sequence[FinishedCell]) -> tuple[list[Cell], list[dict]]:
+    """The cells in (model, prompt, tp) order, and their rows in the same order."""
+    ordered = sorted(finished, key=lambda f: f.position)
+    return [f.cell for f in ordered], [row for f in ordered for row in f.rows]
+
+
+def num_cells(query: MapQuery) -> int:
+    return len(query.models) * len(query.prompts) * len(query.tps)
+
+
+def iter_cells(query: MapQuery, executor: Executor | None = None) -> Iterator[FinishedCell]:
+    """Each cell as soon as all its runs have ended (cells that need no run first), so that
+    a stopped map still holds every cell it finished. RuntimeError names a run that failed."""
     keys = list(itertools.product(query.models, query.prompts, query.tps))
     per_cell = [cell_cases(query, *key) for key in keys]
-    flat = [case for cases in per_cell for case in cases]
-    rows = run_parallel(run_case, flat, executor or Executor(), label="map")
-    cells, start = [], 0
-    for key, cases in zip(keys, per_cell):
-        cell_rows = rows[start:start + len(cases)]
-        start += len(cases)
-        cells.append(_cell(query, key, cases, cell_rows))
-    return cells, rows
+    for position, cases in enumerate(per_cell):
+        if not cases:
+            yield FinishedCell(position, _cell(query, keys[position], [], []), [])
+    runs = [(position, case) for position, cases in enumerate(per_cell) for case in cases]
+    starts = list(itertools.accumulate((len(cases) for cases in per_cell), initial=0))
+    runs_left = [len(cases) for cases in per_cell]
+    ended: dict[int, dict] = {}  # run index -> its row, until its cell is finished
+    for outcome in iter_outcomes(run_case, [case for _, case in runs], executor or Executor(),
+                                 label="map"):
+        position, case = runs[outcome.index]
+        if outcome.error is not None:
+            raise RuntimeError(f"map: the run of {_run_label(case)} failed: {outcome.error}")
+        ended[outcome.index] = outcome.value
+        runs_left[position] -= 1
+        if runs_left[position] == 0:
+            cases = per_cell[position]
+            rows = [ended.pop(starts[position] + i) for i in range(len(cases))]
+            yield FinishedCell(position, _cell(query, keys[position], cases, rows), rows)
+
+
+def _run_label(case: Case) -> str:
+    return (f"{case.model} TP {case.tp}, {case.trace.prompt_label} prompts, {case.policy} "
+            f"chunk {case.chunk}")
 
 
 def _cell(query: MapQuery, key: tuple[str, int, int], cases: list[Case],

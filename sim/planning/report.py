@@ -85,22 +85,28 @@ def interrupted_sweep(rows_done: int, total: int, out: Path | None) -> str:
             f"{out / 'sweep.csv'}; rerun with --resume to run the rest")
 
 
-def stopped(command: str, out: Path | None, patterns: Sequence[str]) -> int:
+def stopped(command: str, out: Path | None, patterns: Sequence[str],
+            kept_note: str | None = None) -> int:
     """Say on stderr what a Ctrl-C after --out was claimed leaves, and return exit code 130.
 
     Every file is written whole or not at all, so the result files in `out` (which the claim
-    emptied of earlier ones) are exactly what this command finished before the stop."""
-    print(interrupted_command(command, out, kept_files(out, patterns)), file=sys.stderr)
+    emptied of earlier ones) are exactly what this command finished before the stop.
+    `kept_note` says what the kept files hold, where that is less than a whole result."""
+    kept = kept_files(out, patterns)
+    print(interrupted_command(command, out, kept, kept_note), file=sys.stderr)
     return 130
 
 
-def interrupted_command(command: str, out: Path | None, kept: Sequence[str]) -> str:
+def interrupted_command(command: str, out: Path | None, kept: Sequence[str],
+                        kept_note: str | None = None) -> str:
     head = f"interrupted: python -m sim {command} stopped before it ended"
     if out is None:
         return f"{head}; nothing saved (no --out)"
     if not kept:
         return f"{head}; nothing written to {out}"
-    return f"{head}; kept in {out}, each file whole: {', '.join(kept)}; nothing else written"
+    note = f" ({kept_note})" if kept_note else ""
+    return (f"{head}; kept in {out}, each file whole: {', '.join(kept)}{note}; "
+            "nothing else written")
 
 
 def kept_files(out: Path | None, patterns: Sequence[str]) -> list[str]:
