@@ -4,10 +4,14 @@ one that looks every prefix up from scratch at every step."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
+import numpy as np
 from core_helpers import make_scheduler, request
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sim.core import block_cache, block_pool
 from sim.core.prefix_cache import PrefixCache
 from sim.core.request import RequestState
 
@@ -15,12 +19,17 @@ from sim.core.request import RequestState
 class FromScratch(PrefixCache):
     """The reference: every lookup walks the prompt's keys from the first, nothing kept."""
 
-    def hits(self, req: RequestState) -> list[int]:
-        self.pool.take_dropped_keys()
+    def hits(self, req: RequestState) -> np.ndarray:
         keys = self.keys(req)
         max_hits = min(len(keys), (req.num_prompt_tokens + req.num_output_tokens - 1)
                        // self.block_size)
-        return self.pool.cached_run(keys, 0, max_hits)
+        hits = []
+        for key in keys[:max_hits].tolist():  # one key at a time, through cached_block
+            block_id = self.pool.cached_block(key)
+            if block_id is None:
+                break
+            hits.append(block_id)
+        return np.array(hits, dtype=np.int64)
 
     def still_refused(self, req: RequestState, num_new_blocks: int) -> bool:
         return False
@@ -66,6 +75,32 @@ request_strategy = st.tuples(
        .map(lambda rows: sorted(rows, key=lambda r: r[3])))
 def test_kept_hits_and_skipped_checks_schedule_as_lookups_from_scratch(trace):
     assert drive(build(False), trace) == drive(build(True), trace)
+
+
+@contextmanager
+def tiny_windows():
+    """Evictions and cached runs scan one entry at a time and the LRU queue is compacted
+    after a few dead entries: every path that only exists for speed is taken."""
+    names = [(block_cache, "FIRST_SCAN"), (block_cache, "FEW_SCAN"), (block_pool, "FIRST_RUN"),
+             (block_cache, "MIN_SWEEP_ENTRIES"), (block_cache, "SWEEP_FACTOR")]
+    saved = [getattr(module, name) for module, name in names]
+    for module, name in names:
+        setattr(module, name, 1)
+    try:
+        yield
+    finally:
+        for (module, name), value in zip(names, saved):
+            setattr(module, name, value)
+
+
+@settings(max_examples=40, deadline=None)
+@given(trace=st.lists(request_strategy, min_size=1, max_size=20)
+       .map(lambda rows: sorted(rows, key=lambda r: r[3])))
+def test_scan_windows_and_compaction_change_no_schedule(trace):
+    expected = drive(build(False), trace)
+    with tiny_windows():
+        assert drive(build(False), trace) == expected
+        assert drive(build(True), trace) == expected
 
 
 def test_a_waiting_request_is_refused_while_nothing_frees_and_admitted_after():

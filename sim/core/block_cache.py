@@ -1,169 +1,252 @@
 """The prefix cache's side of the block pool: content keys of full blocks, and the LRU of
 cached blocks that no request holds (they count as free until an allocation evicts them).
 
-A Mooncake-style run names, frees and evicts millions of blocks, and at that count the LRU's
-cost per block is most of the run. So the LRU is a deque of block ids with lazy removal, not
-an OrderedDict: a block leaves the middle of it (a prefix hit takes it back) by counting one
-more stale entry for that block (`_stale`), and the oldest entries are popped at eviction,
-each stale one skipped and uncounted. A block has at most one live entry, its newest, so the
-first `_stale[b]` entries of `b` met from the front are the stale ones. Stale entries are
-swept out once there are SWEEP_FACTOR times as many as blocks.
+A Mooncake-style run names, frees, hits and evicts millions of blocks, a request's hundreds
+at a time. So every operation takes a request's blocks as one numpy array: a Python loop per
+block was most of such a run.
+
+Keys are non-negative ints, and sim.core.prefix_cache makes them dense (chain id x blocks
+per hash + sub-block), so both directions are arrays: `key_of[block]` (NONE: unnamed) and
+`block_of[key]` (NONE: no block), grown by `cover` before any key past its end is used. An
+entry of `block_of` counts only while `key_of` of its block still names its key, so naming
+and evicting touch `key_of` alone where they can; `key_of` has one slot more, at index NONE,
+holding a value no key has, so `key_of[block_of[keys]] == keys` is the whole lookup. A key is
+held by at most one block: `name` leaves a key alone that another block holds.
+
+The LRU is a queue of pushed arrays (one per `push`, oldest first) with lazy removal. Each
+push stamps its entries with consecutive numbers, and `stamp[block]` is the stamp of the
+block's live entry (NONE: not in the LRU). A hit that takes a block back sets its stamp to
+NONE, and a block pushed again gets a new stamp, so an entry is live exactly when its block's
+stamp equals its own. Eviction walks from the oldest entry, skipping dead ones for good (a
+dead entry never lives again: stamps only grow); the queue is compacted to its live entries
+once dead ones outnumber the blocks SWEEP_FACTOR times.
 
 A block is in the LRU exactly when it is named and no request references it.
-
-`block_of` (key -> block) is cleaned lazily too: evicting a block only clears `key_of`, and an
-entry of `block_of` counts only while `key_of` of its block still names its key (`lookup`).
-A dict delete at every eviction missed the CPU's caches on a table of millions of keys; stale
-entries are swept once there are SWEEP_FACTOR times as many as blocks.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 
+import numpy as np
+
+NONE = -1
+NO_KEY = -2  # key_of's last slot (block_of's NONE points there): equal to no key
 MIN_SWEEP_ENTRIES = 1 << 12
-SWEEP_FACTOR = 4  # stale entries allowed per block before a sweep (each sweep is O(blocks))
+SWEEP_FACTOR = 4  # dead entries allowed per block before a compaction (each is O(blocks))
+FIRST_SCAN = 64  # entries an eviction looks at first in a pushed array (then 4x as many)
+FEW_BLOCKS = 8  # evictions of at most this many blocks try a plain loop first
+FEW_SCAN = 32  # entries that loop looks at
+
+Blocks = np.ndarray  # int64 block ids
+EMPTY: Blocks = np.empty(0, dtype=np.int64)
+
+
+@dataclass
+class _Pushed:
+    """One push's entries; those before `start` were consumed by evictions."""
+
+    blocks: Blocks
+    first_stamp: int
+    start: int = 0
 
 
 class BlockCache:
     def __init__(self, num_blocks: int, num_base_blocks: int) -> None:
         self.num_base_blocks = num_base_blocks
-        self.key_of: list[Hashable | None] = [None] * num_blocks
-        self.block_of: dict[Hashable, int] = {}  # may hold stale entries: see lookup()
-        self._num_stale_names = 0
-        self._lru: deque[int] = deque()
-        self._stale = [0] * num_blocks
+        self.key_of = np.full(num_blocks + 1, NONE, dtype=np.int64)
+        self.key_of[NONE] = NO_KEY
+        self.block_of = np.full(0, NONE, dtype=np.int64)
+        self.stamp = np.full(num_blocks, NONE, dtype=np.int64)
+        self.in_use = False  # has any block ever been named (is prefix caching at work)?
+        self._queue: deque[_Pushed] = deque()
+        self._num_entries = 0  # entries in the queue from their starts, dead ones included
+        self._next_stamp = 0
         self.num_free_base = 0  # cached base blocks no request holds
-        self.free_elastic: set[int] = set()  # cached elastic blocks no request holds
+        self.num_free_elastic = 0  # cached elastic blocks no request holds
 
     @property
     def num_free(self) -> int:
         """Live LRU entries: cached blocks no request holds."""
-        return self.num_free_base + len(self.free_elastic)
+        return self.num_free_base + self.num_free_elastic
 
     # ------------------------------------------------------------------ names
-    @property
-    def in_use(self) -> bool:
-        """Has any block ever been named (is prefix caching at work)?"""
-        return bool(self.block_of)
-
-    def lookup(self, key: Hashable) -> int | None:
+    def lookup(self, key: int) -> int | None:
         """The block named `key`, if one is."""
-        block_id = self.block_of.get(key)
-        if block_id is None or self.key_of[block_id] != key:
+        if not 0 <= key < len(self.block_of):
+            return None
+        block_id = int(self.block_of[key])
+        if block_id == NONE or self.key_of[block_id] != key:
             return None
         return block_id
 
-    def name(self, block_ids: list[int], keys: Sequence[Hashable]) -> None:
-        """Name full, used blocks by their content keys. A key already cached elsewhere, or
-        a block already named, is left as it is."""
-        key_of, block_of = self.key_of, self.block_of
-        for block_id, key in zip(block_ids, keys):
-            if key_of[block_id] is not None:
-                continue
-            holder = block_of.get(key)
-            if holder is None:
-                block_of[key] = block_id
-            elif key_of[holder] != key:  # a stale entry: take it over
-                block_of[key] = block_id
-                self._num_stale_names -= 1
-            else:
-                continue
-            key_of[block_id] = key
+    def cover(self, keys: np.ndarray) -> None:
+        """Make room in `block_of` for these keys (non-negative ints)."""
+        if not len(keys):
+            return
+        if int(keys.min()) < 0:
+            raise ValueError("prefix-cache keys must be non-negative ints")
+        top = int(keys.max())
+        if top >= len(self.block_of):
+            grown = np.full(max(top + 1, 2 * len(self.block_of)), NONE, dtype=np.int64)
+            grown[:len(self.block_of)] = self.block_of
+            self.block_of = grown
 
-    def _unname(self, block_id: int) -> Hashable:
-        key = self.key_of[block_id]
-        self.key_of[block_id] = None
-        self._num_stale_names += 1
-        return key
+    def name(self, block_ids: Blocks, keys: np.ndarray) -> None:
+        """Name full, used blocks by their content keys (distinct keys, covered). A key
+        already held by another block, or a block already named, is left as it is."""
+        if not len(block_ids):
+            return
+        key_of = self.key_of
+        fresh = (key_of[block_ids] == NONE) & (key_of[self.block_of[keys]] != keys)
+        if fresh.any():
+            blocks, named = block_ids[fresh], keys[fresh]
+            self.block_of[named] = blocks
+            self.key_of[blocks] = named
+            self.in_use = True
 
-    def maybe_sweep_names(self) -> None:
-        """Drop `block_of`'s stale entries once they outnumber the blocks."""
-        if self._num_stale_names > SWEEP_FACTOR * len(self.key_of) + MIN_SWEEP_ENTRIES:
-            self.block_of = {key: block_id for block_id, key in enumerate(self.key_of)
-                             if key is not None}
-            self._num_stale_names = 0
+    def _unname(self, block_ids: Blocks) -> None:
+        self.key_of[block_ids] = NONE
 
     # -------------------------------------------------------------------- LRU
-    def push(self, block_ids: list[int], num_base: int) -> None:
+    def push(self, block_ids: Blocks, num_base: int) -> None:
         """Named blocks came free, in this order (`num_base` of them base blocks): they
         become the newest cached blocks."""
-        self._lru.extend(block_ids)
+        n = len(block_ids)
+        first = self._next_stamp
+        self.stamp[block_ids] = np.arange(first, first + n)
+        self._queue.append(_Pushed(block_ids, first))
+        self._next_stamp += n
+        self._num_entries += n
         self.num_free_base += num_base
-        if num_base < len(block_ids):
-            self.free_elastic.update(b for b in block_ids if b >= self.num_base_blocks)
+        self.num_free_elastic += n - num_base
 
-    def take(self, block_ids: list[int], num_base: int) -> None:
+    def take(self, block_ids: Blocks, num_base: int) -> None:
         """Cached free blocks are referenced again (prefix hits): out of the LRU."""
-        stale = self._stale
-        for block_id in block_ids:
-            stale[block_id] += 1
+        self.stamp[block_ids] = NONE
         self.num_free_base -= num_base
-        if num_base < len(block_ids):
-            self.free_elastic.difference_update(block_ids)
+        self.num_free_elastic -= len(block_ids) - num_base
 
-    def evict_oldest(self, num_blocks: int) -> tuple[list[int], list[Hashable]]:
+    def evict_oldest(self, num_blocks: int) -> Blocks | list[int]:
         """Evict the `num_blocks` oldest cached blocks (the caller knows there are as many):
-        their ids and their keys, now forgotten."""
-        popleft, stale, key_of = self._lru.popleft, self._stale, self.key_of
-        evicted: list[int] = []
-        for _ in range(num_blocks):
-            block_id = popleft()
-            while stale[block_id]:  # entries of blocks taken back since: skip them
-                stale[block_id] -= 1
-                block_id = popleft()
-            evicted.append(block_id)
-        keys = [key_of[block_id] for block_id in evicted]
-        for block_id in evicted:
-            key_of[block_id] = None
-        self._num_stale_names += num_blocks
-        if self._num_stale_names > SWEEP_FACTOR * len(key_of):
-            self.maybe_sweep_names()
-        if self.free_elastic:
-            self.free_elastic.difference_update(evicted)
-            self.num_free_base -= sum(1 for b in evicted if b < self.num_base_blocks)
-        else:
-            self.num_free_base -= num_blocks
-        return evicted, keys
+        their ids, their keys now forgotten. A few (a decode step's) are looked for one entry
+        at a time first: numpy's cost per call is more than a short loop's."""
+        if num_blocks <= FEW_BLOCKS:
+            few = self._evict_few(num_blocks)
+            if few is not None:
+                return few
+        parts = []
+        need = num_blocks
+        while need:
+            if not self._queue:
+                raise AssertionError("the LRU ran out of cached blocks")
+            taken = self._pop_front(need)
+            parts.append(taken)
+            need -= len(taken)
+        evicted = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        self.stamp[evicted] = NONE
+        self._unname(evicted)
+        num_elastic = int(np.count_nonzero(evicted >= self.num_base_blocks)) \
+            if self.num_free_elastic else 0
+        self.num_free_elastic -= num_elastic
+        self.num_free_base -= num_blocks - num_elastic
+        return evicted
 
-    def evict_oldest_base(self, num_blocks: int) -> tuple[list[int], list[Hashable]]:
+    def _evict_few(self, num_blocks: int) -> list[int] | None:
+        """`evict_oldest` by a loop over the front's entries, or None (and no change) when
+        the first FEW_SCAN entries of the front array do not hold enough live ones."""
+        if not self._queue:
+            raise AssertionError("the LRU ran out of cached blocks")
+        front = self._queue[0]
+        start = front.start
+        stamp, stamp_at = self.stamp, front.first_stamp + start
+        evicted = []
+        for i, block_id in enumerate(front.blocks[start:start + FEW_SCAN].tolist()):
+            if stamp[block_id] == stamp_at + i:
+                evicted.append(block_id)
+                if len(evicted) == num_blocks:
+                    break
+        else:
+            return None
+        front.start = start + i + 1
+        self._num_entries -= i + 1
+        if front.start == len(front.blocks):
+            self._queue.popleft()
+        key_of, num_base = self.key_of, self.num_base_blocks
+        for block_id in evicted:
+            stamp[block_id] = NONE
+            key_of[block_id] = NONE
+            if block_id < num_base:
+                self.num_free_base -= 1
+            else:
+                self.num_free_elastic -= 1
+        return evicted
+
+    def _pop_front(self, need: int) -> Blocks:
+        """Up to `need` live entries from the oldest pushed array, consumed from the queue."""
+        front = self._queue[0]
+        size, start = len(front.blocks), front.start
+        scan = max(FIRST_SCAN, need)
+        while True:
+            stop = min(size, start + scan)
+            window = front.blocks[start:stop]
+            live = np.flatnonzero(self.stamp[window] == np.arange(
+                front.first_stamp + start, front.first_stamp + stop))
+            if len(live) >= need or stop == size:
+                break
+            scan *= 4
+        if len(live) >= need:
+            live = live[:need]
+            front.start = start + int(live[-1]) + 1
+        else:
+            front.start = stop
+        self._num_entries -= front.start - start
+        if front.start == size:
+            self._queue.popleft()
+        return window[live]
+
+    def evict_oldest_base(self, num_blocks: int) -> Blocks:
         """As `evict_oldest`, skipping elastic blocks (the region is not lendable)."""
         order = self.live_order()
-        evicted = [b for b in order if b < self.num_base_blocks][:num_blocks]
+        evicted = order[order < self.num_base_blocks][:num_blocks]
         self.take(evicted, len(evicted))
-        keys = [self._unname(block_id) for block_id in evicted]
-        self._sweep()
-        return evicted, keys
+        self._unname(evicted)
+        self._compact()
+        return evicted
 
-    def drop_elastic(self) -> list[Hashable]:
+    def drop_elastic(self) -> None:
         """Forget every cached elastic block (the region is unmapped: content undefined)."""
-        if not self.free_elastic:
-            return []
-        elastic = sorted(self.free_elastic)
+        if not self.num_free_elastic:
+            return
+        order = self.live_order()
+        elastic = order[order >= self.num_base_blocks]
         self.take(elastic, 0)
-        keys = [self._unname(block_id) for block_id in elastic]
-        self._sweep()
-        return keys
+        self._unname(elastic)
+        self._compact()
 
-    def live_order(self) -> list[int]:
+    def live_order(self) -> Blocks:
         """The live entries, oldest first."""
-        stale = list(self._stale)
-        live = []
-        for block_id in self._lru:
-            if stale[block_id]:
-                stale[block_id] -= 1
-            else:
-                live.append(block_id)
-        return live
+        if not self._queue:
+            return EMPTY
+        blocks = np.concatenate([p.blocks[p.start:] for p in self._queue])
+        stamps = np.concatenate([np.arange(p.first_stamp + p.start, p.first_stamp + len(p.blocks))
+                                 for p in self._queue])
+        return blocks[self.stamp[blocks] == stamps]
 
     def maybe_sweep(self) -> None:
-        """Sweep stale entries out once they outnumber the pool's blocks several times over
-        (evictions skip them anyway: this only bounds the deque while none happen)."""
-        if len(self._lru) > self.num_free + SWEEP_FACTOR * len(self._stale) + MIN_SWEEP_ENTRIES:
-            self._sweep()
+        """Compact the queue once dead entries outnumber the pool's blocks several times over
+        (evictions skip them anyway: this only bounds the queue while none happen)."""
+        if self._num_entries > self.num_free + SWEEP_FACTOR * len(self.stamp) + MIN_SWEEP_ENTRIES:
+            self._compact()
 
-    def _sweep(self) -> None:
-        """Rebuild the deque from its live entries; every stale count goes back to 0."""
-        self._lru = deque(self.live_order())
-        self._stale = [0] * len(self._stale)
+    def _compact(self) -> None:
+        """The queue rebuilt from its live entries, in order, stamped anew."""
+        live = self.live_order()
+        self._queue.clear()
+        first = self._next_stamp
+        self.stamp[live] = np.arange(first, first + len(live))
+        if len(live):
+            self._queue.append(_Pushed(live, first))
+        self._next_stamp += len(live)
+        self._num_entries = len(live)

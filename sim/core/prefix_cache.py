@@ -12,29 +12,34 @@ constant time: the tuple chain's hash was recomputed from its whole depth on eve
 The interning table grows with the distinct prefixes of the trace (Mooncake's conversation
 trace: ~300k, tens of MB).
 
+Keys and hits are numpy arrays: the pool looks a request's blocks up at once.
+
 A request waiting at the head of the queue is looked up again at every step until it fits.
-Its hits are kept while the pool's `cache_epoch` stands: they are cut at the first one whose
-key the pool evicted since (`take_dropped_keys`), and only the blocks after them are looked up
-again, so a long wait costs the step's evictions, not the prompt's length.
+Its hits are kept while the pool's `cache_epoch` stands: after any eviction they are cut at
+the first one no longer named by its key, and only the blocks after them are looked up
+again, so a long wait costs a vectorised check of the hits, not a walk of the prompt.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
+from sim.core.block_cache import EMPTY, Blocks
 from sim.core.block_pool import BlockPool
 from sim.core.request import RequestState
 
 
 @dataclass
 class _Memo:
-    """A waiting request's hits as last looked up, and the index of each hit's key (built
-    when first needed; it may hold keys past a cut, which the cut's bound ignores)."""
+    """A waiting request's hits as last looked up, with the pool's epoch and eviction count
+    then."""
 
     request_id: int
     epoch: int
-    hits: list[int]
-    position: dict[int, int]
+    num_evicted: int
+    hits: Blocks
     refused: tuple[int, int] | None = None  # (pool's freed blocks, new blocks) when refused
 
 
@@ -44,34 +49,37 @@ class PrefixCache:
         self.block_size = block_size
         self.blocks_per_hash = hash_block_tokens // block_size
         self._chain_ids: dict[tuple[int, int], int] = {}
-        self._keys: dict[int, list[int]] = {}  # per live request
+        self._keys: dict[int, np.ndarray] = {}  # per live request
         self._num_registered: dict[int, int] = {}  # prompt blocks already named, per request
         self._memo: _Memo | None = None  # the last request looked up
 
-    def keys(self, req: RequestState) -> list[int]:
+    def keys(self, req: RequestState) -> np.ndarray:
         """Keys of the request's full prompt blocks named by its trace hashes."""
-        keys = self._keys.get(req.request_id)
-        if keys is None:
-            keys = []
-            if req.block_hashes:
-                per_hash = self.blocks_per_hash
-                num_full = req.num_prompt_tokens // self.block_size
-                chain_ids = self._chain_ids
-                chain_id = 0
-                for block_hash in req.block_hashes:
-                    if len(keys) >= num_full:
-                        break
-                    link = (chain_id, block_hash)
-                    chain_id = chain_ids.get(link, 0)
-                    if not chain_id:
-                        chain_id = chain_ids[link] = len(chain_ids) + 1
-                    first = chain_id * per_hash
-                    keys.extend(range(first, first + min(per_hash, num_full - len(keys))))
-            self._keys[req.request_id] = keys
-        return keys
+        found = self._keys.get(req.request_id)
+        if found is None:
+            per_hash = self.blocks_per_hash
+            num_full = req.num_prompt_tokens // self.block_size
+            chains = self._chains((req.block_hashes or ())[:-(-num_full // per_hash)])
+            found = (chains[:, None] * per_hash + np.arange(per_hash)).ravel()[:num_full]
+            self.pool.cover_keys(found)
+            self._keys[req.request_id] = found
+        return found
 
-    def hits(self, req: RequestState) -> list[int]:
-        """Cached blocks holding the longest prefix of the request's prompt. The list is the
+    def _chains(self, block_hashes: tuple[int, ...]) -> np.ndarray:
+        """The interned chain id of each hash's prefix."""
+        chain_ids = self._chain_ids
+        chains = []
+        chain_id = 0
+        for block_hash in block_hashes:
+            link = (chain_id, block_hash)
+            chain_id = chain_ids.get(link, 0)
+            if not chain_id:
+                chain_id = chain_ids[link] = len(chain_ids) + 1
+            chains.append(chain_id)
+        return np.array(chains, dtype=np.int64)
+
+    def hits(self, req: RequestState) -> Blocks:
+        """Cached blocks holding the longest prefix of the request's prompt. The array is the
         prefix cache's own: read it, do not change it.
 
         At least the last prompt token is always computed, so the request samples."""
@@ -79,24 +87,21 @@ class PrefixCache:
         max_hits = min(len(keys), (req.num_prompt_tokens + req.num_output_tokens - 1)
                        // self.block_size)
         pool = self.pool
-        dropped = pool.take_dropped_keys()
         memo = self._memo
         if memo is None or memo.request_id != req.request_id or memo.epoch != pool.cache_epoch:
-            memo = self._memo = _Memo(req.request_id, pool.cache_epoch, [], {})
-        elif dropped and memo.hits:  # cut the hits at the first one evicted since
-            if len(memo.position) < len(memo.hits):
-                memo.position = dict(zip(keys[:len(memo.hits)], range(len(memo.hits))))
-            gone = memo.position.keys() & dropped
-            if gone:
-                del memo.hits[min(map(memo.position.__getitem__, gone)):]
+            memo = self._memo = _Memo(req.request_id, pool.cache_epoch, pool.num_evicted, EMPTY)
+        elif memo.num_evicted != pool.num_evicted:  # cut at the first hit evicted since
+            memo.num_evicted = pool.num_evicted
+            kept = pool.num_still_named(memo.hits, keys[:len(memo.hits)])
+            if kept < len(memo.hits):
+                memo.hits = memo.hits[:kept]
                 memo.refused = None
-        hits = memo.hits
-        if len(hits) < max_hits:
-            more = pool.cached_run(keys, len(hits), max_hits)
-            if more:
-                hits += more
+        if len(memo.hits) < max_hits:
+            more = pool.cached_run(keys, len(memo.hits), max_hits)
+            if len(more):
+                memo.hits = np.concatenate((memo.hits, more))
                 memo.refused = None
-        return hits
+        return memo.hits
 
     def still_refused(self, req: RequestState, num_new_blocks: int) -> bool:
         """Was the request refused at its last admission check, with nothing since that could

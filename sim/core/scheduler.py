@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
+from sim.core.block_cache import EMPTY
 from sim.core.block_pool import BlockPool
 from sim.core.controller import ElasticController
 from sim.core.decode_run import (
@@ -94,7 +95,7 @@ class Scheduler:
     def preempt(self, req: RequestState) -> None:
         """Free a running request's blocks; it goes back to the head of the waiting queue."""
         self.running.remove(req)
-        self.pool.free(reversed(req.block_ids))
+        self.pool.free(req.block_ids[::-1])
         req.block_ids = []
         req.num_recomputed_tokens += req.num_computed_tokens
         req.num_computed_tokens = 0
@@ -175,28 +176,30 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
             cached = prefix if prefix is not None and req.block_hashes else None
-            hits = cached.hits(req) if cached is not None else []
-            num_cached = len(hits) * block_size
+            hits = cached.hits(req) if cached is not None else EMPTY
+            num_hits = len(hits)
+            num_cached = num_hits * block_size
             num_new = min(req.num_prompt_tokens + req.num_output_tokens - num_cached, budget)
-            needed = -(-(num_cached + num_new) // block_size) - len(hits)
+            needed = -(-(num_cached + num_new) // block_size) - num_hits
             if cached is not None and cached.still_refused(req, needed):
                 break
             # A hit sitting free in the cache stops being free once touched.
             if not pool.can_allocate(needed) or (
-                    hits and not pool.can_allocate(needed + pool.num_unreferenced(hits))):
+                    num_hits and not pool.can_allocate(needed + pool.num_unreferenced(hits))):
                 if cached is not None:
                     cached.refuse(req, needed)
                 break
-            pool.touch(hits)
+            if num_hits:
+                pool.touch(hits)
             new_blocks = pool.allocate(needed)
             assert new_blocks is not None
             self.waiting.popleft()
-            req.block_ids = hits + new_blocks
+            req.block_ids = hits.tolist() + new_blocks if num_hits else new_blocks
             req.num_computed_tokens = num_cached
             if req.num_preemptions == 0:  # as vLLM: counted at the first admission only
                 req.num_cached_tokens = num_cached
             if cached is not None:
-                cached.admitted(req, len(hits))
+                cached.admitted(req, num_hits)
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             scheduled.append((req, num_new, req.block_ids))
@@ -269,7 +272,7 @@ class Scheduler:
             if req is None or req.status is not RequestStatus.RUNNING:
                 continue
             self.running.remove(req)
-            self.pool.free(reversed(req.block_ids))
+            self.pool.free(req.block_ids[::-1])
             req.block_ids = []
             req.status = RequestStatus.FAILED_OOM
             self._forget(req)
@@ -345,7 +348,7 @@ class Scheduler:
         req.status = RequestStatus.FINISHED
         req.finish_s = end_s
         self.running.remove(req)
-        self.pool.free(reversed(req.block_ids))
+        self.pool.free(req.block_ids[::-1])
         req.block_ids = []
         self._forget(req)
 
