@@ -33,12 +33,13 @@ Targets: prefill attention within 1.2x of SDPA cuDNN's one pass on the same shap
 penalty (sum over chunks of 2,048 / one pass of 16,384) at most ~2% beyond the decode work.
 
 Measured (H200, torch 2.11+cu130, triton 3.6, cuDNN 9.19, frontend 1.23; per layer, 16,384
-tokens): SDPA cuDNN one pass 3.35 ms; ours 6.0 ms one pass (5.2 with a 256x128 tile), 6.7 ms
-in chunks of 2,048; SPLIT (cuDNN square + gathered prefix + merge) 3.34 / 3.76 ms, 1.12x
-SDPA's one pass at chunk 2,048 (square 0.67, gather 0.16, prefix 2.86, merge 0.11 ms) and
-1.03x at 8,192; cuDNN paged 3.98 / 4.46 ms on 16-token blocks, 3.57 / 4.01 ms on 64-token
-blocks. Beside 64 decodes, a 2,048 chunk over 8,192 cached: ours 1.05 ms, SPLIT + our decode
-launch 0.60 ms (decode rows alone 0.08), but SPLIT's eager launches take the host ~1 ms.
+tokens, two runs): SDPA cuDNN one pass 3.29-3.35 ms (GQA native, LSE free); ours 6.0 ms one
+pass (5.2 with a 256x128 or 256x64 tile), 6.6-6.7 ms in chunks of 2,048; SPLIT (cuDNN square
++ gathered prefix + merge) 1.12-1.14x SDPA's one pass at chunk 2,048 (square 0.66, gather
+0.16, prefix 2.85, merge 0.11 ms) and 1.03-1.04x at 8,192; cuDNN paged 1.19-1.21x one pass,
+1.33-1.35x at 2,048 on 16-token blocks, 1.06-1.07x and 1.20-1.21x on 64-token blocks. Beside
+64 decodes, a 2,048 chunk over 8,192 cached: ours 1.04 ms, SPLIT + our decode launch 0.60 ms
+(the decode rows alone 0.08), but SPLIT's eager launches take the host ~1 ms.
 
 Usage:
     python benchmarks/attention_options.py [--out PATH]   # CUDA GPU, about 2 minutes
@@ -195,12 +196,13 @@ def chunk_penalties(rows: Sequence[dict], prompt: int, sdpa_ms: float | None) ->
 
 
 def best_options(rows: Sequence[dict], chunk: int, count: int, exclude: str,
-                 block_size: int) -> list[str]:
+                 block_size: int, among: tuple[str, ...] | None = None) -> list[str]:
     """The `count` fastest correct chunked options at `chunk` over the pool's own
-    `block_size`, their names not starting with `exclude`."""
+    `block_size`, their names not starting with `exclude` (and in `among`, if given)."""
     timed = [r for r in rows if r["section"] == "chunked" and r["chunk"] == chunk
              and r.get("correct") and r.get("ms") is not None
-             and r.get("block_size") == block_size and not r["option"].startswith(exclude)]
+             and r.get("block_size") == block_size and not r["option"].startswith(exclude)
+             and (among is None or r["option"] in among)]
     return [r["option"] for r in sorted(timed, key=lambda r: r["ms"])[:count]]
 
 
@@ -883,8 +885,15 @@ def decode_path(chunk: Chunk, decodes: Decodes) -> ChunkFn:
                                    max_query_len=1, plan=decodes.plan)
 
 
-def mixed_one_launch(chunk: Chunk, decodes: Decodes) -> MixedFn:
-    """Ours as the engine runs a mixed step: decode rows first, then the chunk, one launch."""
+def mixed_one_launch(tile: TileConfig | None = None) -> Callable[[Chunk, Decodes], MixedFn]:
+    """Ours as the engine runs a mixed step: decode rows first, then the chunk, one launch
+    (tile None: prefill_config; the decode rows run in the same tiles)."""
+    def make(chunk: Chunk, decodes: Decodes) -> MixedFn:
+        return _one_launch(chunk, decodes, tile)
+    return make
+
+
+def _one_launch(chunk: Chunk, decodes: Decodes, tile: TileConfig | None) -> MixedFn:
     layer, n = chunk.prompt.layer, decodes.q.shape[0]
     q = torch.cat([decodes.q, chunk.q])
     dev = q.device
@@ -897,7 +906,8 @@ def mixed_one_launch(chunk: Chunk, decodes: Decodes) -> MixedFn:
 
     def run() -> tuple[Tensor, Tensor]:
         out = paged_attention(q, layer.k, layer.v, tables, seq_lens, qsl, scale_of(chunk),
-                              max_query_len=chunk.length, max_seq_len=max_seq)
+                              max_query_len=chunk.length, max_seq_len=max_seq,
+                              tile_config=tile)
         return out[:n], out[n:]
     return run
 
@@ -1085,7 +1095,8 @@ def measure_chunks(bench: Bench, option: Option, chunks: Sequence[Chunk]) -> dic
         total_ms += ms
         flops += attention_flops(chunk.length, chunk.prefix, bench.heads)
     return {"ms": total_ms, "tflops": flops / total_ms / 1e9, "max_abs_err": worst,
-            "chunk_ms": each if len(each) > 1 else None}
+            "chunk_ms": each if len(each) > 1 else None,
+            "host_ms": host_ms(fn) if bench.cuda else None}  # the last chunk's launch
 
 
 def measure_mixed(bench: Bench, option: Option, chunk: Chunk, decodes: Decodes) -> dict:
@@ -1216,18 +1227,33 @@ def run_split_parts(bench: Bench, prompt: Prompt, sizes: Sequence[int]) -> None:
         bench.attempt(base, option, lambda s=size: work(s))
 
 
+def best_tile(bench: Bench) -> TileConfig | None:
+    """The swept tile fastest over the first chunk size (correct, timed), if any."""
+    tiles = {f"ours {tile_name(t)}": t for t in bench.sizes.tiles}
+    names = best_options(bench.rows, bench.sizes.chunks[0], 1, "-", bench.heads.block_size,
+                         among=tuple(tiles))
+    return tiles[names[0]] if names else None
+
+
 def mixed_options(bench: Bench, builders: dict[str, Builder]) -> list[Option]:
-    best = best_options(bench.rows, bench.sizes.chunks[0], 2, "ours", bench.heads.block_size)
-    return ([Option("ours (one launch)", mixed_one_launch, needs_cuda=False),
-             Option("ours (decode launch + chunk launch)", mixed_beside_decodes(ours()),
-                    needs_cuda=False)]
-            + [Option(f"{name} + our decode launch", mixed_beside_decodes(builders[name]),
-                      needs_cuda=bench.cuda, needs_frontend=name.startswith("cudnn"))
-               for name in best]
-            + [Option("cudnn paged (one ragged call)", mixed_cudnn_one_call,
-                      needs_frontend=True),
-               Option("our decode launch alone (no chunk)", decode_rows_alone,
-                      needs_cuda=False)])
+    """Ours (one launch, with the fastest swept tile too; two launches), the two best
+    other chunked options beside our decode launch, cuDNN's one ragged call, the decode
+    rows alone."""
+    opts = [Option("ours (one launch)", mixed_one_launch(), needs_cuda=False)]
+    tile = best_tile(bench)
+    if tile is not None:
+        opts.append(Option(f"ours (one launch, {tile_name(tile)})", mixed_one_launch(tile),
+                           needs_cuda=False))
+    opts.append(Option("ours (decode launch + chunk launch)", mixed_beside_decodes(ours()),
+                       needs_cuda=False))
+    for name in best_options(bench.rows, bench.sizes.chunks[0], 2, "ours",
+                             bench.heads.block_size):
+        opts.append(Option(f"{name} + our decode launch", mixed_beside_decodes(builders[name]),
+                           needs_cuda=bench.cuda, needs_frontend=name.startswith("cudnn")))
+    return opts + [Option("cudnn paged (one ragged call)", mixed_cudnn_one_call,
+                          needs_frontend=True),
+                   Option("our decode launch alone (no chunk)", decode_rows_alone,
+                          needs_cuda=False)]
 
 
 def run_mixed(bench: Bench, builders: dict[str, Builder]) -> None:
