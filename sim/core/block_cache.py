@@ -60,6 +60,7 @@ class BlockCache:
         self.block_of = np.full(0, NONE, dtype=np.int64)
         self.stamp = np.full(num_blocks, NONE, dtype=np.int64)
         self.in_use = False  # has any block ever been named (is prefix caching at work)?
+        self.num_named = 0  # blocks named so far (a count to compare)
         self._queue: deque[_Pushed] = deque()
         self._num_entries = 0  # entries in the queue from their starts, dead ones included
         self._next_stamp = 0
@@ -100,8 +101,9 @@ class BlockCache:
             return
         key_of = self.key_of
         fresh = (key_of[block_ids] == NONE) & (key_of[self.block_of[keys]] != keys)
-        if fresh.any():
+        if np.count_nonzero(fresh):
             blocks, named = block_ids[fresh], keys[fresh]
+            self.num_named += len(blocks)
             self.block_of[named] = blocks
             self.key_of[blocks] = named
             self.in_use = True

@@ -14,7 +14,8 @@ Prefix caching follows vLLM: a full block can be registered under a hash key; a 
 reference count drops to zero keeps its key and sits in an LRU of evictable blocks, counted
 as free, until an allocation evicts it or a new request hits it (`sim.core.block_cache`). A
 caller may keep a prefix lookup: `num_evicted` counts the evictions (a kept hit may be gone
-only if it moved), and `cache_epoch` moves on the other events that take a cached block out of
+only if it moved), `num_named` the blocks named (a lookup that missed may hit only if it
+moved), and `cache_epoch` moves on the other events that take a cached block out of
 reach (an elastic state change, an elastic cached block freed while the region is not
 lendable).
 
@@ -55,11 +56,14 @@ class BlockPool:
         self.num_base_blocks = num_base_blocks
         self.num_elastic_blocks = num_elastic_blocks
         self.num_blocks = num_base_blocks + num_elastic_blocks
-        # Free stacks are popped from the end; reversed so low ids go out first. Attached free
-        # elastic blocks: those freed (a stack) above the never-used rest of the attached
-        # range, [_fresh_elastic, _fresh_elastic_end), handed out lowest first, so an attach
-        # is O(1) however large the region. Unattached blocks are nowhere.
-        self._free_base = list(range(num_base_blocks - 1, -1, -1))
+        # Free stacks are popped from the end; reversed so low ids go out first. The base
+        # stack is an array, its first `_num_stacked` entries live (a request's blocks go on
+        # and off it as one slice). Attached free elastic blocks: those freed (a stack) above
+        # the never-used rest of the attached range, [_fresh_elastic, _fresh_elastic_end),
+        # handed out lowest first, so an attach is O(1) however large the region. Unattached
+        # blocks are nowhere.
+        self._stack = np.arange(num_base_blocks - 1, -1, -1, dtype=np.int64)
+        self._num_stacked = num_base_blocks
         self._free_elastic: list[int] = []
         self._fresh_elastic = self._fresh_elastic_end = num_base_blocks
         self._ref_count = np.zeros(self.num_blocks, dtype=np.int32)
@@ -82,7 +86,7 @@ class BlockPool:
     @property
     def num_free_blocks(self) -> int:
         """Blocks an allocation can take now (evictable cached blocks included)."""
-        free = len(self._free_base) + self._cache.num_free_base
+        free = self._num_stacked + self._cache.num_free_base
         if self.elastic_state is ElasticState.ATTACHED:
             free += (len(self._free_elastic) + self._fresh_elastic_end - self._fresh_elastic
                      + self._cache.num_free_elastic)
@@ -90,7 +94,7 @@ class BlockPool:
 
     @property
     def num_free_base_blocks(self) -> int:
-        return len(self._free_base) + self._cache.num_free_base
+        return self._num_stacked + self._cache.num_free_base
 
     @property
     def num_usable_blocks(self) -> int:
@@ -105,27 +109,29 @@ class BlockPool:
 
     # --------------------------------------------------------------- allocate
     def can_allocate(self, num_blocks: int) -> bool:
-        return num_blocks <= len(self._free_base) or num_blocks <= self.num_free_blocks
+        return num_blocks <= self._num_stacked or num_blocks <= self.num_free_blocks
 
     def allocate(self, num_blocks: int) -> list[int] | None:
         """Take `num_blocks` free blocks, base first; None (and no change) if too few."""
-        free_base, ref_count = self._free_base, self._ref_count
-        if num_blocks <= len(free_base):  # fast path, no cache or elastic involved
+        ref_count, stacked = self._ref_count, self._num_stacked
+        if num_blocks <= stacked:  # fast path, no cache or elastic involved
             if num_blocks <= 0:
                 return []
-            taken = free_base[-num_blocks:]
-            del free_base[-num_blocks:]
-            if num_blocks <= SMALL_ALLOCATION:
-                for block_id in taken:
-                    ref_count[block_id] = 1
-            else:
-                ref_count[taken] = 1
+            left = stacked - num_blocks
+            self._num_stacked = left
+            if num_blocks == 1:
+                block_id = int(self._stack[left])
+                ref_count[block_id] = 1
+                self.num_used_base += 1
+                return [block_id]
+            taken = self._stack[left:stacked]
+            ref_count[taken] = 1
             self.num_used_base += num_blocks
-            return taken
+            return taken.tolist()
         if num_blocks > self.num_free_blocks:
             return None
-        taken = free_base[::-1]  # the stack's pop order
-        self._free_base = []
+        taken = self._stack[stacked - 1::-1].tolist() if stacked else []  # the pop order
+        self._num_stacked = 0
         if self.elastic_state is ElasticState.ATTACHED:
             taken += self._take_free_elastic(num_blocks - len(taken))
         if len(taken) < num_blocks:
@@ -179,20 +185,23 @@ class BlockPool:
             return
         ref_count = self._ref_count
         counts = ref_count[ids]
-        if int(counts.min()) < 1:
+        if np.count_nonzero(counts) < len(ids):  # (count_nonzero: a fraction of all()'s cost)
             raise ValueError(f"block {int(ids[np.argmin(counts)])} freed but not allocated")
-        ref_count[ids] = counts - 1
-        freed = ids[counts == 1]
+        counts -= 1
+        ref_count[ids] = counts
+        # blocks no request holds now
+        freed = ids[counts == 0] if np.count_nonzero(counts) else ids
         if not len(freed):
             return
         num_base = self.num_base_blocks
-        freed_base = int(np.count_nonzero(freed < num_base))
+        freed_base = (int(np.count_nonzero(freed < num_base)) if self.num_elastic_blocks
+                      else len(freed))
         self.num_used_base -= freed_base
         self.num_used_elastic -= len(freed) - freed_base
         self.num_freed_blocks += len(freed)
         cache = self._cache
         named = cache.key_of[freed] != NONE if cache.in_use else None
-        if named is not None and named.any():
+        if named is not None and np.count_nonzero(named):
             kept = freed[named]
             kept_base = int(np.count_nonzero(kept < num_base))
             cache.push(kept, kept_base)
@@ -201,12 +210,13 @@ class BlockPool:
                 self.cache_epoch += 1  # a hit on those blocks is no longer usable
             freed = freed[~named]
             freed_base -= kept_base
-        if freed_base == len(freed):
-            self._free_base += freed.tolist()
-        else:
+        if freed_base < len(freed):
             base = freed < num_base
-            self._free_base += freed[base].tolist()
             self._free_elastic += freed[~base].tolist()
+            freed = freed[base]
+        stacked = self._num_stacked
+        self._stack[stacked:stacked + len(freed)] = freed
+        self._num_stacked = stacked + len(freed)
 
     # ------------------------------------------------------------ prefix cache
     def cached_block(self, key: int) -> int | None:
@@ -248,6 +258,11 @@ class BlockPool:
     def cover_keys(self, keys: np.ndarray) -> None:
         """Make room for these keys (non-negative ints) before they are looked up or named."""
         self._cache.cover(keys)
+
+    @property
+    def num_named(self) -> int:
+        """Blocks named so far: a key can only be found anew after this count moves."""
+        return self._cache.num_named
 
     def num_still_named(self, block_ids: Blocks, keys: np.ndarray) -> int:
         """How many of `block_ids`, from the first, still hold the matching keys."""
@@ -326,7 +341,7 @@ class BlockPool:
         """Free + used = total, every block in exactly one place. For tests and debugging."""
         fresh = list(range(self._fresh_elastic, self._fresh_elastic_end))
         cached = self._cache.live_order().tolist()
-        free = self._free_base + self._free_elastic + fresh + cached
+        free = self._stack[:self._num_stacked].tolist() + self._free_elastic + fresh + cached
         if len(free) != len(set(free)):
             raise AssertionError("a block is on two free lists")
         used = [b for b in range(self.num_blocks) if self._ref_count[b] > 0]

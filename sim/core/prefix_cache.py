@@ -16,8 +16,9 @@ Keys and hits are numpy arrays: the pool looks a request's blocks up at once.
 
 A request waiting at the head of the queue is looked up again at every step until it fits.
 Its hits are kept while the pool's `cache_epoch` stands: after any eviction they are cut at
-the first one no longer named by its key, and only the blocks after them are looked up
-again, so a long wait costs a vectorised check of the hits, not a walk of the prompt.
+the first one no longer named by its key, and the blocks after them are looked up again only
+once some block was named since, so a long wait costs a vectorised check of the hits at
+most, not a walk of the prompt.
 """
 
 from __future__ import annotations
@@ -33,12 +34,13 @@ from sim.core.request import RequestState
 
 @dataclass
 class _Memo:
-    """A waiting request's hits as last looked up, with the pool's epoch and eviction count
-    then."""
+    """A waiting request's hits as last looked up, with the pool's epoch, eviction and naming
+    counts then (no naming count: never looked up)."""
 
     request_id: int
     epoch: int
     num_evicted: int
+    num_named: int | None
     hits: Blocks
     refused: tuple[int, int] | None = None  # (pool's freed blocks, new blocks) when refused
 
@@ -89,14 +91,17 @@ class PrefixCache:
         pool = self.pool
         memo = self._memo
         if memo is None or memo.request_id != req.request_id or memo.epoch != pool.cache_epoch:
-            memo = self._memo = _Memo(req.request_id, pool.cache_epoch, pool.num_evicted, EMPTY)
+            memo = self._memo = _Memo(req.request_id, pool.cache_epoch, pool.num_evicted,
+                                      None, EMPTY)
         elif memo.num_evicted != pool.num_evicted:  # cut at the first hit evicted since
             memo.num_evicted = pool.num_evicted
             kept = pool.num_still_named(memo.hits, keys[:len(memo.hits)])
             if kept < len(memo.hits):
                 memo.hits = memo.hits[:kept]
                 memo.refused = None
-        if len(memo.hits) < max_hits:
+        # the keys after the hits missed last time; only a block named since can change that
+        if len(memo.hits) < max_hits and memo.num_named != pool.num_named:
+            memo.num_named = pool.num_named
             more = pool.cached_run(keys, len(memo.hits), max_hits)
             if len(more):
                 memo.hits = np.concatenate((memo.hits, more))
