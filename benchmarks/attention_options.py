@@ -58,6 +58,7 @@ if "--smoke" in sys.argv:  # the interpreter must be chosen before triton is fir
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import argparse  # noqa: E402
+import datetime  # noqa: E402
 import faulthandler  # noqa: E402
 import functools  # noqa: E402
 import json  # noqa: E402
@@ -1407,6 +1408,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     torch.manual_seed(0)
     heads, sizes = (TINY, SMOKE) if args.smoke else (LLAMA_8B, FULL)
     env = ({"gpu": "cpu-smoke", **versions()} if args.smoke else device_environment())
+    env["cudnn"] = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    env["command"] = "python benchmarks/attention_options.py " + " ".join(sys.argv[1:])
+    env["measured_on"] = datetime.date.today().isoformat()
     bench = Bench(heads, sizes, args.out, env)
     bench.cudnn_probe = run_probe() if bench.cuda else {"ok": False, "error": "needs CUDA"}
     try:
