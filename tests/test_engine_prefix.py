@@ -9,9 +9,11 @@ import pytest
 import torch
 from test_engine_helpers import TickTimer, tiny_cpu_model, toy_config, toy_core
 
+from gpu_backend.engine.engine import VirtualClock
 from gpu_backend.engine.replay import engine_summary, replay
 from gpu_backend.engine.setup import assemble_engine, plain_store
 from sim.core.elastic import DrainStrategy, Policy
+from sim.core.request import RequestState
 from traces import Request
 
 HASH = 32  # prompt tokens per trace hash: two KV blocks of 16
@@ -107,6 +109,43 @@ def test_cached_prefix_gives_the_uncached_logits_and_tokens(model):
     # request 3 came alone after request 0 finished: its one chunk is its 24 uncached
     # tokens on top of the 96 cached ones (steps.csv's prefill_chunks, new:cached)
     assert [step[13] for step in on.steps if step[1] >= 40.0 and step[13]][0] == "24:96"
+
+
+def queued_one_by_one(model, caching: bool):
+    """Requests 0 and 1 of SHARED queued through GpuEngine.add_request alone (no replay, no
+    prompt registered beside it): 1 arrives once 0's prompt is in the KV cache. Returns the
+    engine, request 1, and the most requests holding one of request 0's blocks at 1's
+    first step."""
+    core = toy_core(toy_config(enable_prefix_caching=caching, hash_block_tokens=HASH), 200)
+    engine = assemble_engine(core, model, plain_store(core, "cpu", torch.float32),
+                             torch.device("cpu"), None, seed=3)
+    engine.mirror.keep_outputs = True
+    engine.timer = TickTimer(1.0)
+    clock = VirtualClock()
+    first = RequestState(0, 0.0, 100, 12, (1, 2, 3, 4))
+    second = RequestState(1, 0.0, 90, 9, (1, 2, 3))
+    assert engine.add_request(first)
+    while first.num_computed_tokens < first.num_prompt_tokens:
+        engine.step(clock)
+    assert engine.add_request(second)
+    engine.step(clock)
+    pool = core.scheduler.pool
+    shared = max(pool.ref_count(b) for b in first.block_ids)
+    while engine.has_unfinished():
+        engine.step(clock)
+    pool.check_invariants()
+    assert pool.num_used_blocks == 0
+    return engine, second, shared
+
+
+def test_add_request_alone_gives_hashed_prompts_their_ids_and_shared_blocks(model):
+    off, off_second, off_shared = queued_one_by_one(model, caching=False)
+    on, on_second, on_shared = queued_one_by_one(model, caching=True)
+    assert (off_second.num_cached_tokens, off_shared) == (0, 1)
+    assert (on_second.num_cached_tokens, on_shared) == (EXPECTED_CACHED[1], 2)
+    # the cached KV was written for the same prompt ids: the same tokens come out
+    assert on.mirror.outputs == off.mirror.outputs
+    assert on.mirror.outputs[1][:64] == on.mirror.outputs[0][:64]  # hashes 1 and 2
 
 
 @pytest.fixture(scope="module")

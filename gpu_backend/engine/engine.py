@@ -25,6 +25,7 @@ import numpy as np
 
 from gpu_backend.engine.elastic import ElasticExecutor
 from gpu_backend.engine.inputs import BlockTableError, RequestMirror
+from gpu_backend.engine.prompts import PromptSpec
 from sim.core.engine_config import EngineCore
 from sim.core.request import RequestState, RequestStatus
 from sim.core.step import OutOfMemory, SchedulerOutput, SchedulerStats
@@ -97,10 +98,19 @@ class GpuEngine:
         return self.core.scheduler
 
     def add_request(self, state: RequestState) -> bool:
+        """Queue a request; False if the scheduler rejected it.
+
+        A request with block hashes gets its prompt ids from them (`PromptSpec`), so that a
+        prefix-cache hit reads KV another request wrote for the same tokens; registering it
+        here, with the scheduler, means no caller can queue one and forget it."""
         self.prompt_len[state.request_id] = state.num_prompt_tokens
         num_waiting = len(self.scheduler.waiting)
         accepted = self.scheduler.add_request(state)
         self.recorder.arrival(state.arrival_s, state, num_waiting)
+        if accepted and state.block_hashes:
+            self.mirror.add_prompt(state.request_id, PromptSpec(
+                state.num_prompt_tokens, state.block_hashes,
+                self.core.config.hash_block_tokens))
         return accepted
 
     def has_unfinished(self) -> bool:

@@ -25,7 +25,6 @@ import numpy as np
 from gpu_backend.engine.elastic import TRANSITION_COLUMNS
 from gpu_backend.engine.engine import STEP_COLUMNS, GpuEngine, VirtualClock, WallClock
 from gpu_backend.engine.hostprobe import HostProbe
-from gpu_backend.engine.prompts import PromptSpec
 from sim.core.engine_config import EngineConfig
 from sim.core.request import RequestState
 from sim.recording.metrics import Slo, summarize
@@ -89,18 +88,10 @@ def _drive(engine: GpuEngine, requests: Sequence[Request], wait: bool,
 
 
 def submit(engine: GpuEngine, req: Request) -> bool:
-    """Queue a trace request on the engine; False if the scheduler rejected it.
-
-    Its prompt ids are fixed by its block hashes (`PromptSpec`), so that a prefix-cache hit
-    reads KV written for the same tokens.
-    """
-    state = RequestState(req.request_id, req.arrival_s, req.prompt_tokens, req.output_tokens,
-                         req.block_hashes)
-    if not engine.add_request(state):
-        return False
-    engine.mirror.add_prompt(req.request_id, PromptSpec(
-        req.prompt_tokens, req.block_hashes, engine.core.config.hash_block_tokens))
-    return True
+    """Queue a trace request on the engine; False if the scheduler rejected it (the engine
+    fixes its prompt ids from its block hashes)."""
+    return engine.add_request(RequestState(req.request_id, req.arrival_s, req.prompt_tokens,
+                                           req.output_tokens, req.block_hashes))
 
 
 def engine_summary(engine: GpuEngine, measured: dict, slo: Slo | None = None) -> dict:
