@@ -99,6 +99,39 @@ def test_refusals_say_what_to_change(changes, says):
     assert says in str(info.value)
 
 
+QWEN_05B = get_model("qwen2.5-0.5b")  # max_position_embeddings 32,768 (its config.json)
+
+
+def test_max_model_len_past_the_models_context_is_refused_naming_both_and_the_fix():
+    """vLLM's ModelConfig: a max_model_len past the derived maximum is an error unless
+    VLLM_ALLOW_LONG_MAX_MODEL_LEN=1; up to it (and unset) is accepted."""
+    assert EngineConfig(QWEN_05B, max_model_len=32768).effective_max_model_len == 32768
+    with pytest.raises(ValueError) as info:
+        EngineConfig(QWEN_05B, max_model_len=32769)
+    message = str(info.value)
+    for says in ("--max-model-len 32769", "qwen2.5-0.5b", "max_position_embeddings 32768",
+                 "give --max-model-len 32768 or less", "--allow-long-max-model-len",
+                 "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"):
+        assert says in message
+    with pytest.raises(ValueError, match="--max-model-len 131073"):
+        EngineConfig(get_model("llama-3.1-8b"), max_model_len=131073)
+    with pytest.raises(ValueError, match="max_position_embeddings 32768"):
+        EngineConfig.from_json('{"model": "qwen2.5-0.5b", "max_model_len": 65536}')
+
+
+def test_the_opt_in_runs_a_max_model_len_past_the_context():
+    config = EngineConfig(QWEN_05B, max_model_len=65536, allow_long_max_model_len=True)
+    assert config.effective_max_model_len == 65536
+    assert build_core(config).scheduler.config.max_model_len == 65536
+    assert EngineConfig.from_json(config.to_json()) == config
+    args = parser().parse_args(["--model", "qwen2.5-0.5b", "--max-model-len", "65536",
+                                "--allow-long-max-model-len"])
+    assert engine_config(args) == config
+    with pytest.raises(ValueError, match="--allow-long-max-model-len"):
+        engine_config(parser().parse_args(["--model", "qwen2.5-0.5b",
+                                           "--max-model-len", "65536"]))
+
+
 # --------------------------------------------------------------------------- JSON
 configs = st.builds(
     EngineConfig,
@@ -108,6 +141,7 @@ configs = st.builds(
     max_num_batched_tokens=st.one_of(st.none(), st.integers(1024, 65536)),
     max_num_seqs=st.one_of(st.none(), st.integers(1, 256)),
     max_model_len=st.one_of(st.none(), st.integers(1, 200_000)),
+    allow_long_max_model_len=st.just(True),  # any max_model_len above, past a model's context too
     policy=st.sampled_from(list(Policy)), drain=st.sampled_from(list(DrainStrategy)),
     reclaim=st.sampled_from(["remap", "release"]),
     enable_prefix_caching=st.booleans(),

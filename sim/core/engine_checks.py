@@ -21,6 +21,7 @@ def check_config(config: Any) -> None:
             raise ValueError(f"{name} must be an integer, got {value!r}")
     _check_ranges(config)
     _check_sizes(config)
+    _check_context(config)
     _check_vllm_rules(config)
 
 
@@ -64,6 +65,23 @@ def _check_sizes(config: Any) -> None:
         if not isinstance(sizes, tuple) or not all(
                 isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in sizes):
             raise ValueError(f"{name} {sizes!r}: give a tuple of positive sizes (or ())")
+
+
+def _check_context(config: Any) -> None:
+    """vLLM's ModelConfig refuses a max_model_len past the model's derived maximum (its
+    `_get_and_verify_max_len`) unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1: a RoPE model gives nan
+    at positions it was not trained for, an absolute-position one reads out of bounds. The
+    engine here would run such requests without complaint, so the refusal is vLLM's."""
+    context = config.model.max_position_embeddings
+    if (config.max_model_len is None or config.max_model_len <= context
+            or config.allow_long_max_model_len):
+        return
+    raise ValueError(
+        f"--max-model-len {config.max_model_len} is longer than {config.model.name}'s context "
+        f"(max_position_embeddings {context}), which vLLM refuses: positions past it were "
+        f"never trained (RoPE models give nan there); give --max-model-len {context} or less, "
+        "leave it out for the model's own, or pass --allow-long-max-model-len to run it "
+        "anyway (vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)")
 
 
 def _check_vllm_rules(config: Any) -> None:

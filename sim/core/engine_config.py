@@ -15,8 +15,9 @@ field (None: the rule applies), as vLLM's `EngineArgs._set_default_args` resolve
 * prefix caching and chunked prefill on (vLLM v1's default for generative models).
 
 `__post_init__` refuses what vLLM's EngineArgs refuses (max_num_batched_tokens below
-max_num_seqs; without chunked prefill, below max_model_len) and values out of range, each
-with a message saying what to change. Every field carries a `Setting` (sim.core.settings):
+max_num_seqs; without chunked prefill, below max_model_len; a max_model_len beyond the
+model's context without allow_long_max_model_len) and values out of range, each with a
+message saying what to change. Every field carries a `Setting` (sim.core.settings):
 `sim.core.config_flags` makes every command's flags from them, and `to_json`/`from_json`
 write and read the configuration a run used (a GPU replay's config.json).
 """
@@ -128,6 +129,10 @@ class EngineConfig:
         "longest request (prompt + output tokens): longer ones are rejected, and the KV pool "
         "must hold one", "--max-model-len", codec=optional(COUNT),
         default_text="the model's max_position_embeddings"))
+    allow_long_max_model_len: bool = field(default=False, metadata=setting(
+        "accept a max_model_len beyond the model's context (max_position_embeddings), as "
+        "vLLM does only with VLLM_ALLOW_LONG_MAX_MODEL_LEN=1: the positions past it were "
+        "never trained", "--allow-long-max-model-len", codec=BOOL))
     block_size: int = field(default=16, metadata=setting(
         f"tokens per KV cache block, one of {', '.join(map(str, BLOCK_SIZES))}",
         "--block-size", codec=INT))
