@@ -60,6 +60,17 @@ def test_compare_metrics_on_hand_made_summaries():
     assert rows["kv_capacity_tokens"]["difference"] == pytest.approx(20.0)
 
 
+def test_cached_tokens_are_compared_and_a_summary_without_them_stays_missing():
+    predicted = metric_values({**summary(0.2, 1100.0, 1000), "num_cached_tokens": 4096})
+    measured = metric_values({**summary(0.2, 1000.0, 1000), "num_cached_tokens": 5120})
+    row = compare_metrics(predicted, measured)["num_cached_tokens"]
+    assert (row["predicted"], row["measured"], row["difference"]) == (4096.0, 5120.0, -1024.0)
+    assert row["relative_error"] == pytest.approx(-0.2)
+    old = compare_metrics(predicted, metric_values(summary(0.2, 1000.0, 1000)))
+    assert old["num_cached_tokens"]["measured"] is None  # not 0: it was never recorded
+    assert old["num_cached_tokens"]["relative_error"] is None
+
+
 def test_gains_of_elastic_over_static_same_and_smaller_chunk():
     def pair(policy, chunk, p_thr, m_thr, p_ttft, m_ttft):
         return RunPair(policy, chunk, metric_values(summary(p_ttft, p_thr, 1000)),

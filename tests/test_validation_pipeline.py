@@ -301,6 +301,25 @@ def test_report_names_the_gpu_and_versions_it_was_measured_with(runs):
     assert "fused norm" not in text
 
 
+def test_report_says_not_recorded_for_cached_tokens_a_replay_lacks(runs):
+    """A replay whose summary predates num_cached_tokens: its cell says so; it is not 0."""
+    import copy
+
+    from validation.report import markdown
+
+    def cached_row(run) -> str:
+        v = validate([run], TRUE, None, "true", fit=False, log=lambda _: None)
+        return next(line for line in markdown(v, []).splitlines()
+                    if line.startswith("| num_cached_tokens (tokens) |"))
+
+    recorded = copy.deepcopy(runs[0])
+    assert recorded.summary["num_cached_tokens"] == 0  # azure-code names no prefix blocks
+    assert cached_row(recorded).endswith("| 0 / 0 (+0.0%) |")
+    old = copy.deepcopy(runs[0])
+    del old.summary["num_cached_tokens"]
+    assert cached_row(old).endswith("| 0 / not recorded |")
+
+
 # ------------------------------------------------------------------ piecewise prefill graphs
 def piecewise_config(policy: Policy, chunk: int) -> EngineConfig:
     """`config` with prefill steps padded as `gpu_backend replay --piecewise-graphs` pads them."""

@@ -125,6 +125,10 @@ def _num(value: float | None) -> str:
     return f"{value:.3g}"
 
 
+def _recorded(value: float | None) -> str:
+    return "not recorded" if value is None else _num(value)
+
+
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:+.1%}"
 
@@ -183,12 +187,17 @@ def _repeat_lines(v: Validation) -> list[str]:
 
 
 def _metrics_table(runs: list[RunComparison]) -> list[str]:
+    """Predicted / measured (relative error) per metric and run; a side whose summary lacks
+    the metric (a replay recorded before it was) reads "not recorded", not a number."""
     header = "| metric | " + " | ".join(r.label for r in runs) + " |"
     lines = [header, "|---|" + "---|" * len(runs)]
     for name, *_rest, unit in METRICS:
         cells = []
         for r in runs:
             m = r.metrics[name]
+            if m["predicted"] is None or m["measured"] is None:
+                cells.append(f"{_recorded(m['predicted'])} / {_recorded(m['measured'])}")
+                continue
             cells.append(f"{_num(m['predicted'])} / {_num(m['measured'])} "
                          f"({_pct(m['relative_error'])})")
         lines.append(f"| {name} {f'({unit})' if unit else ''} | " + " | ".join(cells) + " |")
