@@ -109,7 +109,8 @@ def test_plan_picks_the_largest_chunk_whose_kv_pool_holds_the_prompt():
     query = PlanQuery(
         model="qwen2.5-32b", gpu="h200", tp=1, trace=TraceSpec(synthetic=spec),
         chunks=(2048, 8192, 32768),
-        options=EngineOptions(max_num_seqs=16, max_model_len=250_000),
+        options=EngineOptions(max_num_seqs=16, max_model_len=250_000,
+                              allow_long_max_model_len=True),  # past Qwen2.5's 32,768
         max_rate=MaxRateRows.NONE)
     result = run_plan(query, QUIET)
     fits = {(r["policy"], r["chunk"]): r["fits"] for r in result.rows}

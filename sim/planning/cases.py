@@ -140,6 +140,7 @@ class EngineOptions:
     max_num_seqs: int | None = None
     gpu_memory_utilization: float = setting_default("gpu_memory_utilization")
     max_model_len: int | None = None
+    allow_long_max_model_len: bool = setting_default("allow_long_max_model_len")
     block_size: int = setting_default("block_size")
     drain: str = setting_default("drain").value
     vmm_handle_mib: int = setting_default("vmm_handle_bytes") // MIB
@@ -178,6 +179,7 @@ class Case:
             model=get_model(self.model), gpu=get_gpu(self.gpu), tensor_parallel_size=self.tp,
             max_num_batched_tokens=self.chunk, max_num_seqs=o.max_num_seqs,
             gpu_memory_utilization=o.gpu_memory_utilization, max_model_len=o.max_model_len,
+            allow_long_max_model_len=o.allow_long_max_model_len,
             block_size=o.block_size, policy=Policy.parse(self.policy),
             drain=DrainStrategy.parse(o.drain), vmm_handle_bytes=o.vmm_handle_mib * MIB,
             reclaim=o.reclaim, enable_prefix_caching=o.enable_prefix_caching,
@@ -203,7 +205,8 @@ class Case:
             "chunk": self.chunk, "policy": self.policy, "rate_scale": self.rate_scale,
             "trace": self.trace.label, "prompt": self.trace.prompt_label,
             "max_num_seqs": o.max_num_seqs, "gpu_memory_utilization": o.gpu_memory_utilization,
-            "max_model_len": o.max_model_len, "block_size": o.block_size, "drain": o.drain,
+            "max_model_len": o.max_model_len,
+            "allow_long_max_model_len": o.allow_long_max_model_len, "block_size": o.block_size, "drain": o.drain,
             "vmm_handle_mib": o.vmm_handle_mib, "reclaim": o.reclaim,
             "enable_prefix_caching": o.enable_prefix_caching,
             "cuda_graph_sizes": ",".join(map(str, o.cuda_graph_sizes)) or "none",

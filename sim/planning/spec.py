@@ -32,7 +32,9 @@ SWEEP_FIXED = ("dtype", "kv_cache_dtype", "quantization", "enable_chunked_prefil
 # The `engine:` keys: EngineOptions' fields, each read as this EngineConfig setting.
 OPTION_SETTINGS = {"max_num_seqs": "max_num_seqs",
                    "gpu_memory_utilization": "gpu_memory_utilization",
-                   "max_model_len": "max_model_len", "block_size": "block_size",
+                   "max_model_len": "max_model_len",
+                   "allow_long_max_model_len": "allow_long_max_model_len",
+                   "block_size": "block_size",
                    "drain": "drain", "vmm_handle_mib": "vmm_handle_bytes", "reclaim": "reclaim",
                    "enable_prefix_caching": "enable_prefix_caching",
                    "cuda_graph_sizes": "cuda_graph_sizes"}
@@ -85,7 +87,8 @@ def engine_options(settings: Mapping[str, Any], piecewise_graphs: bool = False,
 
     return EngineOptions(
         max_num_seqs=get("max_num_seqs"), gpu_memory_utilization=get("gpu_memory_utilization"),
-        max_model_len=get("max_model_len"), block_size=get("block_size"),
+        max_model_len=get("max_model_len"),
+        allow_long_max_model_len=get("allow_long_max_model_len"), block_size=get("block_size"),
         drain=get("drain").value, vmm_handle_mib=get("vmm_handle_bytes") // MIB,
         reclaim=get("reclaim"), enable_prefix_caching=get("enable_prefix_caching"),
         cuda_graph_sizes=get("cuda_graph_sizes"), piecewise_graphs=piecewise_graphs,
