@@ -1,5 +1,6 @@
 """Catalog presets, TP sharding and HF config loading, checked against hand arithmetic."""
 
+import json
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -15,6 +16,7 @@ from sim.core.catalog import (
     model_from_hf_config,
     with_dtype,
 )
+from sim.core.engine_config import EngineConfig
 
 FIXTURES = Path(__file__).parent / "data" / "hf_configs"
 
@@ -233,3 +235,73 @@ def test_config_errors_name_file_line_and_key(tmp_path, edit, match):
     with pytest.raises(ValueError, match=match) as info:
         model_from_hf_config(bad)
     assert str(bad) in str(info.value)
+
+
+def rope_config(tmp_path, rope: dict | None, positions: int, **more) -> Path:
+    """The tiny Llama fixture with these positions, rope parameters and other keys."""
+    data = json.loads((FIXTURES / "tiny-llama" / "config.json").read_text())
+    data.update(max_position_embeddings=positions, rope_scaling=rope, **more)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(data, indent=2))
+    return path
+
+
+@pytest.mark.parametrize("rope, positions, context", [
+    # Qwen2.5's model card: YaRN, factor 4 on its 32,768 positions -> vLLM serves 131,072
+    ({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}, 32768, 131072),
+    # YaRN scales original_max_position_embeddings, not max_position_embeddings (Qwen3)
+    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}, 40960,
+     131072),
+    # Llama 3.1: llama3 scaling, whose max_position_embeddings is the extended context
+    ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+      "original_max_position_embeddings": 8192}, 131072, 131072),
+    ({"type": "longrope", "long_factor": [1.0], "short_factor": [1.0], "factor": 32.0}, 131072,
+     131072),
+    ({"type": "linear", "factor": 2.0}, 4096, 8192),
+    ({"type": "dynamic", "factor": 2.5}, 4096, 10240),
+    ({"rope_type": "default"}, 4096, 4096),
+    (None, 4096, 4096),
+])
+def test_context_follows_vllms_rope_scaling_rule(tmp_path, rope, positions, context):
+    model = model_from_hf_config(rope_config(tmp_path, rope, positions))
+    assert model.max_position_embeddings == context
+
+
+def test_yarn_without_its_own_base_reads_the_top_level_one(tmp_path):
+    path = rope_config(tmp_path, {"type": "yarn", "factor": 2.0}, 16384,
+                       original_max_position_embeddings=4096)
+    assert model_from_hf_config(path).max_position_embeddings == 8192
+
+
+def test_rope_parameters_per_layer_type_take_one_factor(tmp_path):
+    path = rope_config(tmp_path, None, 8192, rope_parameters={
+        "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
+    assert model_from_hf_config(path).max_position_embeddings == 16384
+
+
+def test_deepseek_v2_lite_context_is_its_yarn_base_times_its_factor():
+    # rope_scaling: yarn, factor 40 on original_max_position_embeddings 4,096
+    model = model_from_hf_config(FIXTURES / "deepseek-v2-lite")
+    assert model.max_position_embeddings == 40 * 4096
+    assert MODELS["deepseek-v2-lite"].max_position_embeddings == 40 * 4096
+
+
+def test_a_yarn_model_accepts_a_max_model_len_up_to_its_scaled_context(tmp_path):
+    yarn = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    model = model_from_hf_config(rope_config(tmp_path, yarn, 32768))
+    assert EngineConfig(model, get_gpu("h200"), max_model_len=131072).max_model_len == 131072
+    with pytest.raises(ValueError, match="max_position_embeddings 131072"):
+        EngineConfig(model, get_gpu("h200"), max_model_len=131073)
+
+
+@pytest.mark.parametrize("rope, match", [
+    ({"type": "linear", "factor": "2"}, "factor must be a positive number, got '2'"),
+    ({"type": "yarn", "factor": 0}, "factor must be a positive number, got 0"),
+    ("yarn", "expected a mapping or null, got 'yarn'"),
+])
+def test_bad_rope_scaling_names_file_line_and_key(tmp_path, rope, match):
+    path = rope_config(tmp_path, rope, 4096)
+    with pytest.raises(ValueError, match=match) as info:
+        model_from_hf_config(path)
+    assert f"{path}, line " in str(info.value) and "key 'rope_scaling'" in str(info.value)

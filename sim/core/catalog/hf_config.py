@@ -4,8 +4,17 @@ Qwen2/Qwen3-MoE, DeepSeek-V2/V3) and multi-head latent attention (DeepSeek).
 Every field is type-checked: a bad value is an error naming the file, the line and the key.
 Not modelled: sliding-window or hybrid attention layers, MoE layers at a stride
 (``decoder_sparse_step``/``moe_layer_freq`` > 1, ``mlp_only_layers``), Qwen3's per-head q/k
-norms (256 parameters a layer), multimodal towers; rope scaling does not extend the context
-past ``max_position_embeddings``.
+norms (256 parameters a layer), multimodal towers.
+
+The context (``ModelSpec.max_position_embeddings``) is the maximum vLLM derives
+(``_get_and_verify_max_len``), past which it refuses a max_model_len:
+``max_position_embeddings`` (or the model type's default), times ``rope_scaling["factor"]``
+unless the rope type is "su", "longrope" or "llama3", whose ``max_position_embeddings``
+already holds the extended context. For "yarn" the base is
+``original_max_position_embeddings`` (in ``rope_scaling``, else at the top level, else
+``max_position_embeddings`` itself, as transformers' YaRN reads it). So a Qwen2.5 config
+with the YaRN block its model card suggests (factor 4 on 32,768) reads as 131,072, as vLLM
+serves it, and Llama 3.1's llama3 scaling leaves its 131,072 alone.
 """
 
 from __future__ import annotations
@@ -17,6 +26,9 @@ from typing import Any
 from sim.core.catalog.dtypes import DTYPE_BYTES
 from sim.core.catalog.model_spec import MlaSpec, ModelSpec, MoeSpec
 
+# rope types whose max_position_embeddings is already the extended context (vLLM skips
+# their factor)
+CONTEXT_SCALED_ROPE = ("su", "longrope", "llama3")
 # transformers' class defaults, which vLLM sees where config.json leaves the key out
 DEFAULT_MAX_POSITIONS = {
     "llama": 2048, "qwen2": 32768, "qwen2_moe": 32768, "qwen3": 32768, "qwen3_moe": 32768,
@@ -105,10 +117,6 @@ def model_from_hf_config(path: str | Path, name: str | None = None) -> ModelSpec
     mla = _mla(cfg)
     head_dim = (mla.qk_nope_head_dim + mla.qk_rope_head_dim if mla is not None
                 else cfg.get_int("head_dim", hidden // heads))
-    default_positions = DEFAULT_MAX_POSITIONS.get(model_type)
-    if not cfg.has("max_position_embeddings") and default_positions is None:
-        raise ValueError(f"{cfg.file}: missing key 'max_position_embeddings' (model_type "
-                         f"{model_type!r} has no default we know)")
     file = cfg.file
     fields: dict[str, Any] = dict(
         name=name or (file.parent.name if file.name == "config.json" else file.stem),
@@ -122,7 +130,7 @@ def model_from_hf_config(path: str | Path, name: str | None = None) -> ModelSpec
         dtype_bytes=DTYPE_BYTES[dtype_name],
         tie_word_embeddings=cfg.get_bool("tie_word_embeddings", False),
         attention_bias=cfg.get_bool("attention_bias", model_type in BIAS_BY_DEFAULT),
-        max_position_embeddings=cfg.get_int("max_position_embeddings", default_positions),
+        max_position_embeddings=_context(cfg, model_type),
         moe=_moe(cfg, model_type),
         mla=mla,
     )
@@ -130,6 +138,42 @@ def model_from_hf_config(path: str | Path, name: str | None = None) -> ModelSpec
         return ModelSpec(**fields)
     except ValueError as exc:  # shapes that disagree with one another
         raise ValueError(f"{file}: {exc}") from exc
+
+
+def _context(cfg: _Config, model_type: str) -> int:
+    """The context vLLM derives from the config (module docstring): the positions, scaled by
+    the rope factor unless the rope type's positions are scaled already."""
+    default_positions = DEFAULT_MAX_POSITIONS.get(model_type)
+    if not cfg.has("max_position_embeddings") and default_positions is None:
+        raise ValueError(f"{cfg.file}: missing key 'max_position_embeddings' (model_type "
+                         f"{model_type!r} has no default we know)")
+    positions = cfg.get_int("max_position_embeddings", default_positions)
+    key = "rope_parameters" if cfg.has("rope_parameters") else "rope_scaling"
+    rope = cfg.data.get(key)
+    if rope is None or "gemma3" in model_type:  # Gemma 3's positions are scaled already
+        return positions
+    if not isinstance(rope, dict):
+        raise ValueError(f"{cfg.where(key)}: expected a mapping or null, got {rope!r}")
+    # transformers 5 may give one set of parameters per layer type: vLLM takes one factor
+    per_layer_type = bool(rope) and all(isinstance(v, dict) for v in rope.values())
+    layers = list(rope.values()) if per_layer_type else [rope]
+    base, factor = positions, 1.0
+    for params in layers:
+        kind = params.get("rope_type", params.get("type", "default"))
+        if kind in CONTEXT_SCALED_ROPE:
+            continue
+        factor = _rope_number(cfg, key, params, "factor", factor)
+        if kind == "yarn":
+            base = int(_rope_number(cfg, key, params, "original_max_position_embeddings",
+                                    cfg.get_int("original_max_position_embeddings", positions)))
+    return int(base * factor)
+
+
+def _rope_number(cfg: _Config, key: str, params: dict, name: str, default: float) -> float:
+    value = params.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ValueError(f"{cfg.where(key)}: {name} must be a positive number, got {value!r}")
+    return value
 
 
 def _mla(cfg: _Config) -> MlaSpec | None:
