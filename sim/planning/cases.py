@@ -93,14 +93,52 @@ def build_trace(spec: TraceSpec) -> Trace:
                       limit=spec.limit)
 
 
-def fitting_max_model_len(spec: TraceSpec, options: EngineOptions) -> int | None:
+@dataclass(frozen=True)
+class TraceLength:
+    """The max_model_len a plan runs its trace at, and the trace's requests longer than it.
+
+    vLLM rejects a request longer than max_model_len, and refuses a max_model_len past the
+    model's context unless told otherwise (EngineConfig.allow_long_max_model_len); a plan
+    follows both, so a trace's longest requests may be rejected, and the plan says how many.
+    """
+
+    max_model_len: int | None  # None: EngineConfig's default (the model's context)
+    limit_tokens: int  # the length requests are held to: max_model_len, resolved
+    context_tokens: int  # the model's context (max_position_embeddings)
+    stopped_at_context: bool  # the longest request is past the context, and no opt-in
+    num_requests: int
+    num_too_long: int  # requests longer than limit_tokens: rejected
+
+    def note(self) -> str | None:
+        """One line on the rejected requests (None: every request is run)."""
+        if not self.num_too_long:
+            return None
+        if self.stopped_at_context:
+            why = (f"the model's context ({self.context_tokens:,} tokens, its max_position_"
+                   "embeddings), where max_model_len stops as vLLM's does "
+                   "(--allow-long-max-model-len runs them)")
+        else:
+            why = f"max_model_len ({self.limit_tokens:,} tokens)"
+        return (f"{self.num_too_long:,} of the trace's {self.num_requests:,} requests are "
+                f"longer than {why}: they are rejected, as vLLM rejects them")
+
+
+def trace_length(spec: TraceSpec, options: EngineOptions, model: str) -> TraceLength:
     """The user's max_model_len, else vLLM's default raised to the trace's longest request
-    (None: the default holds every request)."""
-    if options.max_model_len is not None:
-        return options.max_model_len
+    but no further than the model's context (past it only with allow_long_max_model_len);
+    and how many requests are longer than that."""
+    context = get_model(model).max_position_embeddings
     trace = build_trace(spec)
-    longest = int((trace.prompt_tokens + trace.output_tokens).max()) if len(trace) else 0
-    return None if longest <= DEFAULT_MAX_MODEL_LEN else longest
+    lengths = trace.prompt_tokens + trace.output_tokens
+    longest = int(lengths.max()) if len(trace) else 0
+    chosen = options.max_model_len
+    stopped = (chosen is None and longest > context
+               and not options.allow_long_max_model_len)
+    if chosen is None and longest > min(DEFAULT_MAX_MODEL_LEN, context):
+        chosen = min(longest, context) if stopped else longest
+    limit = context if chosen is None else chosen
+    return TraceLength(chosen, limit, context, stopped, len(trace),
+                       int((lengths > limit).sum()))
 
 
 def parse_length(data: dict | int) -> LengthDist:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 
 from sim.core.catalog import get_gpu
 from sim.planning.bounds import work_bound
-from sim.planning.cases import Case, EngineOptions, TraceSpec, build_trace, fitting_max_model_len
+from sim.planning.cases import Case, EngineOptions, TraceSpec, build_trace, trace_length
 from sim.planning.fleet_search import ConfigSearch, Status
 from sim.planning.parallel import Executor, run_parallel
 from sim.planning.pricing import price_cases, pricing_lines
@@ -87,6 +87,7 @@ class FleetResult:
     wall_s: float
     pricing: tuple[str, ...] = ()  # which calibration priced the runs
     warnings: tuple[str, ...] = ()  # configurations priced by the datasheet roofline
+    length_note: str | None = None  # the trace's requests longer than max_model_len, if any
 
     @property
     def answer(self) -> ConfigSearch | None:
@@ -128,16 +129,18 @@ def run_fleet(query: FleetQuery, executor: Executor | None = None,
             num_runs += 1
             num_stopped += trial.stopped_early
     ranked = sorted((s for s in searches if s.status is Status.FOUND), key=ConfigSearch.rank_key)
+    length = trace_length(query.trace, query.options, query.model)
     return FleetResult(query, searches, ranked, stretch, num_runs, num_stopped,
-                       time.perf_counter() - start_s, tuple(pricing[0]), tuple(pricing[1]))
+                       time.perf_counter() - start_s, tuple(pricing[0]), tuple(pricing[1]),
+                       length.note())
 
 
 def grid_cases(query: FleetQuery) -> tuple[list[Case], list]:
     """One single-replica case per grid point (GPU > TP > chunk > policy), priced by its
     calibration, the chunk resolved where vLLM's default was asked for; and the
     calibrations (None: the roofline)."""
-    options = replace(query.options, max_model_len=fitting_max_model_len(query.trace,
-                                                                         query.options))
+    options = replace(query.options, max_model_len=trace_length(
+        query.trace, query.options, query.model).max_model_len)
     cases = []
     for gpu, tp, chunk, policy in itertools.product(query.gpus, query.tps, query.chunks,
                                                     query.policies):

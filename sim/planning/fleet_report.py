@@ -30,6 +30,8 @@ def print_fleet(result: FleetResult, console: Console | None = None) -> None:
     console.print(f"targets: {q.rule.describe()}")
     if result.stretch is not None:
         console.print(f"trace: {result.stretch.note()}")
+    if result.length_note is not None:
+        console.print(f"trace: {result.length_note}")
     console.print(_table(result))
     answer = result.answer
     if answer is None:
@@ -64,6 +66,7 @@ def fleet_dict(result: FleetResult) -> dict:
         "model": q.model, "trace": q.trace.label, "rate_scale": q.rate_scale,
         "targets": q.rule.describe(), "objective": q.objective.value,
         "stretch": None if result.stretch is None else result.stretch.note(),
+        "rejected_too_long": result.length_note,
         "answer": None if result.answer is None else found(result.answer),
         "runners_up": [found(s) for s in result.runners_up],
         "configs": [{**_config(s), "status": s.status.value, "bound_replicas": s.bound_replicas,

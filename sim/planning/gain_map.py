@@ -8,7 +8,9 @@ outputs uniform in ``OUTPUT_TOKENS``, at a rate that stresses the KV pool (``str
 static KV pool). Static and elastic run at every chunk size of the map; the cell's gain is
 elastic's best goodput over static's best (both by the `plan` pick rule), in percent, and
 "pays" means a gain of at least ``pays_pct``. ``max_model_len`` is set to the longest
-request, so a cell whose KV pool cannot hold one request does not fit.
+request, so a cell whose KV pool cannot hold one request does not fit, and a cell whose
+longest request is past the model's context (``max_position_embeddings``) is "beyond
+context": vLLM refuses such a max_model_len, so the cell is not run.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from sim.core.memory_plan import plan_memory
 from sim.planning.cases import Case, EngineOptions, SyntheticSpec, TraceSpec
 from sim.planning.parallel import Executor, iter_outcomes
 from sim.planning.plan import pick
-from sim.planning.sweep import fit_error, fit_status, run_case
+from sim.planning.sweep import BEYOND_CONTEXT, fit_error, fit_status, run_case
 from sim.recording.metrics import Slo
 from traces import LengthDist
 
@@ -59,7 +61,8 @@ class Cell:
     model: str
     prompt_tokens: int
     tp: int
-    status: str  # "ok", "does not fit", "invalid"
+    context_tokens: int  # the model's context: a longer request is beyond it
+    status: str  # "ok", "does not fit" (memory), "invalid" (TP), "beyond context"
     reason: str = ""
     static_chunk: int | None = None
     static_goodput_req_s: float | None = None
@@ -72,7 +75,9 @@ class Cell:
 
 def cell_cases(query: MapQuery, model: str, prompt_tokens: int, tp: int) -> list[Case]:
     """Static and elastic cases of one cell (empty when the cell cannot run at all)."""
-    options = EngineOptions(max_model_len=prompt_tokens + OUTPUT_TOKENS[1])
+    if _longest(prompt_tokens) > get_model(model).max_position_embeddings:
+        return []
+    options = EngineOptions(max_model_len=_longest(prompt_tokens))
     probe = [Case(model, query.gpu, tp, c, "static", _trace(query, prompt_tokens, 1.0), 1.0,
                   options) for c in query.chunks]
     fitting = [c for c in probe if fit_error(c) is None]
@@ -82,6 +87,11 @@ def cell_cases(query: MapQuery, model: str, prompt_tokens: int, tp: int) -> list
     trace = _trace(query, prompt_tokens, rate)
     return [Case(model, query.gpu, tp, c, p, trace, 1.0, options, query.slo)
             for p in ("static", "elastic") for c in query.chunks]
+
+
+def _longest(prompt_tokens: int) -> int:
+    """The cell's longest request, its max_model_len."""
+    return prompt_tokens + OUTPUT_TOKENS[1]
 
 
 def num_requests_for(query: MapQuery, prompt_tokens: int) -> int:
@@ -177,25 +187,36 @@ def _run_label(case: Case) -> str:
 def _cell(query: MapQuery, key: tuple[str, int, int], cases: list[Case],
           rows: list[dict]) -> Cell:
     model, prompt_tokens, tp = key
+    context = get_model(model).max_position_embeddings
     if not rows:
-        reason = _first_reason(query, model, prompt_tokens, tp)
-        status = fit_status(reason)
-        return Cell(model, prompt_tokens, tp, status, reason)
+        return _unrun_cell(query, key, context)
     static = pick([r for r in rows if r["policy"] == "static"], query.tie_pct)
     elastic = pick([r for r in rows if r["policy"] == "elastic"], query.tie_pct)
     assert static is not None and elastic is not None  # both policies share the base plan
     base, value = static["goodput_req_s"], elastic["goodput_req_s"]
     gain = 100.0 * (value / base - 1.0) if base else None
-    return Cell(model, prompt_tokens, tp, "ok", "", static["chunk"], base, elastic["chunk"],
-                value, gain, gain is not None and gain >= query.pays_pct,
-                cases[0].trace.synthetic.rate_per_s if cases[0].trace.synthetic else None)
+    rate = cases[0].trace.synthetic.rate_per_s if cases[0].trace.synthetic else None
+    return Cell(model, prompt_tokens, tp, context, "ok", "", static["chunk"], base,
+                elastic["chunk"], value, gain, gain is not None and gain >= query.pays_pct,
+                rate)
 
 
-def _first_reason(query: MapQuery, model: str, prompt_tokens: int, tp: int) -> str:
-    options = EngineOptions(max_model_len=prompt_tokens + OUTPUT_TOKENS[1])
+def _unrun_cell(query: MapQuery, key: tuple[str, int, int], context: int) -> Cell:
+    """A cell with no run, and why: a TP degree that does not divide the heads first (the
+    whole row at that TP), then a request past the model's context, then memory."""
+    model, prompt_tokens, tp = key
+    options = EngineOptions(max_model_len=_longest(prompt_tokens),
+                            allow_long_max_model_len=True)  # the context is checked below
     case = Case(model, query.gpu, tp, min(query.chunks), "static",
                 _trace(query, prompt_tokens, 1.0), 1.0, options)
-    return fit_error(case) or ""
+    reason = fit_error(case) or ""
+    status = fit_status(reason)
+    if status != "invalid" and _longest(prompt_tokens) > context:
+        status = BEYOND_CONTEXT
+        reason = (f"prompt + output up to {_longest(prompt_tokens):,} tokens, past {model}'s "
+                  f"context of {context:,} tokens (max_position_embeddings): vLLM refuses "
+                  "that max_model_len")
+    return Cell(model, prompt_tokens, tp, context, status, reason)
 
 
 def cell_row(cell: Cell) -> dict:

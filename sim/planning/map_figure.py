@@ -1,8 +1,9 @@
 """The map as a heatmap: one panel per TP degree, models down, prompt lengths across.
 
 Colour is elastic's goodput gain over the best static chunk (percent); grey cells do not
-fit (or the TP degree does not divide the model's heads); a thick black line outlines the
-region where elastic pays.
+fit in memory or have a TP degree that does not divide the model's heads; hatched grey cells
+are beyond the model's context (the prompt and its output run past max_position_embeddings,
+which vLLM refuses); a thick black line outlines the region where elastic pays.
 """
 
 from __future__ import annotations
@@ -12,9 +13,12 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.planning.gain_map import Cell, MapQuery
+from sim.planning.gain_map import OUTPUT_TOKENS, Cell, MapQuery
+from sim.planning.sweep import BEYOND_CONTEXT
 
 STATUS_TEXT = {"does not fit": "no fit", "invalid": "TP n/a"}
+UNRUN_GREY = "0.85"
+CONTEXT_HATCH = "///"
 
 
 def gain_grid(cells: Sequence[Cell], query: MapQuery, tp: int) -> tuple[np.ndarray, np.ndarray]:
@@ -47,7 +51,8 @@ def plot_map(cells: Sequence[Cell], query: MapQuery, path: Path) -> Path:
                              sharey=True, squeeze=False)
     for ax, tp, (gains, pays) in zip(axes[0], query.tps, grids):
         image = ax.imshow(np.ma.masked_invalid(gains), cmap="RdYlGn", norm=norm, aspect="auto")
-        ax.set_facecolor("0.85")
+        ax.set_facecolor(UNRUN_GREY)
+        _hatch_beyond_context(ax, cells, query, tp)
         _annotate(ax, cells, query, tp, gains)
         _outline(ax, pays)
         ax.set_title(f"TP {tp}")
@@ -56,11 +61,37 @@ def plot_map(cells: Sequence[Cell], query: MapQuery, path: Path) -> Path:
     axes[0][0].set_yticks(range(len(query.models)), query.models)
     fig.colorbar(image, ax=axes[0].tolist(), label="elastic goodput gain over best static, %")
     fig.suptitle(f"Where elastic reclamation pays on {query.gpu} "
-                 f"(outlined: gain >= {query.pays_pct:g}%)")
+                 f"(outlined: gain >= {query.pays_pct:g}%)", y=1.04)
+    _legend(fig)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path
+
+
+def _legend(fig) -> None:
+    from matplotlib.patches import Patch
+
+    handles = [
+        Patch(facecolor=UNRUN_GREY, edgecolor="0.5", label="no fit: weights, reserve or one "
+              "request's KV exceed memory; TP n/a: TP does not divide the heads"),
+        Patch(facecolor=UNRUN_GREY, edgecolor="0.5", hatch=CONTEXT_HATCH,
+              label=f"ctx N: beyond the model's context of N tokens (prompt + up to "
+                    f"{OUTPUT_TOKENS[1]} output tokens > max_position_embeddings)"),
+    ]
+    fig.legend(handles=handles, loc="upper center", fontsize=8, frameon=False,
+               bbox_to_anchor=(0.45, -0.02))  # below the panels' axis labels
+
+
+def _hatch_beyond_context(ax, cells: Sequence[Cell], query: MapQuery, tp: int) -> None:
+    from matplotlib.patches import Rectangle
+
+    index = {(c.model, c.prompt_tokens): c for c in cells if c.tp == tp}
+    for i, model in enumerate(query.models):
+        for j, prompt in enumerate(query.prompts):
+            if index[(model, prompt)].status == BEYOND_CONTEXT:
+                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor=UNRUN_GREY,
+                                       edgecolor="0.55", hatch=CONTEXT_HATCH, lw=0))
 
 
 def _annotate(ax, cells: Sequence[Cell], query: MapQuery, tp: int, gains: np.ndarray) -> None:
@@ -68,9 +99,18 @@ def _annotate(ax, cells: Sequence[Cell], query: MapQuery, tp: int, gains: np.nda
     for i, model in enumerate(query.models):
         for j, prompt in enumerate(query.prompts):
             cell = index[(model, prompt)]
-            text = f"{gains[i, j]:+.0f}" if np.isfinite(gains[i, j]) else STATUS_TEXT.get(
-                cell.status, "")
-            ax.text(j, i, text, ha="center", va="center", fontsize=7)
+            # a label on hatching gets a grey box, to stay legible
+            box = {"backgroundcolor": UNRUN_GREY} if cell.status == BEYOND_CONTEXT else {}
+            ax.text(j, i, _cell_text(cell, gains[i, j]), ha="center", va="center", fontsize=7,
+                    **box)
+
+
+def _cell_text(cell: Cell, gain_pct: float) -> str:
+    if np.isfinite(gain_pct):
+        return f"{gain_pct:+.0f}"
+    if cell.status == BEYOND_CONTEXT:
+        return f"ctx {_k(cell.context_tokens)}"
+    return STATUS_TEXT.get(cell.status, "")
 
 
 def _outline(ax, pays: np.ndarray) -> None:

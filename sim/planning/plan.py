@@ -26,7 +26,14 @@ from sim.core.elastic import VmmCosts
 from sim.core.memory_plan import ActivationProfile
 from sim.planning.bounds import work_bound
 from sim.planning.capacity import MaxRate, RateSearch, search_task
-from sim.planning.cases import Case, EngineOptions, TraceSpec, build_trace, fitting_max_model_len
+from sim.planning.cases import (
+    Case,
+    EngineOptions,
+    TraceLength,
+    TraceSpec,
+    build_trace,
+    trace_length,
+)
 from sim.planning.fleet import FleetQuery, FleetResult, run_fleet
 from sim.planning.parallel import Executor, run_parallel
 from sim.planning.stretch import DEFAULT_MAX_REQUESTS, Stretch, choose_stretch
@@ -78,8 +85,12 @@ class PlanQuery:
                 for policy in ("static", "elastic") for chunk in self.chunks]
 
     def max_model_len(self) -> int | None:
-        """The user's value, else vLLM's default raised to the trace's longest request."""
-        return fitting_max_model_len(self.trace, self.options)
+        """The user's value, else vLLM's default raised to the trace's longest request, no
+        further than the model's context (`trace_length`)."""
+        return self.length().max_model_len
+
+    def length(self) -> TraceLength:
+        return trace_length(self.trace, self.options, self.model)
 
     def rule(self) -> Sustain | None:
         """The SLO rule for the max rate and the fleet search (None: no SLO given)."""
@@ -99,6 +110,7 @@ class PlanResult:
     rules: dict[str, str]
     stretch: Stretch | None = None  # the stretch of the trace run, when not all of it
     fleet: FleetResult | None = None  # replicas that would sustain it, when nothing does
+    length_note: str | None = None  # the trace's requests longer than max_model_len, if any
 
     @property
     def overloaded_rows(self) -> list[dict]:
@@ -116,6 +128,7 @@ class PlanResult:
         return {
             "model": q.model, "gpu": q.gpu, "tensor_parallel_size": q.tp, "trace": q.trace.label,
             "stretch": None if self.stretch is None else self.stretch.note(),
+            "rejected_too_long": self.length_note,
             "slo_ttft_s": q.slo.ttft_s, "slo_tpot_s": q.slo.tpot_s,
             "pick_chunk": None if self.static_pick is None else self.static_pick["chunk"],
             "elastic_pick_chunk": None if self.elastic_pick is None else self.elastic_pick["chunk"],
@@ -152,7 +165,8 @@ def run_plan(query: PlanQuery, executor: Executor | None = None) -> PlanResult:
     if rule is not None and fitting and all(r.get("overloaded") for r in fitting):
         statics = [c for c in query.cases() if c.policy == "static"]
         fleet = run_fleet(_fleet_query(query, rule), executor, statics)
-    return PlanResult(query, rows, static, elastic, gains, pays, rules, stretch, fleet)
+    return PlanResult(query, rows, static, elastic, gains, pays, rules, stretch, fleet,
+                      query.length().note())
 
 
 def _searched_trace(query: PlanQuery) -> tuple[TraceSpec, Stretch | None]:

@@ -57,6 +57,8 @@ def print_plan(result: PlanResult, console: Console | None = None) -> None:
     console = console or Console(width=max(Console().width, 150))
     if result.stretch is not None:
         console.print(f"trace: {result.stretch.note()}")
+    if result.length_note is not None:
+        console.print(f"trace: {result.length_note}")
     console.print(plan_table(result))
     for name, rule in result.rules.items():
         console.print(f"[bold]{name}[/]: {rule}")

@@ -11,9 +11,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from sim.planning.gain_map import Cell, MapQuery
+from sim.planning.gain_map import OUTPUT_TOKENS, Cell, MapQuery
 from sim.planning.reserve import PUBLISHED_NOTE
-from sim.planning.sweep import fit_status
+from sim.planning.sweep import BEYOND_CONTEXT, fit_status
 from sim.recording.folder import TEMP_PREFIX
 
 # (header, row key, format)
@@ -118,7 +118,7 @@ def kept_files(out: Path | None, patterns: Sequence[str]) -> list[str]:
 
 
 def print_map(cells: Sequence[Cell], query: MapQuery, console: Console | None = None) -> None:
-    console = console or Console(width=max(Console().width, 120))
+    console = console or Console(width=max(Console().width, 140))
     for tp in query.tps:
         table = Table(title=f"elastic goodput gain over best static, %, {query.gpu}, TP {tp} "
                             f"(* pays: >= {query.pays_pct:g}%)")
@@ -129,9 +129,14 @@ def print_map(cells: Sequence[Cell], query: MapQuery, console: Console | None = 
         for model in query.models:
             table.add_row(model, *[_map_text(index[(model, p)]) for p in query.prompts])
         console.print(table)
+    if any(c.status == BEYOND_CONTEXT for c in cells):
+        console.print(f"{BEYOND_CONTEXT} (N): prompt + up to {OUTPUT_TOKENS[1]} output tokens "
+                      "exceed the model's N-token context; vLLM refuses such a max_model_len")
 
 
 def _map_text(cell: Cell) -> str:
+    if cell.status == BEYOND_CONTEXT:
+        return f"{BEYOND_CONTEXT} ({cell.context_tokens:,})"
     if cell.status != "ok":
         return cell.status
     if cell.gain_pct is None or cell.static_chunk is None:

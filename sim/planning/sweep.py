@@ -1,10 +1,10 @@
 """Run a grid of cases and keep one tidy row per case: every input, every scalar metric.
 
-A case that does not fit the GPU (weights and reserve exceed memory, KV pool below
-max_model_len, a TP degree that does not divide the heads) is a row with ``fits=False``
-and the reason in ``fit_error``; its metric columns are empty. A case that failed (it raised,
-or its worker was lost) is a row with the reason in ``error``, and the sweep goes on. Rows
-go to sweep.csv as cases end (sim.planning.sweep_file).
+A case that cannot run (weights and reserve exceed memory, KV pool below max_model_len, a
+max_model_len past the model's context, a TP degree that does not divide the heads) is a row
+with ``fits=False`` and the reason in ``fit_error``; its metric columns are empty. A case
+that failed (it raised, or its worker was lost) is a row with the reason in ``error``, and
+the sweep goes on. Rows go to sweep.csv as cases end (sim.planning.sweep_file).
 """
 
 from __future__ import annotations
@@ -36,12 +36,21 @@ def fit_error(case: Case) -> str | None:
     return None
 
 
+BEYOND_CONTEXT = "beyond context"
+# What EngineConfig's refusal of a max_model_len past the model's context says
+# (sim.core.engine_checks); tests tie the two together.
+_CONTEXT_REFUSAL = "context (max_position_embeddings"
+
+
 def fit_status(error: str | None) -> str:
-    """"fits", "invalid" (a TP degree that does not divide the heads, an unknown name) or
+    """"fits", "invalid" (a TP degree that does not divide the heads, an unknown name),
+    "beyond context" (max_model_len past the model's context, which vLLM refuses) or
     "does not fit" (memory), from `fit_error`'s message."""
     if error is None:
         return "fits"
-    return "invalid" if "must divide" in error or "unknown" in error else "does not fit"
+    if "must divide" in error or "unknown" in error:
+        return "invalid"
+    return BEYOND_CONTEXT if _CONTEXT_REFUSAL in error else "does not fit"
 
 
 def run_case(case: Case) -> dict:
