@@ -190,9 +190,15 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("engine_bench needs a CUDA GPU")
     spec, bs = get_model(args.model), args.block_size
-    prompts = PROMPTS[:1] if args.quick else PROMPTS
+    context = spec.max_position_embeddings
+    # prompts within the model's context only: EngineConfig refuses a longer max_model_len,
+    # as vLLM does (Qwen2.5's context is exactly the 32k prompt)
+    prompts = tuple(p for p in (PROMPTS[:1] if args.quick else PROMPTS) if p <= context)
+    if not prompts:
+        sys.exit(f"engine_bench: {spec.name}'s context ({context:,} tokens) is shorter than "
+                 f"every prompt it times ({', '.join(f'{p:,}' for p in PROMPTS)})")
     chunks = (512, 4096, 16384) if args.quick else CHUNKS
-    max_len = max(prompts) + bs
+    max_len = min(max(prompts) + bs, context)
     config = EngineConfig(spec, get_gpu(args.gpu), max_model_len=max_len, block_size=bs)
     bandwidth, matmul_peak = copy_bandwidth_bytes_s(), matmul_flops_s()
     allocated = torch.cuda.memory_allocated()
