@@ -61,7 +61,7 @@ def plot_map(cells: Sequence[Cell], query: MapQuery, path: Path) -> Path:
     axes[0][0].set_yticks(range(len(query.models)), query.models)
     fig.colorbar(image, ax=axes[0].tolist(), label="elastic goodput gain over best static, %")
     fig.suptitle(f"Where elastic reclamation pays on {query.gpu} "
-                 f"(outlined: gain >= {query.pays_pct:g}%)", y=1.04)
+                 f"(outlined: gain >= {query.pays_pct:g}%)")
     _legend(fig)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120, bbox_inches="tight")
@@ -99,8 +99,9 @@ def _annotate(ax, cells: Sequence[Cell], query: MapQuery, tp: int, gains: np.nda
     for i, model in enumerate(query.models):
         for j, prompt in enumerate(query.prompts):
             cell = index[(model, prompt)]
-            # a label on hatching gets a grey box, to stay legible
-            box = {"backgroundcolor": UNRUN_GREY} if cell.status == BEYOND_CONTEXT else {}
+            # a label on hatching gets a tight grey box, to stay legible
+            box = ({"bbox": {"facecolor": UNRUN_GREY, "edgecolor": "none", "pad": 0.6}}
+                   if cell.status == BEYOND_CONTEXT else {})
             ax.text(j, i, _cell_text(cell, gains[i, j]), ha="center", va="center", fontsize=7,
                     **box)
 
@@ -109,7 +110,7 @@ def _cell_text(cell: Cell, gain_pct: float) -> str:
     if np.isfinite(gain_pct):
         return f"{gain_pct:+.0f}"
     if cell.status == BEYOND_CONTEXT:
-        return f"ctx {_k(cell.context_tokens)}"
+        return f"ctx\n{_k(cell.context_tokens)}"
     return STATUS_TEXT.get(cell.status, "")
 
 
