@@ -101,8 +101,9 @@ class ModelSpec:
     dtype_bytes: int = 2
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # q/k/v projections carry a bias (Qwen2)
-    # the context the model was trained for (config.json); 32,768 (Qwen2's default) where a
-    # hand-built spec leaves it out
+    # the context vLLM derives from config.json (max_position_embeddings, rope scaling
+    # applied: hf_config), past which it refuses a max_model_len; 32,768 (Qwen2's default)
+    # where a hand-built spec leaves it out
     max_position_embeddings: int = 32768
     kv_dtype_bytes: int | None = None  # KV cache element bytes; None: dtype_bytes
     linear_dtype_bytes: int | None = None  # decoder linear weights; None: dtype_bytes
