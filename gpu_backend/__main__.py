@@ -21,7 +21,13 @@ from dataclasses import asdict
 from pathlib import Path
 
 from gpu_backend.engine.support import check_supported, missing_gpu
-from sim.core.config_flags import CommandParser, add_engine_flags, engine_config, positive_int
+from sim.core.config_flags import (
+    CommandParser,
+    add_engine_flags,
+    engine_config,
+    positive_float,
+    positive_int,
+)
 from sim.core.elastic import Policy
 from sim.core.engine_config import EngineConfig
 from traces import TraceError, add_trace_arguments, trace_from_args
@@ -76,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--torch-cap", default="auto", choices=["auto", "on", "off"],
                    help="cap torch's allocator at the unlent reserve (default: auto, overcommit "
                         "only)")
+    g.add_argument("--torch-cap-headroom-gib", type=positive_float, default=None,
+                   metavar="GIB",
+                   help="what a capped torch may hold above the reserve, for allocator "
+                        "rounding and fragmentation (default: 0.25). Emulating a smaller card "
+                        "with --gpu-memory-utilization, give the memory that card has beyond "
+                        "its own utilization budget, less its non-torch memory")
     g.add_argument("--max-kv-blocks", type=positive_int, default=None,
                    help="cap the base KV pool (memory pressure on a large GPU; default: none)")
     g.add_argument("--out", type=Path, default=None,
@@ -165,12 +177,16 @@ def run_replay(args: argparse.Namespace) -> int:
     setup_start = time.perf_counter()
     setup = build_gpu_engine(config, seed=args.seed, use_graphs=not args.no_graphs,
                              torch_cap=args.torch_cap, max_kv_blocks=args.max_kv_blocks,
+                             **headroom_of(args),
                              piecewise=piecewise, piecewise_max_tokens=cap)
     setup_s = time.perf_counter() - setup_start
     engine = setup.engine
     print(f"setup {setup_s:.1f} s: KV {engine.core.plan.num_kv_blocks} blocks "
           f"(+{engine.core.layout.num_elastic_blocks} elastic), reserve "
           f"{engine.core.plan.activation_reserve_bytes / 2**30:.2f} GiB", flush=True)
+    import torch
+
+    torch.cuda.reset_peak_memory_stats()  # the replay's peak, not the setup's profiling
     wall_start = time.perf_counter()
     probe = HostProbe() if args.no_wait else None
     replay(engine, trace.requests(), wait=not args.no_wait, progress=print_progress,
@@ -184,6 +200,13 @@ def run_replay(args: argparse.Namespace) -> int:
         write_outputs(args.out, engine, summary, trace.source, len(trace),
                       config=ran_config(config, measured))
     return 0
+
+
+def headroom_of(args: argparse.Namespace) -> dict:
+    """build_gpu_engine's keyword for --torch-cap-headroom-gib, when given."""
+    if args.torch_cap_headroom_gib is None:
+        return {}
+    return {"torch_cap_headroom_bytes": int(args.torch_cap_headroom_gib * 2**30)}
 
 
 def print_progress(now_s: float, submitted: int, steps: int) -> None:
@@ -215,6 +238,8 @@ def measured_fields(setup, probe, setup_s: float, replay_wall_s: float, clock: s
         "piecewise_capture_s": setup.piecewise.capture_s if setup.piecewise else None,
         "total_bytes": m.total_bytes if m else None,
         "torch_cap_bytes": setup.budget.cap_bytes if setup.budget else None,
+        # the replay's own peak (setup's profiling peaks are reset before the first step)
+        "peak_torch_reserved_bytes": torch.cuda.max_memory_reserved(),
     }
 
 

@@ -35,6 +35,7 @@ from traces import Trace, load_trace
 from traces.bundled import BUNDLED
 from validation.steps import StepTable, open_csv, read_steps_csv
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
 # Where the measured KV capacity may sit in a GPU summary, most specific first.
 MEASURED_KV_KEYS = ("measured_kv_capacity_tokens", "kv_capacity_tokens_measured",
                     "kv_capacity_tokens")
@@ -318,9 +319,12 @@ def _gpu(name: str):
 
 
 def _resolve_trace(name: str) -> str:
-    """A recorded trace path that exists here, else the bundled trace with that file name."""
+    """A recorded trace path that exists here (or under the repository, as a slice's own
+    trace is named), else the bundled trace with that file name."""
     if Path(name).is_file() or name.strip().lower() in BUNDLED:
         return name
+    if (REPO_ROOT / name).is_file():
+        return str(REPO_ROOT / name)
     for bundled_name, path in BUNDLED.items():
         if Path(name).name == path.name:
             return bundled_name

@@ -136,12 +136,14 @@ def trial_graph_bytes(model, config: EngineConfig, device: torch.device,
 
 def build_gpu_engine(config: EngineConfig, *, device: torch.device | None = None, seed: int = 0,
                      use_graphs: bool = True, torch_cap: str = "auto",
+                     torch_cap_headroom_bytes: int = TORCH_CAP_SLACK_BYTES,
                      max_kv_blocks: int | None = None, piecewise: bool = False,
                      piecewise_max_tokens: int | None = None) -> EngineSetup:
     """`piecewise`: steps with prefill tokens replay piecewise graphs (engine/piecewise.py)
     captured at `sim.core.cost_model.piecewise_capture_sizes` of the chunk, or of
     `piecewise_max_tokens` when that is smaller (a longer step runs fully eager); needs
-    `use_graphs`."""
+    `use_graphs`. `torch_cap_headroom_bytes`: what a capped torch may hold above the setup's
+    memory and the activation reserve (allocator rounding and fragmentation)."""
     check_supported(config)
     if piecewise and not use_graphs:
         raise ValueError("piecewise graphs need CUDA graphs: drop --no-graphs")
@@ -169,7 +171,7 @@ def build_gpu_engine(config: EngineConfig, *, device: torch.device | None = None
     if torch_cap == "on" or (torch_cap == "auto" and config.policy is Policy.OVERCOMMIT):
         budget = TorchBudget(device, torch.cuda.memory_reserved(device),
                              core.plan.activation_reserve_bytes, m.total_bytes,
-                             TORCH_CAP_SLACK_BYTES)
+                             torch_cap_headroom_bytes)
     engine = assemble_engine(core, model, store, device, graphs, budget, seed, pieces)
     if budget is not None:
         budget.set_mapped(engine.elastic.mapped_bytes)
