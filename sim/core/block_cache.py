@@ -82,15 +82,10 @@ class BlockCache:
             return None
         return block_id
 
-    def cover(self, keys: np.ndarray) -> None:
-        """Make room in `block_of` for these keys (non-negative ints)."""
-        if not len(keys):
-            return
-        if int(keys.min()) < 0:
-            raise ValueError("prefix-cache keys must be non-negative ints")
-        top = int(keys.max())
-        if top >= len(self.block_of):
-            grown = np.full(max(top + 1, 2 * len(self.block_of)), NONE, dtype=np.int64)
+    def cover(self, key_limit: int) -> None:
+        """Make room in `block_of` for every key below `key_limit`."""
+        if key_limit > len(self.block_of):
+            grown = np.full(max(key_limit, 2 * len(self.block_of)), NONE, dtype=np.int64)
             grown[:len(self.block_of)] = self.block_of
             self.block_of = grown
 
@@ -135,7 +130,7 @@ class BlockCache:
         their ids, their keys now forgotten. A few (a decode step's) are looked for one entry
         at a time first: numpy's cost per call is more than a short loop's."""
         if num_blocks <= FEW_BLOCKS:
-            few = self._evict_few(num_blocks)
+            few = self.evict_few(num_blocks)
             if few is not None:
                 return few
         parts = []
@@ -155,7 +150,7 @@ class BlockCache:
         self.num_free_base -= num_blocks - num_elastic
         return evicted
 
-    def _evict_few(self, num_blocks: int) -> list[int] | None:
+    def evict_few(self, num_blocks: int) -> list[int] | None:
         """`evict_oldest` by a loop over the front's entries, or None (and no change) when
         the first FEW_SCAN entries of the front array do not hold enough live ones."""
         if not self._queue:

@@ -128,6 +128,16 @@ class BlockPool:
             ref_count[taken] = 1
             self.num_used_base += num_blocks
             return taken.tolist()
+        cache = self._cache
+        if (num_blocks == 1 and not stacked and cache.num_free_base and not cache.num_free_elastic
+                and self.elastic_state is not ElasticState.ATTACHED):
+            # a decode step's block from a full cache: the oldest cached block, directly
+            evicted = cache.evict_few(1)
+            if evicted is not None:
+                ref_count[evicted[0]] = 1
+                self.num_used_base += 1
+                self.num_evicted += 1
+                return evicted
         if num_blocks > self.num_free_blocks:
             return None
         taken = self._stack[stacked - 1::-1].tolist() if stacked else []  # the pop order
@@ -255,9 +265,10 @@ class BlockPool:
             return np.empty(0, dtype=np.int64)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
-    def cover_keys(self, keys: np.ndarray) -> None:
-        """Make room for these keys (non-negative ints) before they are looked up or named."""
-        self._cache.cover(keys)
+    def cover_keys(self, key_limit: int) -> None:
+        """Make room for the keys below `key_limit` (keys are non-negative ints) before any of
+        them is looked up or named."""
+        self._cache.cover(key_limit)
 
     @property
     def num_named(self) -> int:

@@ -63,7 +63,7 @@ class PrefixCache:
             num_full = req.num_prompt_tokens // self.block_size
             chains = self._chains((req.block_hashes or ())[:-(-num_full // per_hash)])
             found = (chains[:, None] * per_hash + np.arange(per_hash)).ravel()[:num_full]
-            self.pool.cover_keys(found)
+            self.pool.cover_keys((len(self._chain_ids) + 1) * per_hash)  # ids 1..count
             self._keys[req.request_id] = found
         return found
 
