@@ -20,6 +20,7 @@ best of `--repeats` runs kept; CPU time is the steadier figure on a shared machi
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import platform
@@ -166,8 +167,10 @@ def main() -> None:
     print(f"machine: {m['processor']}, {m['cpu_count']} CPUs, Python {m['python']}")
     print_report(rows)
     if args.out is not None:
-        args.out.write_text(json.dumps({"machine": machine(), "rows": list(rows.values())},
-                                       indent=2))
+        args.out.write_text(json.dumps({
+            "machine": machine(), "measured_on": datetime.date.today().isoformat(),
+            "command": "python benchmarks/sim_speed.py " + " ".join(sys.argv[1:]),
+            "rows": list(rows.values())}, indent=2))
 
 
 if __name__ == "__main__":
