@@ -140,6 +140,12 @@ class BlockPool:
                 return evicted
         if num_blocks > self.num_free_blocks:
             return None
+        return self._allocate_beyond_stack(num_blocks)
+
+    def _allocate_beyond_stack(self, num_blocks: int) -> list[int]:
+        """`allocate` when the base stack holds too few: all of it, then attached free elastic
+        blocks, then evicted cached ones (the caller checked there are enough)."""
+        stacked, ref_count = self._num_stacked, self._ref_count
         taken = self._stack[stacked - 1::-1].tolist() if stacked else []  # the pop order
         self._num_stacked = 0
         if self.elastic_state is ElasticState.ATTACHED:
@@ -350,8 +356,9 @@ class BlockPool:
 
     def check_invariants(self) -> None:
         """Free + used = total, every block in exactly one place. For tests and debugging."""
+        cache = self._cache
         fresh = list(range(self._fresh_elastic, self._fresh_elastic_end))
-        cached = self._cache.live_order().tolist()
+        cached = cache.live_order().tolist()
         free = self._stack[:self._num_stacked].tolist() + self._free_elastic + fresh + cached
         if len(free) != len(set(free)):
             raise AssertionError("a block is on two free lists")
@@ -366,10 +373,10 @@ class BlockPool:
             raise AssertionError("a block beyond the attached elastic range is in use or free")
         if len(used) != self.num_used_blocks:
             raise AssertionError("used counters out of step with reference counts")
-        if len(cached) != self._cache.num_free or \
-                self._cache.num_free_base != sum(1 for b in cached if b < self.num_base_blocks):
+        if len(cached) != cache.num_free or \
+                cache.num_free_base != sum(1 for b in cached if b < self.num_base_blocks):
             raise AssertionError("cached-free counters out of step")
-        if any(self._cache.key_of[b] == NONE for b in cached):
+        if any(cache.key_of[b] == NONE for b in cached):
             raise AssertionError("an unnamed block sits in the cache's LRU")
         if self.elastic_state is ElasticState.DETACHED and self.num_used_elastic:
             raise AssertionError("elastic blocks in use while detached")
