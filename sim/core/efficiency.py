@@ -1,0 +1,152 @@
+"""The cost model's fitted efficiencies, and the what-if variants of a set of them.
+
+`Efficiency` holds what share of the GPU's peak rates each operator of `CostModel`
+(sim.core.cost_model) achieves, and the fixed per-step times; a calibration fits the
+`FIT_PARAMETERS` among them to measured step times (`sim.core.calibration`). `slower` and
+`host_slower` scale a set for sensitivity runs: every step longer, or only the host's share.
+
+Default efficiencies come from DESIGN.md's H200 measurements: Llama-3.1-8B linear layers cost
+0.58-0.64 us per token per layer at 512-16,384 tokens (2 x 218 M params / 0.6 us = 727 TFLOP/s,
+0.73 of the 989 TFLOP/s datasheet peak) and turn weight-bound below ~256 tokens (1.0 us at 128
+tokens = 436 MB in 128 us = 3.4 TB/s, 0.71 of 4.8 TB/s). A calibration written by
+`python -m gpu_backend profile` replaces them with values fitted on the user's GPU
+(`sim.core.calibration` reads it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields, replace
+
+# Efficiency's shares of a shorter time not hidden under a longer one: each within [0, 1].
+SERIAL_FRACTIONS = ("linear_serial_fraction", "launch_serial_fraction", "attention_program_serial")
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    linear_compute: float = 0.73  # of peak bf16 FLOP/s, large GEMMs
+    memory: float = 0.71  # of HBM bandwidth, weight streaming by the linear layers
+    kv_memory: float = 0.71  # of HBM bandwidth, KV streaming by decode attention (paged reads)
+    attention_compute: float = 0.45  # of peak, causal prefill attention (flash-style kernels)
+    interconnect: float = 0.8  # of the link bandwidth, ring all-reduce
+    allreduce_latency_s: float = 8e-6  # per all-reduce call (NCCL on NVLink, small messages)
+    step_overhead_s: float = 1.0e-3  # per step: scheduler, input preparation, launches
+    per_seq_overhead_s: float = 4e-6  # per scheduled sequence (block tables, metadata)
+    # Host time to launch a step that runs eagerly: one with prefill tokens, as engines capture
+    # CUDA graphs for decode-only steps only (vLLM before piecewise graphs, this project's
+    # engine). The host enqueues kernels while the device runs the earlier ones, so such a
+    # step takes max(device time, this), not the sum: short chunks are launch-bound, long
+    # ones compute-bound (H200, Llama-3.1-8B, torch layers: prefills of 16 to 1,024 tokens
+    # all took ~42 ms). 0 where every step is graphed.
+    eager_launch_s: float = 0.0
+    # Host time to launch a step that runs piecewise CUDA graphs (CostModel's
+    # token_graph_sizes): attention launched eagerly between the graph pieces, every piece a
+    # graph replay (Qwen2.5-0.5B on the H200: 3-5 ms against 11-22 ms fully eager). None: as
+    # eager_launch_s (a calibration from before this term, whose eager_launch_s was fitted on
+    # the piecewise steps it timed, or one that timed no piecewise step).
+    piecewise_launch_s: float | None = None
+    # How much of the shorter of a linear layer's compute and weight-read times is NOT hidden
+    # under the longer: 0 is the roofline (max of the two), 1 adds them. Skinny GEMMs (decode
+    # batches of 8..64 rows) sit between: measured H200 decode steps grow with the batch long
+    # before the roofline's compute term overtakes the weight read.
+    linear_serial_fraction: float = 0.0
+    # Host time added to an eager step's launch when its attention splits each tile's keys
+    # over several programs (`attention_num_splits`): per layer a combine kernel and two scratch
+    # buffers more. Qwen2.5-0.5B with piecewise graphs on the H200: 4.4-4.7 ms launches with
+    # splits against 3.1-3.4 ms without (profile grid; replays alike).
+    split_launch_s: float = 0.0
+    # How much of the shorter of an eager step's device time and launch time is NOT hidden
+    # under the longer (as linear_serial_fraction for a GEMM's compute and weight read): the
+    # device waits for the first launches and runs the last ones after the host is done. 0 is
+    # a perfect overlap. It shows where the two are close: Qwen2.5-0.5B's piecewise steps of
+    # 1-2k tokens (3-4 ms of launches, as long on the device) took 15-20% over the max.
+    launch_serial_fraction: float = 0.0
+    # Of one SM's share of the peak bf16 FLOP/s: how fast one program of a prefill or mixed
+    # attention launch works through its keys (CostModel.longest_program_s). Such a launch
+    # gives every sequence's 128-row tile, a decode row's too, one program per KV head, and
+    # splits no keys once the programs fill the SMs, so it lasts at least as long as its
+    # longest sequence's program: a 2,048-token chunk beside decode rows of ~30k keys
+    # (Mooncake) took 13 ms more than its total work predicts on Llama-3.1-8B and -3.2-3B
+    # alike. None: not priced (calibrations from before this term, or grids without such steps).
+    attention_program: float | None = None
+    # How much of the shorter of such a launch's total work and its longest program is NOT
+    # hidden under the longer (as linear_serial_fraction): the long programs do not all start
+    # at once, and the SMs they hold share their bandwidth. The Mooncake replays' own
+    # chunk-2,048 steps (18 decode rows, five of ~27k keys), their attention timed alone, ran
+    # 1.3-1.7x the longer of the two (benchmarks/replay_attention.py); 0 is max(work, longest).
+    attention_program_serial: float = 0.0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None and f.name in ("piecewise_launch_s", "attention_program"):
+                continue
+            if value < 0 or (f.name in ("linear_compute", "memory", "kv_memory",
+                                        "attention_compute", "interconnect",
+                                        "attention_program")
+                             and not 0 < value <= 1) or (f.name in SERIAL_FRACTIONS and value > 1):
+                raise ValueError(f"efficiency {f.name}={value} is out of range")
+
+    @property
+    def piecewise_launch(self) -> float:
+        """The launch time of a step that runs piecewise graphs (piecewise_launch_s, or
+        eager_launch_s where that is None)."""
+        return self.eager_launch_s if self.piecewise_launch_s is None else self.piecewise_launch_s
+
+
+# Efficiency fields fitted to measured step times: (name, bounds, typical scale). Interconnect
+# and all-reduce latency stay as given: a TP-1 run cannot see them.
+FIT_PARAMETERS = (
+    ("linear_compute", (0.05, 1.0), 1.0),
+    ("memory", (0.05, 1.0), 1.0),
+    ("kv_memory", (0.05, 1.0), 1.0),
+    ("attention_compute", (0.02, 1.0), 1.0),
+    ("step_overhead_s", (0.0, 0.05), 1e-3),
+    ("per_seq_overhead_s", (0.0, 1e-3), 1e-6),
+    ("eager_launch_s", (0.0, 0.2), 1e-3),
+    ("piecewise_launch_s", (0.0, 0.2), 1e-3),
+    ("linear_serial_fraction", (0.0, 1.0), 1.0),
+    ("split_launch_s", (0.0, 0.05), 1e-3),
+    ("launch_serial_fraction", (0.0, 1.0), 1.0),
+    ("attention_program", (0.02, 1.0), 1.0),
+    ("attention_program_serial", (0.0, 1.0), 1.0),
+)
+
+
+def slower(eff: Efficiency, factor: float) -> Efficiency:
+    """`eff` with every step `factor` (>= 1) times as long: each rate's efficiency divided by
+    it, each fixed time multiplied (what-if and sensitivity runs)."""
+    if factor < 1:
+        raise ValueError(f"slower() needs a factor >= 1 (efficiencies stay <= 1), got {factor}")
+    return replace(eff, **{name: getattr(eff, name) / factor for name in (
+        "linear_compute", "memory", "kv_memory", "attention_compute", "interconnect",
+        "attention_program") if getattr(eff, name) is not None},
+        **_times(eff, ("allreduce_latency_s", "step_overhead_s", "per_seq_overhead_s",
+                       "eager_launch_s", "piecewise_launch_s", "split_launch_s"), factor))
+
+
+def _times(eff: Efficiency, names: Sequence[str], factor: float) -> dict[str, float]:
+    """The fixed times `names` of `eff` multiplied by `factor` (an unset one left unset)."""
+    return {name: getattr(eff, name) * factor for name in names
+            if getattr(eff, name) is not None}
+
+
+HOST_TERMS = ("step_overhead_s", "per_seq_overhead_s", "eager_launch_s", "piecewise_launch_s",
+              "split_launch_s")
+
+
+def host_slower(eff: Efficiency, factor: float) -> Efficiency:
+    """`eff` on a host `factor` times slower: the per-step terms a calibration fits multiplied,
+    the device's rates kept. One H200 host ran a fixed Python loop in 7 to 14 ms at different
+    times, and eager steps' launch time moved with it (benchmarks/host_noise.py).
+    The eager launch term is host time; the step overhead also holds per-step device time (the
+    Llama-3.1-8B profile fits 1.68 ms, of which a small decode graph step's host build and
+    enqueue are 0.3-0.5 ms), so for graph steps this is an upper bound."""
+    if factor <= 0:
+        raise ValueError(f"host_slower() needs a positive factor, got {factor}")
+    return replace(eff, **_times(eff, HOST_TERMS, factor))
+
+
+def efficiency_dict(eff: Efficiency) -> dict[str, float]:
+    """Every field by name: a calibration file's `efficiency` object."""
+    return asdict(eff)
