@@ -2,37 +2,27 @@
 
 `EngineConfig` holds every engine setting both executors (the simulator and the GPU engine)
 and validation read. Its defaults are vLLM v1's, each resolved explicitly from an Optional
-field (None: the rule applies), as vLLM's `EngineArgs._set_default_args` resolves them:
-
-* max_model_len: the model's `max_position_embeddings` (vLLM's ModelConfig derives it from
-  the Hugging Face config);
-* max_num_batched_tokens: with chunked prefill, 8192 on GPUs of at least 70 GiB that are not
-  A100s, else 2048 (the OpenAI server's usage-context defaults; vLLM keeps A100s on the small
-  ones, its PR #17885); without chunked prefill max(max_model_len, 2048), as vLLM's
-  SchedulerConfig does, so that any prompt fits in one step;
-* max_num_seqs: 1024 on the same large GPUs, else 256, and never above
-  max_num_batched_tokens (vLLM takes the smaller);
-* prefix caching and chunked prefill on (vLLM v1's default for generative models).
+field (None: the rule applies), as sim.core.vllm_defaults lists them.
 
 `__post_init__` refuses what vLLM's EngineArgs refuses (max_num_batched_tokens below
 max_num_seqs; without chunked prefill, below max_model_len; a max_model_len beyond the
 model's context without allow_long_max_model_len) and values out of range, each with a
-message saying what to change. Every field carries a `Setting` (sim.core.settings):
-`sim.core.config_flags` makes every command's flags from them, and `to_json`/`from_json`
-write and read the configuration a run used (a GPU replay's config.json).
+message saying what to change (sim.core.engine_checks). Every field carries a `Setting`
+(sim.core.settings): `sim.core.config_flags` makes every command's flags from them, and
+`to_json`/`from_json` write and read the configuration a run used (a GPU replay's
+config.json; sim.core.config_json).
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
+from sim.core import config_json
 from sim.core.block_pool import BlockPool
 from sim.core.catalog import (
     DTYPES,
-    GIB,
     GPUS,
     KV_CACHE_DTYPE_BYTES,
     MIB,
@@ -74,32 +64,22 @@ from sim.core.settings import (
     enum_codec,
     optional,
     setting,
-    setting_of,
     spec_codec,
 )
+from sim.core.vllm_defaults import (
+    DEFAULT_GPU,
+    DEFAULT_MODEL,
+    MAX_NUM_BATCHED_TOKENS_RULE,
+    MAX_NUM_SEQS_RULE,
+    NON_CHUNKED_MIN_BATCHED_TOKENS,
+    vllm_default_chunk,
+    vllm_default_max_num_seqs,
+)
 
-DEFAULT_MODEL = "llama-3.1-8b"
-DEFAULT_GPU = "h200"
-# vLLM's SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS: the floor of the non-chunked default
-NON_CHUNKED_MIN_BATCHED_TOKENS = 2048
-_LARGE = "8192 on GPUs of >= 70 GiB other than A100, else 2048"
-
-
-def _large_gpu(gpu: GpuSpec) -> bool:
-    """vLLM's test for its larger defaults: at least 70 GiB and not an A100
-    (vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults)."""
-    return gpu.memory_bytes >= 70 * GIB and "a100" not in gpu.name.lower()
-
-
-def vllm_default_chunk(gpu: GpuSpec) -> int:
-    """vLLM v1's default max_num_batched_tokens for the OpenAI server with chunked prefill."""
-    return 8192 if _large_gpu(gpu) else 2048
-
-
-def vllm_default_max_num_seqs(gpu: GpuSpec) -> int:
-    """vLLM v1's default max_num_seqs for the OpenAI server, before the max_num_batched_tokens
-    cap (`EngineConfig.num_seqs` applies it)."""
-    return 1024 if _large_gpu(gpu) else 256
+__all__ = [
+    "DEFAULT_GPU", "DEFAULT_MODEL", "NON_CHUNKED_MIN_BATCHED_TOKENS", "EngineConfig", "EngineCore",
+    "build_core", "vllm_default_chunk", "vllm_default_max_num_seqs",
+]
 
 
 @dataclass(frozen=True)
@@ -117,11 +97,10 @@ class EngineConfig:
     max_num_batched_tokens: int | None = field(default=None, metadata=setting(
         "tokens per engine step (the chunk size); it sizes the activation reserve",
         "--max-num-batched-tokens", "--chunk", codec=optional(COUNT),
-        default_text=f"vLLM's: {_LARGE}; without chunked prefill max(max_model_len, 2048)"))
+        default_text=MAX_NUM_BATCHED_TOKENS_RULE))
     max_num_seqs: int | None = field(default=None, metadata=setting(
         "sequences per engine step", "--max-num-seqs", codec=optional(COUNT),
-        default_text="vLLM's: 1024 on GPUs of >= 70 GiB other than A100, else 256; at most "
-                     "max_num_batched_tokens"))
+        default_text=MAX_NUM_SEQS_RULE))
     gpu_memory_utilization: float = field(default=0.9, metadata=setting(
         "share of the GPU's memory the engine may use (weights, activations, KV cache)",
         "--gpu-memory-utilization", codec=FLOAT))
@@ -213,7 +192,7 @@ class EngineConfig:
 
     @property
     def chunk_tokens(self) -> int:
-        """max_num_batched_tokens as given, else vLLM's default (module docstring)."""
+        """max_num_batched_tokens as given, else vLLM's default (sim.core.vllm_defaults)."""
         if self.max_num_batched_tokens is not None:
             return self.max_num_batched_tokens
         if not self.enable_chunked_prefill:
@@ -260,40 +239,20 @@ class EngineConfig:
     # ------------------------------------------------------------------ serialization
     def to_dict(self) -> dict[str, Any]:
         """Every field as JSON values (models and GPUs in full)."""
-        return {f.name: setting_of(f).codec.encode(getattr(self, f.name)) for f in fields(self)}
+        return config_json.to_dict(self)
 
     @classmethod
     def from_dict(cls, data: object, source: object = "engine config") -> EngineConfig:
         """The inverse of `to_dict`; a missing key takes its default. Errors name `source`
         and the key."""
-        if not isinstance(data, dict):
-            raise ValueError(f"{source}: expected an object of engine settings, got "
-                             f"{type(data).__name__}")
-        known = {f.name: f for f in fields(cls)}
-        unknown = sorted(set(data) - set(known))
-        if unknown:
-            raise ValueError(f"{source}: unknown setting(s) {unknown}; known: {list(known)}")
-        values = {}
-        for name, value in data.items():
-            try:
-                values[name] = setting_of(known[name]).codec.decode(value)
-            except ValueError as exc:
-                raise ValueError(f"{source}: {name}: {exc}") from None
-        try:
-            return cls(**values)
-        except ValueError as exc:
-            raise ValueError(f"{source}: {exc}") from None
+        return config_json.from_dict(cls, data, source)
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
+        return config_json.to_json(self)
 
     @classmethod
     def from_json(cls, text: str, source: object = "engine config") -> EngineConfig:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{source} is not valid JSON: {exc}") from None
-        return cls.from_dict(data, source)
+        return config_json.from_json(cls, text, source)
 
 
 @dataclass(frozen=True)
