@@ -34,6 +34,9 @@ class FromScratch(PrefixCache):
     def still_refused(self, req: RequestState, num_new_blocks: int) -> bool:
         return False
 
+    def refused_before_lookup(self, req: RequestState, budget: int) -> bool:
+        return False
+
 
 def build(from_scratch: bool):
     sched = make_scheduler(24, block_size=4, max_num_batched_tokens=16, max_num_seqs=4,

@@ -119,6 +119,21 @@ class PrefixCache:
                 and memo.refused is not None and memo.refused[0] == self.pool.num_freed_blocks
                 and num_new_blocks >= memo.refused[1])
 
+    def refused_before_lookup(self, req: RequestState, budget: int) -> bool:
+        """`still_refused` known before the lookup: refused at its last check, and since then
+        no block came free, none was named (so no hit can have been added) and the epoch
+        stands. Evictions may have cut its hits, but fewer hits need no fewer new blocks, so
+        the blocks it needs with the hits it had are a lower bound of what it needs now."""
+        memo, pool = self._memo, self.pool
+        if (memo is None or memo.request_id != req.request_id or memo.refused is None
+                or memo.refused[0] != pool.num_freed_blocks or memo.num_named != pool.num_named
+                or memo.epoch != pool.cache_epoch):
+            return False
+        num_cached = len(memo.hits) * self.block_size
+        num_new = min(req.num_prompt_tokens + req.num_output_tokens - num_cached, budget)
+        needed = -(-(num_cached + num_new) // self.block_size) - len(memo.hits)
+        return needed >= memo.refused[1]
+
     def refuse(self, req: RequestState, num_new_blocks: int) -> None:
         """The request's admission check failed needing `num_new_blocks` new blocks."""
         if self._memo is not None and self._memo.request_id == req.request_id:

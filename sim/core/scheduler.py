@@ -176,6 +176,8 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
             cached = prefix if prefix is not None and req.block_hashes else None
+            if cached is not None and cached.refused_before_lookup(req, budget):
+                break
             hits = cached.hits(req) if cached is not None else EMPTY
             num_hits = len(hits)
             num_cached = num_hits * block_size
