@@ -80,6 +80,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gpu_backend.engine.attention_profile import PagedLayer  # noqa: E402
+from gpu_backend.engine.attention_profile import device_ms as profile_device_ms  # noqa: E402
 from gpu_backend.env import device_environment, versions, write_result  # noqa: E402
 from gpu_backend.kernels import paged_attention  # noqa: E402
 from gpu_backend.kernels.attention import (  # noqa: E402
@@ -963,22 +964,10 @@ def soft_timeout(seconds: float) -> Iterator[None]:
 
 
 def device_ms(fn: Callable[[], object], reps: int = 20, warmup: int = 3) -> float:
-    """Median device milliseconds of fn() by CUDA events, as
-    gpu_backend.engine.attention_profile.device_ms but with ~5 ms of GPU sleep queued before
-    each call instead of ~0.5: SPLIT's half dozen launches keep the host busy up to ~0.75 ms,
-    and the GPU must not wait for them inside the timed span."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(QUEUE_AHEAD_CYCLES)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    """Median device milliseconds of fn() by CUDA events, with ~5 ms of GPU sleep queued
+    before each call instead of the engine profile's ~0.5: SPLIT's half dozen launches keep
+    the host busy up to ~0.75 ms, and the GPU must not wait for them inside the timed span."""
+    return profile_device_ms(fn, reps, warmup, queue_cycles=QUEUE_AHEAD_CYCLES)
 
 
 def wall_ms(fn: Callable[[], object], reps: int = 1) -> float:

@@ -34,11 +34,12 @@ def attention_shapes(grid: Sequence[StepShape]) -> list[StepShape]:
     return [s for s in grid if s.prefills]
 
 
-def device_ms(fn: Callable[[], object], reps: int = 20, warmup: int = 3) -> float:
-    """Median device milliseconds of fn(), timed with CUDA events. A GPU-side sleep is queued
-    before each timed launch so the host has enqueued the whole call before the start event
-    fires: device time, free of Python launch overhead (the cost model prices launches
-    apart)."""
+def device_ms(fn: Callable[[], object], reps: int = 20, warmup: int = 3,
+              queue_cycles: int = QUEUE_AHEAD_CYCLES) -> float:
+    """Median device milliseconds of fn(), timed with CUDA events. A GPU-side sleep of
+    `queue_cycles` is queued before each timed launch so the host has enqueued the whole call
+    before the start event fires: device time, free of Python launch overhead (the cost model
+    prices launches apart). A call of many launches needs a longer sleep."""
     import torch
 
     for _ in range(warmup):
@@ -46,7 +47,7 @@ def device_ms(fn: Callable[[], object], reps: int = 20, warmup: int = 3) -> floa
     times = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(QUEUE_AHEAD_CYCLES)
+        torch.cuda._sleep(queue_cycles)
         start.record()
         fn()
         end.record()
