@@ -105,15 +105,15 @@ class Replica:
 
     def _decode_run_limit(self, batch_size: int, context_tokens: int, max_steps: int,
                           attach: ElasticAction | None) -> int:
-        """How many decode steps start before the next arrival (all of them if none is due);
-        the run starts after `attach`'s pause when it waits for one.
+        """How many decode steps start before this replica's next arrival (all of them if none
+        is due); the run starts after `attach`'s pause when it waits for one.
 
         Only the steps that can start before the arrival are priced: as many as the gap holds
         at half the previous run's first step (step times vary little between runs), or all
         of them when that guess proves short. Each duration is priced on its own, so the
         figures do not depend on how many were."""
         cost = self.cost
-        next_arrival_s = self.fleet.next_arrival_s
+        next_arrival_s = self.fleet.next_arrival_for(self.replica_id)
         if next_arrival_s is None:
             self._run_durations = cost.decode_run_s(batch_size, context_tokens, max_steps)
             return max_steps
@@ -200,6 +200,16 @@ class Fleet:
             self._round_robin += 1
             return replica
         return min(self.replicas, key=lambda r: (r.outstanding_tokens, r.replica_id))
+
+    def next_arrival_for(self, replica_id: int) -> float | None:
+        """When the next request this replica will get arrives: with round-robin routing
+        (replicas listed by id) the one `replica_id` places after the next arrival; with
+        another router any arrival may come to it, so the fleet's next. A decode run needs to
+        stop only there: the others go to other replicas and change nothing here."""
+        if self.router != "round-robin" or self._next is None:
+            return self.next_arrival_s
+        index = self._next_index + (replica_id - self._round_robin) % len(self.replicas)
+        return self.requests[index].arrival_s if index < len(self.requests) else None
 
     def deliver_due(self, now_s: float) -> None:
         """Route every request whose arrival time is at or before `now_s`."""

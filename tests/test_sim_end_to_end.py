@@ -267,6 +267,24 @@ def test_round_robin_splits_requests_evenly(slices):
     assert result.summary["num_replicas"] == 2
 
 
+@pytest.mark.parametrize("policy", [Policy.STATIC, Policy.ELASTIC])
+def test_a_round_robin_replica_runs_as_its_share_of_the_trace_alone(slices, policy):
+    """Replicas share nothing, so each must give the times and the steps it gives alone on
+    its share; a decode run cut at other replicas' arrivals would record more steps."""
+    trace = slices["azure-conv"].head(240)
+    fleet = simulate(RunSpec(engine(policy), num_replicas=3, router="round-robin"), trace)
+    steps = TIMELINE_COLUMNS.index("num_steps")
+    for replica_id, recorder in enumerate(fleet.recorders):
+        alone = simulate(RunSpec(engine(policy)), trace.select(np.arange(replica_id, 240, 3)))
+        rows, alone_rows = timeline_array(recorder), timeline_array(alone.recorders[0])
+        assert rows[:, steps].max() > 1, "no decode run happened; the test would prove nothing"
+        assert len(rows) == len(alone_rows)
+        assert rows[:, steps].sum() == alone_rows[:, steps].sum()
+        for mine, own in zip(recorder.requests, alone.recorders[0].requests):
+            assert mine.first_token_s == pytest.approx(own.first_token_s, rel=1e-9, abs=1e-9)
+            assert mine.finish_s == pytest.approx(own.finish_s, rel=1e-9, abs=1e-9)
+
+
 def test_least_tokens_routes_away_from_the_loaded_replica():
     # Request 0 is long; requests 1 and 2 arrive while it is still running.
     trace = hand_trace([0.0, 0.001, 0.002, 0.003], [10_000, 50, 50, 50], [1000, 10, 10, 10])
