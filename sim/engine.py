@@ -10,8 +10,14 @@ at its arrival time, and a replica whose step ends also delivers, before it clos
 every request whose arrival time has come (`Fleet.deliver_due`). So a request arriving at the
 very instant a step ends is routed and queued before that step's `update()` and is seen by
 the next `schedule()`, whichever of the two same-time events SimPy runs first. Decode runs
-follow the same rule: a run stops before the first step that would start at or after the next
-arrival.
+follow the same rule: a run stops before the first step that would start at or after the
+replica's next arrival (under round-robin routing, the next one routed to it; under a
+state-dependent router, the fleet's next, since any may come to it).
+
+A decode run takes the blocks of all its steps at its first step (the scheduler must know
+they are there), so the timeline's used blocks for a run are those of its last step: its peak
+is right, its time-weighted mean KV use reads high by up to a block per sequence per
+`block_size` steps of the run.
 
 Nothing polls. An idle replica sleeps on an event its next request triggers; the arrivals
 process sleeps until the next arrival; the fleet's `done` event fires when the last request
