@@ -15,9 +15,9 @@ replica's next arrival (under round-robin routing, the next one routed to it; un
 state-dependent router, the fleet's next, since any may come to it).
 
 A decode run takes the blocks of all its steps at its first step (the scheduler must know
-they are there), so the timeline's used blocks for a run are those of its last step: its peak
-is right, its time-weighted mean KV use reads high by up to a block per sequence per
-`block_size` steps of the run.
+they are there), so the timeline's used blocks for a run are those of its last step (its
+peak); the recorder takes off the steps each block waited for its first use
+(`SchedulerStats.run_block_wait_steps`), so the mean KV use counts step by step.
 
 Nothing polls. An idle replica sleeps on an event its next request triggers; the arrivals
 process sleeps until the next arrival; the fleet's `done` event fires when the last request

@@ -236,6 +236,12 @@ def test_decode_runs_give_the_same_times_as_single_steps(slices, policy):
                                                                 s.num_preemptions)
         assert f.first_token_s == pytest.approx(s.first_token_s, rel=1e-9, abs=1e-9)
         assert f.finish_s == pytest.approx(s.finish_s, rel=1e-9, abs=1e-9)
+    # a run takes its blocks up front; its KV use must still count as step by step (to the
+    # run's mean step: its steps differ by a token of KV read per sequence per step)
+    for recorders in (fast, slow):
+        recorders[0].flush()
+    kv_use = [r[0].totals.summary(16)["kv_utilization_mean"] for r in (fast, slow)]
+    assert kv_use[0] == pytest.approx(kv_use[1], rel=1e-4)
 
 
 def test_simulate_matches_the_hand_wired_fleet(slices):

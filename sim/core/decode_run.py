@@ -59,21 +59,27 @@ def steps_that_fit(running: Sequence[RequestState], num_free_blocks: int, block_
 
 
 def allocate_run(running: Sequence[RequestState], num_steps: int, block_size: int,
-                 allocate: Callable[[int], list[int] | None]) -> tuple[ScheduledRequest, ...]:
-    """Give each running request the blocks `num_steps` more tokens need; the run's items
-    (one token per step each, every one sampling)."""
+                 allocate: Callable[[int], list[int] | None]) -> tuple[tuple, int]:
+    """Give each running request the blocks `num_steps` more tokens need: the run's items
+    (one token per step each, every one sampling), and the steps its new blocks wait before
+    their first use, in all. A request's j-th new block (from 0) is first used at step
+    `first + j x block_size` (1-based), the step after its tokens fill the blocks before."""
     items = []
+    wait_steps = 0
     for req in running:
-        needed = -(-(req.num_computed_tokens + num_steps) // block_size) - len(req.block_ids)
+        num_blocks = len(req.block_ids)
+        needed = -(-(req.num_computed_tokens + num_steps) // block_size) - num_blocks
         new_ids: tuple[int, ...] = ()
         if needed > 0:
             new_blocks = allocate(needed)
             assert new_blocks is not None, "decode run horizon allowed too many blocks"
             req.block_ids += new_blocks
             new_ids = tuple(new_blocks)
+            first = num_blocks * block_size - req.num_computed_tokens + 1
+            wait_steps += needed * (first - 1) + block_size * needed * (needed - 1) // 2
         items.append(new_tuple(ScheduledRequest, (
             req.request_id, req.num_computed_tokens, 1, new_ids, True, True, False)))
-    return tuple(items)
+    return tuple(items), wait_steps
 
 
 def step_items(scheduled: list[tuple[RequestState, int, list[int]]]) -> tuple:

@@ -226,10 +226,10 @@ class Scheduler:
         context_tokens = bounds[1]
         num_steps = max(1, min(max_steps,
                                limit(len(running), context_tokens, max_steps, attach)))
-        items = allocate_run(running, num_steps, block_size, self.pool.allocate)
+        items, wait_steps = allocate_run(running, num_steps, block_size, self.pool.allocate)
         self._run_states = (self._step_id, tuple(running))
         return self._output(items, num_steps, 0, len(running), (), context_tokens, [], attach,
-                            None, len(running))
+                            None, len(running), wait_steps=wait_steps)
 
     def _admission_possible(self) -> bool:
         needed = self.head_chunk_blocks()
@@ -282,9 +282,10 @@ class Scheduler:
 
     def _output(self, items, num_steps, num_prefill, num_decode, prefill_chunks,
                 decode_context, preempted, action, oom, num_rows,
-                need: tuple[int, int] | None = None) -> SchedulerOutput:
+                need: tuple[int, int] | None = None, wait_steps: int = 0) -> SchedulerOutput:
         """The output, and the stats `make_stats` reports; `need`: the step's activation need
-        when the caller has it already (the pool has not changed since)."""
+        when the caller has it already (the pool has not changed since); `wait_steps`: a
+        decode run's SchedulerStats.run_block_wait_steps."""
         pool = self.pool
         needed, available = need or self.controller.activation_need(
             pool, num_prefill + num_decode, num_rows)
@@ -294,7 +295,7 @@ class Scheduler:
         self._stats = new_tuple(SchedulerStats, (
             self._step_id, len(self.running), len(self.waiting),
             pool.num_used_base + pool.num_used_elastic, pool.num_base_blocks + lent, lent,
-            needed, available))
+            needed, available, wait_steps))
         return new_tuple(SchedulerOutput, (
             self._step_id, items, num_steps, num_prefill, num_decode, prefill_chunks,
             decode_context, tuple(preempted), action, oom, num_rows))

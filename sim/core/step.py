@@ -88,3 +88,7 @@ class SchedulerStats(NamedTuple):
     num_lent_blocks: int  # elastic blocks mapped into the KV pool (0 when detached)
     activation_bytes: int  # activation peak this step needs
     activation_available_bytes: int  # reserve not lent to the KV pool at this step
+    # A decode run takes every block its steps need at its first step, so num_used_blocks is
+    # its last step's count; its new blocks wait this many steps in all before their first
+    # use: KV use over the run, step by step, is num_used_blocks less those block-steps.
+    run_block_wait_steps: int = 0

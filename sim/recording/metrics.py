@@ -142,6 +142,11 @@ class ReplicaRecorder:
         ))
         if ran and out.num_decode_tokens:
             self.itl.add(durations, out.num_decode_tokens)
+        if ran and stats.run_block_wait_steps:
+            # blocks a decode run took before their first use, at the run's mean step: its
+            # steps differ only by their KV reads, which grow by a token per sequence a step
+            self.totals.kv_used_share_s -= (stats.run_block_wait_steps * duration_s
+                                            / out.num_steps / max(stats.num_usable_blocks, 1))
         if len(self._steps) >= TIMELINE_BLOCK_ROWS:
             self._flush_steps()
 
