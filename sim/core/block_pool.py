@@ -144,22 +144,32 @@ class BlockPool:
 
     def _allocate_beyond_stack(self, num_blocks: int) -> list[int]:
         """`allocate` when the base stack holds too few: all of it, then attached free elastic
-        blocks, then evicted cached ones (the caller checked there are enough)."""
+        blocks, then evicted cached ones (the caller checked there are enough). Each part is
+        counted and referenced as it comes (the elastic ones are elastic, the stack's base)."""
         stacked, ref_count = self._num_stacked, self._ref_count
-        taken = self._stack[stacked - 1::-1].tolist() if stacked else []  # the pop order
+        stack_part = self._stack[stacked - 1::-1] if stacked else None  # the pop order
         self._num_stacked = 0
+        taken = stack_part.tolist() if stack_part is not None else []
+        if stack_part is not None:
+            ref_count[stack_part] = 1
+        num_elastic = 0
         if self.elastic_state is ElasticState.ATTACHED:
-            taken += self._take_free_elastic(num_blocks - len(taken))
+            elastic = self._take_free_elastic(num_blocks - len(taken))
+            for block_id in elastic:
+                ref_count[block_id] = 1
+            num_elastic = len(elastic)
+            taken += elastic
         if len(taken) < num_blocks:
             evicted = self._evict(num_blocks - len(taken))
-            taken += evicted if isinstance(evicted, list) else evicted.tolist()
-        if num_blocks <= SMALL_ALLOCATION:
-            for block_id in taken:
-                ref_count[block_id] = 1
-        else:
-            ref_count[taken] = 1
-        num_elastic = 0 if max(taken) < self.num_base_blocks else \
-            sum(1 for b in taken if b >= self.num_base_blocks)
+            if isinstance(evicted, list):
+                for block_id in evicted:
+                    ref_count[block_id] = 1
+                num_elastic += sum(1 for b in evicted if b >= self.num_base_blocks)
+                taken += evicted
+            else:
+                ref_count[evicted] = 1
+                num_elastic += int(np.count_nonzero(evicted >= self.num_base_blocks))
+                taken += evicted.tolist()
         self.num_used_base += num_blocks - num_elastic
         self.num_used_elastic += num_elastic
         return taken
