@@ -45,11 +45,14 @@ EMPTY: Blocks = np.empty(0, dtype=np.int64)
 
 @dataclass
 class _Pushed:
-    """One push's entries; those before `start` were consumed by evictions."""
+    """One push's entries; those before `start` were consumed by evictions. `as_list`: the
+    same ids as a list, made when single evictions first read the array (a decode step's
+    block at a time: one conversion per push instead of one per eviction)."""
 
     blocks: Blocks
     first_stamp: int
     start: int = 0
+    as_list: list[int] | None = None
 
 
 class BlockCache:
@@ -156,18 +159,21 @@ class BlockCache:
         if not self._queue:
             raise AssertionError("the LRU ran out of cached blocks")
         front = self._queue[0]
-        start = front.start
-        stamp, stamp_at = self.stamp, front.first_stamp + start
+        if front.as_list is None:
+            front.as_list = front.blocks.tolist()
+        blocks, start = front.as_list, front.start
+        stamp, stamp_at = self.stamp, front.first_stamp
         evicted = []
-        for i, block_id in enumerate(front.blocks[start:start + FEW_SCAN].tolist()):
+        for i in range(start, min(start + FEW_SCAN, len(blocks))):
+            block_id = blocks[i]
             if stamp[block_id] == stamp_at + i:
                 evicted.append(block_id)
                 if len(evicted) == num_blocks:
                     break
         else:
             return None
-        front.start = start + i + 1
-        self._num_entries -= i + 1
+        front.start = i + 1
+        self._num_entries -= i + 1 - start
         if front.start == len(front.blocks):
             self._queue.popleft()
         key_of, num_base = self.key_of, self.num_base_blocks
