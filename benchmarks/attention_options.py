@@ -45,8 +45,8 @@ Usage:
     python benchmarks/attention_options.py [--out PATH]   # CUDA GPU, about 2 minutes
     python benchmarks/attention_options.py --smoke        # CPU: tiny shapes, Triton's
                                                           # interpreter, CUDA-only options skipped
-The cuDNN frontend options need `pip install --no-deps .whl/nvidia_cudnn_frontend-*.whl`
-(it loads the libcudnn torch ships); without it they record the import error.
+The cuDNN frontend options need `pip install --no-deps nvidia-cudnn-frontend==1.23.0` (it
+loads the libcudnn torch ships); without it they record the import error.
 """
 
 from __future__ import annotations
@@ -1359,7 +1359,7 @@ def probe_cudnn() -> dict:
                 "error": None if ok else f"wrong on the probe: max abs error {err:.3g}"}
     except ModuleNotFoundError as error:
         return {"ok": False, "error": f"{first_line(error)}: pip install --no-deps "
-                                      ".whl/nvidia_cudnn_frontend-*.whl"}
+                                      "nvidia-cudnn-frontend==1.23.0"}
     except Exception as error:  # noqa: BLE001 - the probe reports, the parent decides
         return {"ok": False, "error": first_line(error)}
 
