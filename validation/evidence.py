@@ -25,9 +25,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from validation.runs import GpuRun, TraceSlice, check_calibration_graphs, find_runs, load_run
+from validation.runs import (
+    REPO_ROOT,
+    GpuRun,
+    TraceSlice,
+    check_calibration_graphs,
+    find_runs,
+    load_run,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 EVIDENCE_DIR = ROOT / "validation" / "evidence"
 RECIPE = "slice.json"
 REPORT_FILES = ("report.json", "report.md")

@@ -62,7 +62,6 @@ class BlockCache:
         self.key_of[NONE] = NO_KEY
         self.block_of = np.full(0, NONE, dtype=np.int64)
         self.stamp = np.full(num_blocks, NONE, dtype=np.int64)
-        self.in_use = False  # has any block ever been named (is prefix caching at work)?
         self.num_named = 0  # blocks named so far (a count to compare)
         self._queue: deque[_Pushed] = deque()
         self._num_entries = 0  # entries in the queue from their starts, dead ones included
@@ -76,6 +75,11 @@ class BlockCache:
         return self.num_free_base + self.num_free_elastic
 
     # ------------------------------------------------------------------ names
+    @property
+    def in_use(self) -> bool:
+        """Has any block ever been named (is prefix caching at work)?"""
+        return self.num_named > 0
+
     def lookup(self, key: int) -> int | None:
         """The block named `key`, if one is."""
         if not 0 <= key < len(self.block_of):
@@ -104,7 +108,6 @@ class BlockCache:
             self.num_named += len(blocks)
             self.block_of[named] = blocks
             self.key_of[blocks] = named
-            self.in_use = True
 
     def _unname(self, block_ids: Blocks) -> None:
         self.key_of[block_ids] = NONE

@@ -32,6 +32,15 @@ from sim.core.block_pool import BlockPool
 from sim.core.request import RequestState
 
 
+def first_chunk(req: RequestState, num_hits: int, budget: int,
+                block_size: int) -> tuple[int, int]:
+    """(tokens, new blocks) of a waiting request's first chunk when its first `num_hits`
+    blocks come from the cache and the step has `budget` tokens left."""
+    num_cached = num_hits * block_size
+    num_new = min(req.num_prompt_tokens + req.num_output_tokens - num_cached, budget)
+    return num_new, -(-(num_cached + num_new) // block_size) - num_hits
+
+
 @dataclass
 class _Memo:
     """A waiting request's hits as last looked up, with the pool's epoch, eviction and naming
@@ -125,14 +134,10 @@ class PrefixCache:
         stands. Evictions may have cut its hits, but fewer hits need no fewer new blocks, so
         the blocks it needs with the hits it had are a lower bound of what it needs now."""
         memo, pool = self._memo, self.pool
-        if (memo is None or memo.request_id != req.request_id or memo.refused is None
-                or memo.refused[0] != pool.num_freed_blocks or memo.num_named != pool.num_named
-                or memo.epoch != pool.cache_epoch):
+        if memo is None or memo.num_named != pool.num_named or memo.epoch != pool.cache_epoch:
             return False
-        num_cached = len(memo.hits) * self.block_size
-        num_new = min(req.num_prompt_tokens + req.num_output_tokens - num_cached, budget)
-        needed = -(-(num_cached + num_new) // self.block_size) - len(memo.hits)
-        return needed >= memo.refused[1]
+        needed = first_chunk(req, len(memo.hits), budget, self.block_size)[1]
+        return self.still_refused(req, needed)
 
     def refuse(self, req: RequestState, num_new_blocks: int) -> None:
         """The request's admission check failed needing `num_new_blocks` new blocks."""

@@ -35,7 +35,7 @@ from sim.core.decode_run import (
     step_items,
     steps_that_fit,
 )
-from sim.core.prefix_cache import PrefixCache
+from sim.core.prefix_cache import PrefixCache, first_chunk
 from sim.core.request import RejectReason, RequestState, RequestStatus
 from sim.core.scheduler_config import SchedulerConfig
 from sim.core.step import (
@@ -180,9 +180,7 @@ class Scheduler:
                 break
             hits = cached.hits(req) if cached is not None else EMPTY
             num_hits = len(hits)
-            num_cached = num_hits * block_size
-            num_new = min(req.num_prompt_tokens + req.num_output_tokens - num_cached, budget)
-            needed = -(-(num_cached + num_new) // block_size) - num_hits
+            num_new, needed = first_chunk(req, num_hits, budget, block_size)
             if cached is not None and cached.still_refused(req, needed):
                 break
             # A hit sitting free in the cache stops being free once touched.
@@ -197,9 +195,9 @@ class Scheduler:
             assert new_blocks is not None
             self.waiting.popleft()
             req.block_ids = hits.tolist() + new_blocks if num_hits else new_blocks
-            req.num_computed_tokens = num_cached
+            req.num_computed_tokens = num_hits * block_size
             if req.num_preemptions == 0:  # as vLLM: counted at the first admission only
-                req.num_cached_tokens = num_cached
+                req.num_cached_tokens = req.num_computed_tokens
             if cached is not None:
                 cached.admitted(req, num_hits)
             req.status = RequestStatus.RUNNING
