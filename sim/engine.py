@@ -28,13 +28,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator, Sequence
 
-import numpy as np
 import simpy
 
 from sim.core.cost_model import CostModel
 from sim.core.engine_config import EngineCore
 from sim.core.request import RequestState, RequestStatus
-from sim.core.step import ElasticAction, SchedulerOutput
+from sim.core.step import ElasticAction
 from sim.recording.metrics import ReplicaRecorder
 from traces import Request, Trace
 
@@ -54,8 +53,7 @@ class Replica:
         self.outstanding_tokens = 0
         self.num_finished = 0
         self._wakeup = env.event()
-        self._run_durations: np.ndarray | None = None
-        self._step_guess_s = 0.0  # half the last decode run's first step
+        self._run: tuple[list[float], float] | None = None  # the decode run's steps, its length
 
     def submit(self, req: Request) -> None:
         state = RequestState(req.request_id, req.arrival_s, req.prompt_tokens, req.output_tokens,
@@ -75,7 +73,7 @@ class Replica:
                 self._wakeup = env.event()
                 yield self._wakeup
                 continue
-            self._run_durations = None
+            self._run = None
             out = sched.schedule(decode_run_limit=limit)
             stats = sched.make_stats()
             if out.elastic is not None:
@@ -83,8 +81,15 @@ class Replica:
                 recorder.elastic(env.now, out.elastic, pause_s)
                 yield env.timeout(pause_s)
             start_s = env.now
-            durations = self._durations(out)
-            duration_s = float(durations[0]) if durations.size == 1 else float(durations.sum())
+            if out.num_steps > 1:
+                assert self._run is not None
+                durations, duration_s = self._run
+            elif out.oom is not None:  # the step never ran: the engine failed and dropped it
+                duration_s = self.cost.eff.step_overhead_s
+                durations = [duration_s]
+            else:
+                duration_s = self.cost.step(out).total_s
+                durations = [duration_s]
             yield env.timeout(duration_s)
             due_s = fleet.next_arrival_s
             if due_s is not None and due_s <= env.now:
@@ -97,14 +102,6 @@ class Replica:
             if fleet.next_arrival_s is None:
                 fleet.check_done()
 
-    def _durations(self, out: SchedulerOutput) -> np.ndarray:
-        if out.num_steps > 1:
-            assert self._run_durations is not None
-            return self._run_durations[: out.num_steps]
-        if out.oom is not None:  # the step never ran: the engine failed and dropped it
-            return np.array([self.cost.eff.step_overhead_s])
-        return np.array([self.cost.step(out).total_s])
-
     def _pause_s(self, action: ElasticAction) -> float:
         """The engine's pause for an elastic action: VMM time, then migration copies."""
         return action.duration_s + self.cost.migration_s(action.migrated_bytes)
@@ -114,44 +111,28 @@ class Replica:
         """How many decode steps start before this replica's next arrival (all of them if none
         is due); the run starts after `attach`'s pause when it waits for one.
 
-        Only the steps that can start before the arrival are priced: as many as the gap holds
-        at half the previous run's first step (step times vary little between runs), or all
-        of them when that guess proves short. Each duration is priced on its own, so the
-        figures do not depend on how many were."""
-        cost = self.cost
+        Steps are priced one at a time (`CostModel.decode_step_terms`, the figures
+        `CostModel.decode_run_s` gives), up to the first that would start at or after the
+        arrival: step i starts at the run's start plus the first i durations, added in order,
+        and the run lasts their sum, added the same way."""
         next_arrival_s = self.fleet.next_arrival_for(self.replica_id)
-        if next_arrival_s is None:
-            self._run_durations = cost.decode_run_s(batch_size, context_tokens, max_steps)
-            return max_steps
-        now_s = self.env.now if attach is None else self.env.now + self._pause_s(attach)
-        num_priced = max_steps
-        if self._step_guess_s > 0:
-            num_priced = min(max_steps, int((next_arrival_s - now_s) / self._step_guess_s) + 2)
+        start_s = self.env.now if attach is None else self.env.now + self._pause_s(attach)
+        due_s = float("inf") if next_arrival_s is None else next_arrival_s
+        fixed_s, per_token_s, launch, fraction, overhead = self.cost.decode_step_terms(batch_size)
+        durations: list[float] = []
+        elapsed_s = 0.0
+        context = context_tokens
         while True:
-            durations = cost.decode_run_s(batch_size, context_tokens, num_priced)
-            num_steps = _steps_started_before(durations.tolist(), now_s, next_arrival_s)
-            if num_steps < num_priced or num_priced == max_steps:
+            device = fixed_s + context * per_token_s
+            duration_s = ((device if device > launch else launch)
+                          + fraction * (launch if device > launch else device) + overhead)
+            durations.append(duration_s)
+            elapsed_s += duration_s
+            context += batch_size
+            if len(durations) == max_steps or start_s + elapsed_s >= due_s:
                 break
-            num_priced = max_steps
-        self._step_guess_s = 0.5 * float(durations[0])
-        self._run_durations = durations
-        return num_steps
-
-
-def _steps_started_before(durations_s: list[float], start_s: float, due_s: float) -> int:
-    """How many back-to-back steps from `start_s` start before `due_s` (at least one: the
-    first is scheduled already). Step i starts at start + the first i durations, added in
-    order (as numpy's cumsum adds them)."""
-    if start_s >= due_s:
-        return 1
-    num_steps = 1
-    elapsed_s = 0.0
-    for duration_s in durations_s[:-1]:
-        elapsed_s += duration_s
-        if start_s + elapsed_s >= due_s:
-            break
-        num_steps += 1
-    return num_steps
+        self._run = (durations, elapsed_s)
+        return len(durations)
 
 
 class TraceRequests(Sequence[Request]):
@@ -212,10 +193,15 @@ class Fleet:
         (replicas listed by id) the one `replica_id` places after the next arrival; with
         another router any arrival may come to it, so the fleet's next. A decode run needs to
         stop only there: the others go to other replicas and change nothing here."""
-        if self.router != "round-robin" or self._next is None:
+        num_replicas = len(self.replicas)
+        if self.router != "round-robin" or self._next is None or num_replicas == 1:
             return self.next_arrival_s
-        index = self._next_index + (replica_id - self._round_robin) % len(self.replicas)
-        return self.requests[index].arrival_s if index < len(self.requests) else None
+        index = self._next_index + (replica_id - self._round_robin) % num_replicas
+        if index >= len(self.requests):
+            return None
+        if isinstance(self.requests, TraceRequests):  # without making the Request
+            return float(self.requests.trace.arrival_s[index])
+        return self.requests[index].arrival_s
 
     def deliver_due(self, now_s: float) -> None:
         """Route every request whose arrival time is at or before `now_s`."""

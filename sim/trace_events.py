@@ -30,12 +30,10 @@ import tempfile
 from pathlib import Path
 from typing import IO
 
-import numpy as np
-
 from sim.core.request import RequestState, RequestStatus
 from sim.core.step import ElasticAction, OutOfMemory, SchedulerOutput, SchedulerStats
 from sim.recording.folder import TEMP_PREFIX, atomic_path
-from sim.recording.metrics import ReplicaRecorder
+from sim.recording.metrics import ReplicaRecorder, sum_in_order
 from sim.recording.sinks import RequestSink
 
 ID_STRIDE = 1_000_000_000
@@ -197,10 +195,10 @@ class TracingRecorder(ReplicaRecorder):
             self._ended.append(req)
 
     def step(self, start_s: float, out: SchedulerOutput, stats: SchedulerStats,
-             durations: np.ndarray, failed: OutOfMemory | None = None,
+             durations: list[float], failed: OutOfMemory | None = None,
              duration_s: float | None = None) -> None:
         if duration_s is None:
-            duration_s = float(durations.sum())
+            duration_s = sum_in_order(durations)
         super().step(start_s, out, stats, durations, failed, duration_s)
         end_s = start_s + duration_s
         scheduled = self._scheduled_s

@@ -177,7 +177,7 @@ def test_itl_past_the_exact_store_is_within_its_stated_accuracy():
     weights = rng.integers(1, 64, 50_000).astype(np.float64)
     sketch = WeightedSample(capacity=1_000)  # past it: the log histogram
     for start in range(0, values.size, 25):
-        sketch.add(values[start:start + 25], float(weights[start]))
+        sketch.add(values[start:start + 25].tolist(), float(weights[start]))
     sketch_weights = np.repeat(weights[::25], 25)
     exact = weighted_percentiles(values, sketch_weights)
     folded = merged_percentiles([sketch])

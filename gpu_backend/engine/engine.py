@@ -137,7 +137,7 @@ class GpuEngine:
         self.mirror.finish(r.request_id for r in finished)
         for req in ended:
             self.recorder.done(req)
-        self.recorder.step(start_s, out, stats, np.array([duration_s]), failed)
+        self.recorder.step(start_s, out, stats, [duration_s], failed)
         self._record_step(out, stats, start_s, duration_s, graph, failed)
         return finished
 

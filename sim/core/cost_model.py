@@ -110,6 +110,7 @@ class CostModel(OperatorCosts):
         super().__init__(model, gpu, tp, efficiency)
         self.graph_sizes = tuple(sorted(graph_sizes))
         self.token_graph_sizes = tuple(sorted(token_graph_sizes))
+        self._decode_terms: dict[int, tuple[float, float, float, float, float]] = {}
 
     def decode_rows(self, num_rows: int) -> tuple[int, bool]:
         """(rows computed, eager?) of a decode-only step of `num_rows` rows."""
@@ -176,18 +177,30 @@ class CostModel(OperatorCosts):
             launch_s=launch, launch_serial_fraction=self.eff.launch_serial_fraction,
         )
 
+    def decode_step_terms(self, batch_size: int) -> tuple[float, float, float, float, float]:
+        """(fixed seconds, seconds per context token, launch seconds, launch serial fraction,
+        overhead seconds) of a decode-only step of `batch_size` sequences. A step whose
+        contexts sum to C tokens takes max(d, launch) + fraction x min(d, launch) + overhead,
+        with d = fixed + C x per-token (the step's device time); the terms depend on the
+        batch size only, so they are computed once per size."""
+        terms = self._decode_terms.get(batch_size)
+        if terms is None:
+            rows, eager = self.decode_rows(batch_size)
+            launch, sampled = 0.0, rows
+            if eager:  # beyond every decode graph: as CostModel.step prices it
+                rows, launch = self.eager_step(batch_size)
+                sampled = batch_size
+            fixed_s = self.linear_s(rows) + self.allreduce_s(rows) + self.logits_s(sampled)
+            terms = (fixed_s, self._kv_bytes_per_token / self._kv_bytes_s, launch,
+                     self.eff.launch_serial_fraction,
+                     self.eff.step_overhead_s + self.eff.per_seq_overhead_s * batch_size)
+            self._decode_terms[batch_size] = terms
+        return terms
+
     def decode_run_s(self, batch_size: int, context_tokens: int, num_steps: int) -> np.ndarray:
         """Durations of `num_steps` consecutive decode-only steps of `batch_size` sequences
         whose contexts sum to `context_tokens` at the first step and grow by one each step."""
-        rows, eager = self.decode_rows(batch_size)
-        launch, sampled = 0.0, rows
-        if eager:  # beyond every decode graph: as CostModel.step prices it
-            rows, launch = self.eager_step(batch_size)
-            sampled = batch_size
-        fixed_s = self.linear_s(rows) + self.allreduce_s(rows) + self.logits_s(sampled)
+        fixed_s, per_token_s, launch, fraction, overhead = self.decode_step_terms(batch_size)
         contexts = context_tokens + batch_size * np.arange(num_steps, dtype=np.float64)
-        attention = contexts * (self._kv_bytes_per_token / self._kv_bytes_s)
-        overhead = self.eff.step_overhead_s + self.eff.per_seq_overhead_s * batch_size
-        device = fixed_s + attention
-        return (np.maximum(device, launch) + self.eff.launch_serial_fraction
-                * np.minimum(device, launch) + overhead)
+        device = fixed_s + contexts * per_token_s
+        return (np.maximum(device, launch) + fraction * np.minimum(device, launch) + overhead)

@@ -95,14 +95,11 @@ class WeightedSample:
         self._weighted_sum = 0.0
         self._total_weight = 0.0
 
-    def add(self, values: np.ndarray, weight: float) -> None:
-        """Values sharing one weight (a decode run's step durations)."""
-        if values.size == 1:
-            self._values.append(float(values[0]))
-        else:
-            self._values += values.tolist()
+    def add(self, values: list[float], weight: float) -> None:
+        """Values (Python floats) sharing one weight (a decode run's step durations)."""
+        self._values += values
         self._weights.append(weight)
-        self._counts.append(values.size)
+        self._counts.append(len(values))
         if len(self._values) >= _CHUNK:
             self._flush()
 

