@@ -79,6 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="virtual clock: advance by measured step times, skip idle gaps "
                         "(needed with --tensor-parallel-size above 1)")
     g.add_argument("--no-graphs", action="store_true", help="run decode steps eagerly")
+    g.add_argument("--attention-backend", default="triton", choices=["triton", "split"],
+                   help="attention of steps with prefill rows. triton (default): the Triton "
+                        "paged kernel over the whole batch. split: decode rows through the "
+                        "Triton decode path, each prefill sequence through SPLIT: cuDNN's "
+                        "SDPA over the chunk's own keys (causal) and over its cached prefix "
+                        "gathered from the pool in bounded segments, merged by log-sum-exp. Decode-only steps run the Triton kernel either way. "
+                        "One GPU only")
     g.add_argument("--torch-cap", default="auto", choices=["auto", "on", "off"],
                    help="cap torch's allocator at the unlent reserve (default: auto, overcommit "
                         "only)")
@@ -171,6 +178,9 @@ def run_replay(args: argparse.Namespace) -> int:
     if config.tensor_parallel_size > 1:
         if piecewise:
             raise ValueError("--piecewise-graphs runs on one GPU only: drop it or --tp")
+        if args.attention_backend != "triton":
+            raise ValueError(f"--attention-backend {args.attention_backend} runs on one GPU "
+                             "only: drop it or --tp")
         from gpu_backend.tp.launch import run_tp_replay
 
         return run_tp_replay(args, config)
@@ -178,7 +188,8 @@ def run_replay(args: argparse.Namespace) -> int:
     setup = build_gpu_engine(config, seed=args.seed, use_graphs=not args.no_graphs,
                              torch_cap=args.torch_cap, max_kv_blocks=args.max_kv_blocks,
                              **headroom_of(args),
-                             piecewise=piecewise, piecewise_max_tokens=cap)
+                             piecewise=piecewise, piecewise_max_tokens=cap,
+                             attention_backend=args.attention_backend)
     setup_s = time.perf_counter() - setup_start
     engine = setup.engine
     print(f"setup {setup_s:.1f} s: KV {engine.core.plan.num_kv_blocks} blocks "
@@ -193,6 +204,7 @@ def run_replay(args: argparse.Namespace) -> int:
            host_probe=probe)
     measured = measured_fields(setup, probe, setup_s, time.perf_counter() - wall_start,
                                "wall" if not args.no_wait else "virtual")
+    measured["attention_backend"] = args.attention_backend
     summary = engine_summary(engine, measured)
     summary.update(replay_fields(args, config))
     print_headline(summary)

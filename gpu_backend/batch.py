@@ -5,9 +5,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 from torch import Tensor
 
 from gpu_backend.kernels.attention import DecodePlan
+from gpu_backend.kernels.split_attention import SplitPlan
+
+
+@dataclass(frozen=True)
+class HostLens:
+    """A step's lengths on the host, as the engine had them when it built the step: attention
+    that launches per sequence (the split backend) reads them here, not from the device."""
+
+    query_start_loc: np.ndarray  # [S+1] offsets of each sequence's tokens in T
+    seq_lens: np.ndarray  # [S] context length after this step
 
 
 @dataclass
@@ -28,3 +39,5 @@ class ForwardBatch:
     num_decodes: int = 0
     decode_plan: DecodePlan | None = None  # made by Model.compute_logits (decode rows)
     prefill_query_start_loc: Tensor | None = None  # [S - num_decodes + 1], mixed steps only
+    host_lens: HostLens | None = None  # the lengths above on the host (HostBatch.host_lens)
+    split_plan: SplitPlan | None = None  # made by PagedAttention.prepare (split backend)

@@ -1,21 +1,31 @@
 """Building blocks of a Llama-family decoder: norm, rotary, MLP activation, paged attention.
 
-The modules here are plain torch (the reference the tests compare against); attention runs
-the Triton paged-attention kernels, or their float32 torch references. `DecoderLayer` on
-the "triton" backend replaces the torch norm, rotary and activation by the fused kernels of
-`gpu_backend.kernels.fused` (one launch per group). Nothing here syncs with the host, so a
-decode step built from these layers can be captured in a CUDA graph.
+The modules here are plain torch (the reference the tests compare against). Attention
+backends (`ATTENTION_BACKENDS`):
+
+    triton  the Triton paged-attention kernel for every step
+    split   decode-only steps as triton; steps with prefill rows run the decode rows through
+            the Triton decode path and each prefill sequence through SPLIT (cuDNN's SDPA
+            over its own keys and over its gathered prefix, merged by log-sum-exp: see
+            gpu_backend.kernels.split_attention)
+    torch   the float32 torch references (CPU tests)
+
+`DecoderLayer` on the Triton-based backends replaces the torch norm, rotary and activation
+by the fused kernels of `gpu_backend.kernels.fused` (one launch per group). Nothing here
+syncs with the host on a decode step, so one built from these layers can be captured in a
+CUDA graph; SPLIT launches per sequence from host lengths (`ForwardBatch.host_lens`).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from gpu_backend.batch import ForwardBatch, HostLens
 from gpu_backend.kernels import attention as attention_switches  # MIXED_SPLIT, read per step
 from gpu_backend.kernels import (
     paged_attention,
@@ -23,13 +33,17 @@ from gpu_backend.kernels import (
     store_kvcache,
     store_kvcache_ref,
 )
-from gpu_backend.kernels.attention import decode_config, plan_decode_splits, uses_split_plan
+from gpu_backend.kernels.attention import (
+    DecodePlan,
+    decode_config,
+    plan_decode_splits,
+    uses_split_plan,
+)
+from gpu_backend.kernels.split_attention import SEGMENT_TOKENS, plan_split, split_attention
 
-if TYPE_CHECKING:
-    from gpu_backend.batch import ForwardBatch
-
-AttentionBackend = Literal["triton", "torch"]
-ATTENTION_BACKENDS = ("triton", "torch")
+AttentionBackend = Literal["triton", "split", "torch"]
+ATTENTION_BACKENDS = ("triton", "split", "torch")
+FUSED_BACKENDS = ("triton", "split")  # backends whose layers run the fused Triton kernels
 
 
 class RMSNorm(nn.Module):
@@ -99,6 +113,7 @@ class PagedAttention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = head_dim ** -0.5
         self.backend = backend
+        self.segment_tokens = SEGMENT_TOKENS  # SPLIT's prefix keys per SDPA call
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,
                 batch: ForwardBatch) -> Tensor:
@@ -113,9 +128,11 @@ class PagedAttention(nn.Module):
         store = store_kvcache_ref if self.backend == "torch" else store_kvcache
         store(k, v, k_cache, v_cache, slot_mapping)
 
-    def prepare(self, batch: ForwardBatch) -> ForwardBatch:
-        """The batch with its decode rows' split plan (Triton; else unchanged), made once per
-        step: every layer has the same sequence lengths and head counts.
+    def prepare(self, batch: ForwardBatch, k_cache: Tensor | None = None) -> ForwardBatch:
+        """The batch with what every layer of the step shares, made once per step (same
+        sequence lengths and head counts in every layer): the decode rows' split plan
+        (Triton decode path), and on the split backend with prefill rows the SPLIT plan
+        (its segment buffers shaped like `k_cache`, a layer's K cache, when given).
 
         A decode step's plan covers the batch. With MIXED_SPLIT (off by default, see
         gpu_backend.kernels.attention), a mixed step with leading decode rows gets a plan for
@@ -124,19 +141,34 @@ class PagedAttention(nn.Module):
         tiles gives each decode row a 128-row tile on one program per SM (a 512-token chunk
         beside 32 decodes of 2k keys: 29.1 ms, 19.7 ms split), but the extra launches cost
         host time on these eager steps (Azure-conv's small mixed steps: 18.8 -> 31.3 ms)."""
-        if self.backend != "triton" or not uses_split_plan(1):
+        if self.backend == "split" and batch.max_query_len > 1:
+            return self._prepare_split(batch, k_cache)
+        if self.backend == "torch" or not uses_split_plan(1):
             return batch
         num_seqs = batch.seq_lens.shape[0]
         decodes = (num_seqs if batch.max_query_len <= 1
                    else batch.num_decodes if attention_switches.MIXED_SPLIT else 0)
         if decodes == 0:
             return batch
-        block_n = decode_config(self.num_heads // self.num_kv_heads).block_n
-        plan = plan_decode_splits(batch.seq_lens[:decodes], self.num_kv_heads, block_n)
+        plan = self._decode_plan(batch, decodes)
         if decodes == num_seqs:
             return replace(batch, decode_plan=plan)
         return replace(batch, decode_plan=plan,
                        prefill_query_start_loc=batch.query_start_loc[decodes:] - decodes)
+
+    def _decode_plan(self, batch: ForwardBatch, decodes: int) -> DecodePlan:
+        block_n = decode_config(self.num_heads // self.num_kv_heads).block_n
+        return plan_decode_splits(batch.seq_lens[:decodes], self.num_kv_heads, block_n)
+
+    def _prepare_split(self, batch: ForwardBatch, k_cache: Tensor | None) -> ForwardBatch:
+        """A step with prefill rows on the split backend: its SPLIT plan from the host lengths
+        (copied from the device, one sync, when the batch came without them) and the decode
+        rows' split plan."""
+        host = batch.host_lens if batch.host_lens is not None else host_lens_from_device(batch)
+        d = batch.num_decodes
+        plan = plan_split(host.query_start_loc, host.seq_lens, d, self.segment_tokens, k_cache)
+        decode_plan = self._decode_plan(batch, d) if d and uses_split_plan(1) else None
+        return replace(batch, host_lens=host, split_plan=plan, decode_plan=decode_plan)
 
     def attend(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, batch: ForwardBatch,
                out: Tensor | None = None) -> Tensor:
@@ -146,6 +178,13 @@ class PagedAttention(nn.Module):
             result = paged_attention_ref(q, k_cache, v_cache, batch.block_tables,
                                          batch.seq_lens, batch.query_start_loc, self.scale)
             return result if out is None else out.copy_(result)
+        if self.backend == "split" and batch.max_query_len > 1:
+            if batch.split_plan is None:
+                batch = self.prepare(batch, k_cache)
+            assert batch.split_plan is not None
+            return split_attention(q, k_cache, v_cache, batch.block_tables, batch.seq_lens,
+                                   batch.query_start_loc, self.scale, batch.split_plan,
+                                   decode_plan=batch.decode_plan, out=out)
         if batch.prefill_query_start_loc is None:
             return paged_attention(q, k_cache, v_cache, batch.block_tables, batch.seq_lens,
                                    batch.query_start_loc, self.scale,
@@ -163,3 +202,11 @@ class PagedAttention(nn.Module):
                         max_query_len=batch.max_query_len, max_seq_len=batch.max_seq_len,
                         out=out[d:])
         return out
+
+
+def host_lens_from_device(batch: ForwardBatch) -> HostLens:
+    """The step's lengths copied back from its device tensors (one host sync), for batches
+    built without `host_lens`."""
+    num_seqs = batch.seq_lens.shape[0]
+    both = torch.cat([batch.query_start_loc.long(), batch.seq_lens.long()]).cpu().numpy()
+    return HostLens(query_start_loc=both[:num_seqs + 1], seq_lens=both[num_seqs + 1:])

@@ -7,7 +7,8 @@ num_attention_heads, num_kv_heads, head_dim, vocab_size, tie_word_embeddings).
 
 `forward` takes plain tensors (`ForwardBatch`) and the per-layer caches, syncs nothing
 with the host and branches only on Python ints, so the engine can capture decode steps
-in CUDA graphs around it.
+in CUDA graphs around it. (The split attention backend launches a step's prefill rows per
+sequence, from host lengths the batch carries; a batch without them costs one sync.)
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from gpu_backend.batch import ForwardBatch
 from gpu_backend.kernels import add_rms_norm, rotary_store_kv
 from gpu_backend.kernels import silu_and_mul as fused_silu_and_mul
 from gpu_backend.layers import (
+    FUSED_BACKENDS,
     AttentionBackend,
     PagedAttention,
     RMSNorm,
@@ -62,7 +64,8 @@ class DecoderLayer(nn.Module):
         self.down_proj = nn.Linear(inter, hidden, bias=False, dtype=dtype)
         self.rotary = rotary  # shared by all layers
         self.attn = PagedAttention(heads, kv_heads, head_dim, backend)
-        self.fused = backend == "triton"  # fused Triton norm / rotary+store / activation
+        # fused Triton norm / rotary+store / activation
+        self.fused = backend in FUSED_BACKENDS
         # Tensor parallelism (gpu_backend/tp): sums the row-parallel o_proj / down_proj
         # partial outputs over the TP group. None (one GPU) adds nothing.
         self.all_reduce: Callable[[Tensor], Tensor] | None = None
@@ -158,7 +161,8 @@ class Model(nn.Module):
         """Logits [R, vocab] of the rows in batch.logits_indices."""
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"got {len(kv_caches)} KV caches for {len(self.layers)} layers")
-        batch = self.layers[0].attn.prepare(batch)  # the decode rows' plan, for every layer
+        # what every layer shares: the decode rows' plan, the split backend's plan
+        batch = self.layers[0].attn.prepare(batch, kv_caches[0][0])
         hidden = self.embed(batch.input_ids)  # [T, hidden]
         residual = None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
@@ -202,4 +206,16 @@ def build_model(spec: ModelShape, device: torch.device | str = "cuda",
 def set_fused(model: Model, fused: bool) -> None:
     """Switch the fused Triton layer kernels on or off (only where attention runs Triton)."""
     for layer in model.layers:
-        layer.fused = fused and layer.attn.backend == "triton"
+        layer.fused = fused and layer.attn.backend in FUSED_BACKENDS
+
+
+def set_attention_backend(model: Model, backend: AttentionBackend) -> None:
+    """Run attention on `backend` from the next step on (A/B runs over one set of weights):
+    between the backends whose layers run the fused Triton kernels (FUSED_BACKENDS), so
+    only attention changes."""
+    current = {layer.attn.backend for layer in model.layers}
+    if backend not in FUSED_BACKENDS or not current <= set(FUSED_BACKENDS):
+        raise ValueError(f"attention backend {backend!r} for a model on {sorted(current)}: "
+                         f"switch among {FUSED_BACKENDS} only (build another model for others)")
+    for layer in model.layers:
+        layer.attn.backend = backend

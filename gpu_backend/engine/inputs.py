@@ -26,12 +26,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
 from gpu_backend.engine.prompts import PromptError, PromptSpec, prompt_token_ids
 from sim.core.step import SchedulerOutput
+
+if TYPE_CHECKING:
+    from gpu_backend.batch import HostLens
 
 T = TypeVar("T")
 SCRATCH_BLOCK_ID = 0  # device block id of the scratch block (core ids are shifted past it)
@@ -80,6 +83,13 @@ class HostBatch:
     @property
     def is_decode_only(self) -> bool:
         return self.max_query_len == 1 and self.num_seqs > 0
+
+    def host_lens(self) -> HostLens:
+        """The lengths the split attention backend launches by (`ForwardBatch.host_lens`):
+        this batch's own arrays, no copy."""
+        from gpu_backend.batch import HostLens  # torch's side; this module stays numpy-only
+
+        return HostLens(query_start_loc=self.query_start_loc, seq_lens=self.seq_lens)
 
 
 class BlockTables:

@@ -2,9 +2,11 @@
 
     weights      torch.cuda.memory_allocated() growth while the model is built
     activations  torch.cuda.max_memory_allocated() growth over a dummy forward of N tokens
-                 spread over min(N, max_num_seqs) sequences, each sampling one row; at the
-                 chunk size and a few smaller sizes, fitted as fixed + bytes_per_token x N
-                 (an upper envelope, so the fitted reserve covers every measured peak)
+                 spread over min(N, max_num_seqs) sequences, each sampling one row (on the
+                 split attention backend also one sequence of N tokens over a long cached
+                 prefix, its worst case: the larger peak); at the chunk size and a few
+                 smaller sizes, fitted as fixed + bytes_per_token x N (an upper envelope, so
+                 the fitted reserve covers every measured peak)
     non-torch    device memory used (cudaMemGetInfo) minus torch's reserved growth since the
                  context was created: cuBLAS workspaces, kernel images
     graphs       device memory growth over a trial capture of the decode graphs (counted as
@@ -20,7 +22,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from gpu_backend.batch import ForwardBatch
+from gpu_backend.batch import ForwardBatch, HostLens
 from gpu_backend.engine.kv_store import PlainKVStore
 from gpu_backend.vmm.layout import KVLayout, base_block_quantum
 from sim.core.catalog import ModelSpec
@@ -88,8 +90,57 @@ def dummy_batch(num_tokens: int, num_seqs: int, block_size: int,
         positions=dev(positions, torch.int64), slot_mapping=dev(slots, torch.int64),
         block_tables=dev(tables, torch.int32), seq_lens=dev(lens, torch.int32),
         query_start_loc=dev(qsl, torch.int32), logits_indices=dev(qsl[1:] - 1, torch.int64),
-        max_query_len=max_len, max_seq_len=max_len)
+        max_query_len=max_len, max_seq_len=max_len,
+        host_lens=HostLens(query_start_loc=qsl, seq_lens=lens.astype(np.int32)))
     return batch, num_blocks + 1
+
+
+def dummy_prefix_batch(num_tokens: int, prefix_tokens: int, block_size: int,
+                       device: torch.device) -> tuple[ForwardBatch, int]:
+    """One sequence of num_tokens new tokens over a cached prefix of prefix_tokens (a
+    multiple of block_size). The chunk writes blocks 1..n of a small dummy cache and the
+    prefix's table entries name those same blocks over and over: the prefix costs no cache
+    memory, and only the memory peak and time matter here. Returns (batch, blocks needed)."""
+    if prefix_tokens % block_size:
+        raise ValueError(f"prefix of {prefix_tokens} tokens: use a multiple of {block_size}")
+    num_blocks = -(-num_tokens // block_size)
+    prefix_blocks = prefix_tokens // block_size
+    own = 1 + np.arange(num_blocks)
+    tables = np.concatenate([1 + np.arange(prefix_blocks) % num_blocks, own])[None, :]
+    offsets = np.arange(num_tokens)
+    slots = (1 + offsets // block_size) * block_size + offsets % block_size  # [T]
+    qsl = np.array([0, num_tokens], dtype=np.int32)
+    lens = np.array([prefix_tokens + num_tokens], dtype=np.int32)
+
+    def dev(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+        return torch.as_tensor(array).to(device=device, dtype=dtype)
+
+    batch = ForwardBatch(
+        input_ids=dev(offsets % 128, torch.int64),
+        positions=dev(prefix_tokens + offsets, torch.int64), slot_mapping=dev(slots, torch.int64),
+        block_tables=dev(tables, torch.int32), seq_lens=dev(lens, torch.int32),
+        query_start_loc=dev(qsl, torch.int32), logits_indices=dev(qsl[1:] - 1, torch.int64),
+        max_query_len=num_tokens, max_seq_len=int(lens[0]),
+        host_lens=HostLens(query_start_loc=qsl, seq_lens=lens))
+    return batch, num_blocks + 1
+
+
+def split_profile_shapes(num_tokens: int, max_model_len: int, block_size: int,
+                         segment_tokens: int) -> list[tuple[int, int]]:
+    """(new tokens, prefix tokens) of the split backend's worst steps of num_tokens tokens:
+    one sequence holds them all (its partial outputs grow with its chunk) over a prefix of
+    more than one segment (the segment buffers and the float32 running result), the prefix
+    a block past one segment. Where max_model_len leaves no room for both: the longest
+    chunk with the longest prefix beside it, and a chunk shortened to fit the long prefix."""
+    long_prefix = segment_tokens + block_size
+    room = max_model_len - block_size
+    shapes = []
+    if room >= 1:
+        chunk = min(num_tokens, room)
+        shapes.append((chunk, min(long_prefix, (max_model_len - chunk) // block_size * block_size)))
+    if shapes and shapes[0][1] < long_prefix and max_model_len - long_prefix >= 2:
+        shapes.append((min(num_tokens, max_model_len - long_prefix), long_prefix))
+    return shapes
 
 
 def dummy_store(model: ModelSpec, num_blocks: int, block_size: int,
@@ -102,10 +153,25 @@ def kv_caches_of(store, num_layers: int) -> list[tuple[torch.Tensor, torch.Tenso
 
 
 def measure_activation_peak(model: torch.nn.Module, spec: ModelSpec, num_tokens: int,
-                            max_num_seqs: int, block_size: int, device: torch.device) -> int:
-    """Peak bytes torch allocates over one dummy forward of num_tokens tokens."""
+                            max_num_seqs: int, block_size: int, device: torch.device,
+                            max_model_len: int | None = None) -> int:
+    """Peak bytes torch allocates over one dummy forward of num_tokens tokens. On the split
+    attention backend, given `max_model_len`, also over its worst steps of as many tokens
+    (`split_profile_shapes`): the largest of the peaks."""
     num_seqs = min(num_tokens, max_num_seqs)
-    batch, num_blocks = dummy_batch(num_tokens, num_seqs, block_size, device)
+    steps = [dummy_batch(num_tokens, num_seqs, block_size, device)]
+    attn = model.layers[0].attn  # type: ignore[index]
+    if max_model_len is not None and attn.backend == "split":
+        steps += [dummy_prefix_batch(chunk, prefix, block_size, device) for chunk, prefix
+                  in split_profile_shapes(num_tokens, max_model_len, block_size,
+                                          attn.segment_tokens)]
+    return max(forward_peak(model, spec, batch, num_blocks, block_size, device)
+               for batch, num_blocks in steps)
+
+
+def forward_peak(model: torch.nn.Module, spec: ModelSpec, batch: ForwardBatch,
+                 num_blocks: int, block_size: int, device: torch.device) -> int:
+    """Peak bytes torch allocates over one forward of `batch` on a dummy cache."""
     store = dummy_store(spec, num_blocks, block_size, device)
     caches = kv_caches_of(store, spec.num_layers)
     model(batch, caches)  # warm-up: kernel compilation and cuBLAS workspaces

@@ -10,7 +10,9 @@ attention, whose launch depends on the step's sequences, runs eagerly between th
 
 A step of T tokens replays the graphs of the smallest captured size n >= T: the linear layers
 compute n rows, of which the last n - T are padding (slot -1, so they write no K/V; their
-rows are never read: attention and sampling see the first T rows only). The sizes come from
+rows are never read: attention and sampling see the first T rows only). Attention reads the
+step's K/V from the cache only (the graphs wrote them there), as every backend's `attend`
+does, so the split backend runs here as in an eager step. The sizes come from
 `sim.core.cost_model.piecewise_capture_sizes`, the rule the simulator prices.
 
 Inputs and the layer-boundary tensors live in static buffers of the largest size; the graphs
@@ -134,7 +136,7 @@ class PiecewiseGraphs:
         self.slot_mapping[:num_tokens].copy_(batch.slot_mapping, non_blocking=True)
         self.slot_mapping[num_tokens:size].fill_(-1)  # padding rows store nothing
         layers = self.model.layers
-        batch = layers[0].attn.prepare(batch)
+        batch = layers[0].attn.prepare(batch, self.kv_caches[0][0])  # shared by every layer
         q, attn = self.q[:num_tokens], self.attn[:num_tokens]
         for index, piece in enumerate(self.graphs[size]):
             piece.replay() if isinstance(piece, torch.cuda.CUDAGraph) else piece()

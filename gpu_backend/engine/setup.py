@@ -71,8 +71,9 @@ def fused_layers_enabled() -> bool:
 
 def load_model(config: EngineConfig, device: torch.device, seed: int,
                backend: str = "triton", dtype: torch.dtype = torch.bfloat16):
-    """The model of `config` with random weights. GPU_BACKEND_FUSED=0 in the environment
-    turns the fused layer kernels off (an A/B switch for the device scripts)."""
+    """The model of `config` with random weights, its attention on `backend` (one of
+    gpu_backend.layers.ATTENTION_BACKENDS). GPU_BACKEND_FUSED=0 in the environment turns
+    the fused layer kernels off (an A/B switch for the device scripts)."""
     spec = config.model
     max_len = config.memory_config().effective_max_model_len
     return build_model(spec, device, dtype, qkv_bias=spec.attention_bias,
@@ -82,19 +83,20 @@ def load_model(config: EngineConfig, device: torch.device, seed: int,
 
 
 def measure_memory(config: EngineConfig, device: torch.device, seed: int, use_graphs: bool,
-                   piecewise_tokens: int | None = None):
+                   piecewise_tokens: int | None = None, attention_backend: str = "triton"):
     """(model, MemoryMeasurement): everything the plan needs, measured on this device
     (`piecewise_tokens`: the memory of piecewise graphs up to that many tokens counted with
-    the decode graphs')."""
+    the decode graphs'; the activation peaks are those of `attention_backend`'s steps)."""
     torch.zeros(1, device=device)
     torch.cuda.synchronize(device)
     used0, reserved0 = device_used_bytes(device), torch.cuda.memory_reserved(device)
     allocated0 = torch.cuda.memory_allocated(device)
-    model = load_model(config, device, seed)
+    model = load_model(config, device, seed, attention_backend)
     torch.cuda.synchronize(device)
     weights = torch.cuda.memory_allocated(device) - allocated0
     spec, bs = config.model, config.block_size
-    peaks = {n: measure_activation_peak(model, spec, n, config.num_seqs, bs, device)
+    max_len = config.memory_config().effective_max_model_len
+    peaks = {n: measure_activation_peak(model, spec, n, config.num_seqs, bs, device, max_len)
              for n in profile_token_counts(config.chunk_tokens, config.num_seqs)}
     gc.collect()
     torch.cuda.empty_cache()
@@ -138,12 +140,15 @@ def build_gpu_engine(config: EngineConfig, *, device: torch.device | None = None
                      use_graphs: bool = True, torch_cap: str = "auto",
                      torch_cap_headroom_bytes: int = TORCH_CAP_SLACK_BYTES,
                      max_kv_blocks: int | None = None, piecewise: bool = False,
-                     piecewise_max_tokens: int | None = None) -> EngineSetup:
+                     piecewise_max_tokens: int | None = None,
+                     attention_backend: str = "triton") -> EngineSetup:
     """`piecewise`: steps with prefill tokens replay piecewise graphs (engine/piecewise.py)
     captured at `sim.core.cost_model.piecewise_capture_sizes` of the chunk, or of
     `piecewise_max_tokens` when that is smaller (a longer step runs fully eager); needs
     `use_graphs`. `torch_cap_headroom_bytes`: what a capped torch may hold above the setup's
-    memory and the activation reserve (allocator rounding and fragmentation)."""
+    memory and the activation reserve (allocator rounding and fragmentation).
+    `attention_backend`: "triton" (every step through the Triton paged kernel) or "split"
+    (steps with prefill rows through SPLIT, gpu_backend.kernels.split_attention)."""
     check_supported(config)
     if piecewise and not use_graphs:
         raise ValueError("piecewise graphs need CUDA graphs: drop --no-graphs")
@@ -151,7 +156,8 @@ def build_gpu_engine(config: EngineConfig, *, device: torch.device | None = None
     config = config.with_(reclaim="release")
     piecewise_tokens = (max(piecewise_sizes_for(config.chunk_tokens, piecewise_max_tokens))
                         if piecewise else None)
-    model, m = measure_memory(config, device, seed, use_graphs, piecewise_tokens)
+    model, m = measure_memory(config, device, seed, use_graphs, piecewise_tokens,
+                              attention_backend)
     config = config.with_(gpu=replace(config.gpu, memory_bytes=m.total_bytes))
     core = build_core(config, profile=m.profile, plan=measured_plan(config, m, max_kv_blocks))
     store = make_store(core, device)
