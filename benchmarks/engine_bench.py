@@ -16,6 +16,13 @@ Run from the repository root on the GPU machine (under ~3 minutes for Llama-3.1-
 5. with `--piecewise-max-tokens N`: the chunk-size curve again with piecewise CUDA graphs up
    to N tokens (vLLM's default cap is 512) and steps beyond fully eager, as an engine run
    with `--piecewise-graphs --piecewise-max-tokens N` takes them.
+6. with `--attention-backend triton split`: the prefill and the chunk-size curves (3, 5) on
+   each attention backend over the same weights, the backends taking turns at every point;
+   the first backend's keep the names above, the others' carry the backend's name
+   (`chunk_curve_split`, ...). Per backend also: prefill steps of chunk lengths never run
+   before, timed on their first run and again (cuDNN builds an execution plan for each new
+   shape; TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1 rounds its shapes up to powers of two), and
+   the activation-memory profile's peaks at 2k..16k tokens with their fitted line.
 Steps are timed as the engine times them: host arrays -> device -> forward -> ids on host.
 """
 
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import statistics
 import sys
 import time
@@ -33,7 +41,12 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from gpu_backend.engine.memory import dummy_store, kv_caches_of  # noqa: E402
+from gpu_backend.engine.memory import (  # noqa: E402
+    dummy_store,
+    fit_envelope,
+    kv_caches_of,
+    measure_activation_peak,
+)
 from gpu_backend.engine.piecewise import PiecewiseGraphs  # noqa: E402
 from gpu_backend.engine.runner import DecodeGraphs, ModelRunner  # noqa: E402
 from gpu_backend.engine.setup import load_model  # noqa: E402
@@ -48,13 +61,16 @@ from gpu_backend.env import (  # noqa: E402
     device_environment,
     write_result,
 )
-from gpu_backend.model import set_fused  # noqa: E402
+from gpu_backend.model import set_attention_backend, set_fused  # noqa: E402
 from sim.core.catalog import get_gpu, get_model  # noqa: E402
 from sim.core.engine_config import EngineConfig  # noqa: E402
 
 CHUNKS = (512, 1024, 2048, 4096, 8192, 16384)
 PROMPTS = (16384, 32768)
 DECODE_BATCH, DECODE_CONTEXT = 64, 1024
+BACKENDS = ("triton", "split")  # the attention backends a model can switch between
+NEW_SHAPES = ((3001, 9000), (3013, 9013), (1777, 0))  # (chunk, prefix) no other step runs
+PROFILE_TOKENS = (2048, 4096, 8192, 16384)
 
 
 def timed(fn, repeat: int = 5, warmup: int = 2) -> float:
@@ -116,17 +132,72 @@ def ttft(runner, bs, num_blocks, prompt: int, chunk: int, num_decodes: int) -> f
     return timed(run_all, repeat=2, warmup=1)
 
 
-def bench_chunks(runner, bs, num_blocks, prompts, chunks) -> list[dict]:
-    rows = []
+def bench_chunks(runner, bs, num_blocks, prompts, chunks, model,
+                 backends: tuple[str, ...]) -> dict[str, list[dict]]:
+    """The chunk-size curve of each attention backend; at every point each backend in turn."""
+    rows: dict[str, list[dict]] = {backend: [] for backend in backends}
     for prompt in prompts:
         for num_decodes in (0, DECODE_BATCH):
-            base = None
+            base: dict[str, float] = {}
             for chunk in chunks:
-                seconds = ttft(runner, bs, num_blocks, prompt, chunk, num_decodes)
-                base = base or seconds
-                rows.append({"prompt": prompt, "chunk": chunk, "num_decodes": num_decodes,
-                             "ttft_s": seconds, "ratio_to_first_chunk": seconds / base})
+                for backend in backends:
+                    set_attention_backend(model, backend)
+                    seconds = ttft(runner, bs, num_blocks, prompt, chunk, num_decodes)
+                    base.setdefault(backend, seconds)
+                    rows[backend].append({"prompt": prompt, "chunk": chunk,
+                                          "num_decodes": num_decodes, "ttft_s": seconds,
+                                          "ratio_to_first_chunk": seconds / base[backend]})
+    set_attention_backend(model, backends[0])
     return rows
+
+
+def add_curves(res: dict, key: str, curves: dict[str, list[dict]]) -> None:
+    """The first backend's curve under `key`, each other's under `key`_<backend>."""
+    for i, (backend, rows) in enumerate(curves.items()):
+        res[key if i == 0 else f"{key}_{backend}"] = rows
+
+
+def bench_new_shapes(runner, bs, num_blocks) -> list[dict]:
+    """Prefill steps of lengths nothing ran before: the first run's time and the median of
+    runs again (the difference is what a new shape costs the host once)."""
+    rows = []
+    for chunk, prefix in NEW_SHAPES:
+        batch = host_batch(prefill_shape(chunk, prefix), bs, num_blocks)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        runner.execute(batch)
+        torch.cuda.synchronize()
+        first = time.perf_counter() - start
+        rows.append({"chunk": chunk, "prefix": prefix, "first_s": first,
+                     "again_s": timed(lambda b=batch: runner.execute(b), repeat=3, warmup=0)})
+    return rows
+
+
+def bench_profile(model, config: EngineConfig) -> dict:
+    """The memory profile's activation peaks (gpu_backend.engine.memory) and their line."""
+    max_len = config.memory_config().effective_max_model_len
+    peaks = {n: measure_activation_peak(model, config.model, n, config.num_seqs,
+                                        config.block_size, torch.device("cuda"), max_len)
+             for n in PROFILE_TOKENS}
+    slope, fixed = fit_envelope(peaks)
+    return {"peaks_bytes": {str(n): v for n, v in peaks.items()},
+            "bytes_per_token": slope, "fixed_bytes": fixed}
+
+
+def bench_backends(model, runner, config: EngineConfig, num_blocks, matmul_peak,
+                   backends: tuple[str, ...]) -> dict:
+    """Per backend: the 16k prefill, the new-shape steps and the memory profile."""
+    res: dict = {"new_shape_steps": {}, "activation_profile": {}}
+    for backend in backends:
+        set_attention_backend(model, backend)
+        key = "prefill" if backend == backends[0] else f"prefill_{backend}"
+        res[key] = bench_prefill(runner, config.model, num_blocks, config.block_size,
+                                 matmul_peak, 16384)
+        res["new_shape_steps"][backend] = bench_new_shapes(runner, config.block_size,
+                                                           num_blocks)
+        res["activation_profile"][backend] = bench_profile(model, config)
+    set_attention_backend(model, backends[0])
+    return res
 
 
 def bench_fusion(model, caches, spec, bs, num_blocks, max_len) -> dict:
@@ -150,9 +221,35 @@ def bench_fusion(model, caches, spec, bs, num_blocks, max_len) -> dict:
     return res
 
 
+def print_curve(rows: list[dict], first: str, others: dict[str, list[dict]]) -> None:
+    """The first backend's curve; each other backend's TTFT and its ratio to the first's."""
+    names = "".join(f" {name + ' ms':>11} {'x ' + first:>8}" for name in others)
+    print(f"{'prompt':>7} {'decodes':>7} {'chunk':>6} {'TTFT ms':>9} {'vs first':>8}{names}")
+    for i, r in enumerate(rows):
+        tail = "".join(f" {o[i]['ttft_s'] * 1e3:>11.1f} {o[i]['ttft_s'] / r['ttft_s']:>8.3f}"
+                       for o in others.values())
+        print(f"{r['prompt']:>7} {r['num_decodes']:>7} {r['chunk']:>6} "
+              f"{r['ttft_s'] * 1e3:>9.1f} {r['ratio_to_first_chunk']:>8.3f}{tail}")
+
+
+def print_backends(res: dict) -> None:
+    for name in res["attention_backends"][1:]:
+        p = res[f"prefill_{name}"]
+        print(f"prefill {p['tokens']} tokens, attention {name}: {p['measured_s'] * 1e3:.1f} ms, "
+              f"{p['achieved_flops_s'] / 1e12:.0f} TFLOP/s")
+    for name, rows in res["new_shape_steps"].items():
+        steps = ", ".join(f"{r['chunk']}@{r['prefix']} {r['first_s'] * 1e3:.1f} -> "
+                          f"{r['again_s'] * 1e3:.1f}" for r in rows)
+        print(f"new shapes, attention {name} (first run -> again, ms): {steps}")
+    for name, prof in res["activation_profile"].items():
+        print(f"activation profile, attention {name}: {prof['bytes_per_token']:.0f} B/token + "
+              f"{prof['fixed_bytes'] / 2**20:.1f} MiB")
+
+
 def print_report(res: dict) -> None:
     d, p = res["decode"], res["prefill"]
-    print(f"GPU {res['env']['gpu']}, model {res['model']}")
+    backends = res.get("attention_backends", ["triton"])
+    print(f"GPU {res['env']['gpu']}, model {res['model']}, attention {', '.join(backends)}")
     print(f"copy bandwidth {res['copy_bandwidth_bytes_s'] / 1e9:.0f} GB/s, "
           f"matmul {res['matmul_flops_s'] / 1e12:.0f} TFLOP/s")
     print(f"decode b={d['batch']} ctx={d['context']}: {d['measured_s'] * 1e3:.3f} ms vs roofline "
@@ -160,15 +257,15 @@ def print_report(res: dict) -> None:
     print(f"prefill {p['tokens']} tokens: {p['measured_s'] * 1e3:.1f} ms, "
           f"{p['achieved_flops_s'] / 1e12:.0f} TFLOP/s = {p['fraction_of_matmul']:.0%} of matmul "
           f"(target >= 50%)")
-    print(f"{'prompt':>7} {'decodes':>7} {'chunk':>6} {'TTFT ms':>9} {'vs first':>8}")
+    if backends != ["triton"]:
+        print_backends(res)
     for curve in ("chunk_curve", "chunk_curve_piecewise"):
         if curve not in res:
             continue
         if curve == "chunk_curve_piecewise":
             print(f"with piecewise graphs up to {res['piecewise_max_tokens']} tokens:")
-        for r in res[curve]:
-            print(f"{r['prompt']:>7} {r['num_decodes']:>7} {r['chunk']:>6} "
-                  f"{r['ttft_s'] * 1e3:>9.1f} {r['ratio_to_first_chunk']:>8.3f}")
+        print_curve(res[curve], backends[0],
+                    {name: res[f"{curve}_{name}"] for name in backends[1:]})
     f = res.get("fusion", {})
     for key, label in (("decode_s", "decode step"), ("chunk512_prefix8192_s", "512-token chunk")):
         if not f:
@@ -186,7 +283,18 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--piecewise-max-tokens", type=int, default=None, metavar="N",
                         help="also time the chunk-size curve with piecewise graphs up to N tokens")
+    parser.add_argument("--attention-backend", nargs="+", choices=BACKENDS, default=["triton"],
+                        metavar="NAME",
+                        help="attention backends to time, over the same weights (triton: the "
+                             "Triton paged kernel; split: prefill rows through cuDNN's SDPA "
+                             "over their own keys and gathered prefix, merged by log-sum-exp). "
+                             "The first runs every section; each other one adds its prefill, "
+                             "chunk-size curves, new-shape steps and memory profile "
+                             "(default: triton)")
     args = parser.parse_args()
+    backends = tuple(dict.fromkeys(args.attention_backend))
+    # results named by what they measure: the default file holds the Triton backend's
+    suffix = () if backends == ("triton",) else ("attention", *backends)
     if not torch.cuda.is_available():
         sys.exit("engine_bench needs a CUDA GPU")
     spec, bs = get_model(args.model), args.block_size
@@ -202,7 +310,7 @@ def main() -> None:
     config = EngineConfig(spec, get_gpu(args.gpu), max_model_len=max_len, block_size=bs)
     bandwidth, matmul_peak = copy_bandwidth_bytes_s(), matmul_flops_s()
     allocated = torch.cuda.memory_allocated()
-    model = load_model(config, torch.device("cuda"), seed=0)
+    model = load_model(config, torch.device("cuda"), seed=0, backend=backends[0])
     weights_bytes = torch.cuda.memory_allocated() - allocated
     num_blocks = 1 + max(prompts) // bs + DECODE_BATCH * (DECODE_CONTEXT // bs + 1)
     store = dummy_store(spec, num_blocks, bs, torch.device("cuda"))
@@ -211,24 +319,31 @@ def main() -> None:
                           (DECODE_BATCH,))
     graphs.capture()
     runner = ModelRunner(model, caches, torch.device("cuda"), graphs)
-    res = {"env": device_environment(), "model": spec.name,
+    res = {"env": device_environment(), "model": spec.name, "attention_backends": list(backends),
+           "cudnn_sdpa_avoid_recompile": os.environ.get("TORCH_CUDNN_SDPA_AVOID_RECOMPILE"),
            "copy_bandwidth_bytes_s": bandwidth, "matmul_flops_s": matmul_peak,
            "weights_bytes": weights_bytes,
-           "decode": bench_decode(runner, spec, num_blocks, bs, weights_bytes, bandwidth),
-           "prefill": bench_prefill(runner, spec, num_blocks, bs, matmul_peak, 16384),
-           "chunk_curve": bench_chunks(runner, bs, num_blocks, prompts, chunks)}
+           "decode": bench_decode(runner, spec, num_blocks, bs, weights_bytes, bandwidth)}
+    if backends != ("triton",):
+        res.update(bench_backends(model, runner, config, num_blocks, matmul_peak, backends))
+    else:
+        res["prefill"] = bench_prefill(runner, spec, num_blocks, bs, matmul_peak, 16384)
+    add_curves(res, "chunk_curve",
+               bench_chunks(runner, bs, num_blocks, prompts, chunks, model, backends))
     if args.piecewise_max_tokens is not None:
         pieces = PiecewiseGraphs(model, caches, args.piecewise_max_tokens, torch.device("cuda"))
         pieces.capture()
         piecewise = ModelRunner(model, caches, torch.device("cuda"), graphs, pieces)
         res["piecewise_max_tokens"] = args.piecewise_max_tokens
-        res["chunk_curve_piecewise"] = bench_chunks(piecewise, bs, num_blocks, prompts, chunks)
+        add_curves(res, "chunk_curve_piecewise",
+                   bench_chunks(piecewise, bs, num_blocks, prompts, chunks, model, backends))
         pieces.release()
     graphs.release()
-    print(f"wrote {write_result(res, args.out, 'engine', res['env']['gpu'], spec.name)}")
+    names = (res["env"]["gpu"], spec.name, *suffix)
+    print(f"wrote {write_result(res, args.out, 'engine', *names)}")
     res["fusion"] = bench_fusion(model, caches, spec, bs, num_blocks, max_len)  # last: A/B only
     print_report(res)
-    print(f"wrote {write_result(res, args.out, 'engine', res['env']['gpu'], spec.name)}")
+    print(f"wrote {write_result(res, args.out, 'engine', *names)}")
 
 
 if __name__ == "__main__":

@@ -247,3 +247,188 @@ def test_fused_model_matches_unfused_bf16() -> None:
     assert torch.isfinite(fused_logits).all()
     err = float((fused_logits - torch_logits).abs().max() / torch_logits.abs().max())
     assert err < 5e-2, err
+
+
+# SPLIT attention (gpu_backend/kernels/split_attention.py): cuDNN's SDPA with its LSE.
+# (query_lens, prefix_lens): leading rows of one token are decode rows
+SPLIT_BATCHES = {
+    "prefill_square": ([1000, 77], [0, 0]),
+    # prefixes of two segments (8,192 + 808 keys), exactly one, and three (the last 5 keys)
+    "prefix_segments": ([700, 129, 1000], [9000, 8192, 16389]),
+    "mixed": ([1] * 33 + [700, 64], [2048] * 32 + [15000, 0, 2000]),
+    "odd_lengths": ([1, 1, 3, 517, 2], [31, 4096, 0, 1111, 8191]),
+}
+
+
+def _split_problem(batch: str, shape: str, block_size: int = 16):
+    import numpy as np
+
+    from gpu_backend.engine.inputs import leading_decodes
+
+    heads, kv_heads, head_dim = SHAPES[shape]
+    query_lens, prefix_lens = SPLIT_BATCHES[batch]
+    pb = make_problem(query_lens, prefix_lens, heads, kv_heads, head_dim, block_size,
+                      torch.bfloat16, device="cuda", seed=zlib.crc32(f"{batch}{shape}".encode()))
+    store_kvcache(pb.new_k, pb.new_v, pb.k_cache, pb.v_cache, pb.slot_mapping)
+    return pb, leading_decodes(np.array(query_lens))
+
+
+def _paged_reference_f32(pb) -> torch.Tensor:
+    from gpu_backend.kernels import paged_attention_ref
+
+    return paged_attention_ref(pb.q.float(), pb.k_cache.float(), pb.v_cache.float(),
+                               pb.block_tables, pb.seq_lens, pb.query_start_loc, pb.scale).cpu()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", ["gqa4_d128", "gqa8_d64"])
+def test_cudnn_sdpa_lse_is_natural_log(shape: str, causal: bool) -> None:
+    """The cuDNN op's LSE: [S, H] float32 in natural log (a base-2 LSE would be 1.44x off)."""
+    from gpu_backend.kernels.split_attention import sdpa_with_lse
+
+    heads, kv_heads, head_dim = SHAPES[shape]
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    rows, keys = 333, 333 if causal else 1500
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device="cuda", generator=gen).to(torch.bfloat16)
+
+    q, k, v = randn(rows, heads, head_dim), randn(keys, kv_heads, head_dim), randn(
+        keys, kv_heads, head_dim)
+    out, lse = sdpa_with_lse(q, k, v, causal, head_dim ** -0.5)
+    group = heads // kv_heads
+    scores = torch.einsum("shd,lhd->hsl", q.float(), k.float().repeat_interleave(group, 1))
+    scores = scores * head_dim ** -0.5
+    if causal:
+        seen = torch.ones(rows, keys, dtype=torch.bool, device="cuda").tril()
+        scores = scores.masked_fill(~seen, float("-inf"))
+    ref_lse = torch.logsumexp(scores, -1).transpose(0, 1)
+    ref_out = torch.einsum("hsl,lhd->shd", scores.softmax(-1),
+                           v.float().repeat_interleave(group, 1))
+    assert lse.shape == (rows, heads) and lse.dtype == torch.float32
+    assert (lse - ref_lse).abs().max() < 2e-2
+    assert rel_error(out, ref_out.cpu()) < BF16_TOL
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("batch", list(SPLIT_BATCHES))
+def test_split_attention_cudnn_bf16(batch: str, shape: str) -> None:
+    from gpu_backend.kernels.split_attention import plan_split, split_attention
+
+    pb, num_decodes = _split_problem(batch, shape)
+    plan = plan_split(pb.query_start_loc.cpu().numpy(), pb.seq_lens.cpu().numpy(), num_decodes,
+                      cache=pb.k_cache)
+    out = split_attention(pb.q, pb.k_cache, pb.v_cache, pb.block_tables, pb.seq_lens,
+                          pb.query_start_loc, pb.scale, plan)
+    err = rel_error(out, _paged_reference_f32(pb))
+    assert err < BF16_TOL, f"rel error {err}"
+
+
+@pytest.mark.parametrize("block_size", [32, 64])
+def test_split_backend_layer_bf16(block_size: int) -> None:
+    """PagedAttention on the split backend over a mixed step: decode rows with their plan,
+    the prefill rows through cuDNN, host lengths from the batch."""
+    from gpu_backend.batch import ForwardBatch, HostLens
+    from gpu_backend.layers import PagedAttention
+
+    pb, num_decodes = _split_problem("mixed", "gqa4_d128", block_size)
+    empty = torch.zeros(0, dtype=torch.int64, device="cuda")
+    batch = ForwardBatch(input_ids=empty, positions=empty, slot_mapping=empty,
+                         block_tables=pb.block_tables, seq_lens=pb.seq_lens,
+                         query_start_loc=pb.query_start_loc, logits_indices=empty,
+                         max_query_len=pb.max_query_len, max_seq_len=pb.max_seq_len,
+                         num_decodes=num_decodes,
+                         host_lens=HostLens(pb.query_start_loc.cpu().numpy(),
+                                            pb.seq_lens.cpu().numpy()))
+    attn = PagedAttention(*SHAPES["gqa4_d128"], backend="split")
+    prepared = attn.prepare(batch, pb.k_cache)
+    assert prepared.split_plan is not None and prepared.split_plan.buffers is not None
+    assert prepared.decode_plan is not None and prepared.decode_plan.num_seqs == num_decodes
+    err = rel_error(attn.attend(pb.q, pb.k_cache, pb.v_cache, prepared), _paged_reference_f32(pb))
+    assert err < BF16_TOL, f"rel error {err}"
+
+
+def test_split_model_matches_triton_model_bf16() -> None:
+    """One set of weights, attention on triton then on split: the same logits to bf16
+    rounding over a prompt of 12,000 tokens in chunks of 3,000 (the last over a prefix past
+    one segment) beside a decode row, then a decode-only step."""
+    from types import SimpleNamespace
+
+    from gpu_backend.batch import ForwardBatch
+    from gpu_backend.model import build_model, set_attention_backend
+
+    spec = SimpleNamespace(num_layers=2, hidden_size=512, intermediate_size=1024,
+                           num_attention_heads=8, num_kv_heads=2, head_dim=64, vocab_size=1000,
+                           tie_word_embeddings=False)
+    model = build_model(spec, "cuda", torch.bfloat16, qkv_bias=True, rope_theta=1e6, seed=0,
+                        max_position=16384)
+    cuda = dict(device="cuda")
+    prompt, other = 12000, 300  # the other sequence decodes beside the prompt's chunks
+    width = -(-(prompt + 16) // 16)
+    tables = torch.stack([torch.arange(1, 1 + width), torch.arange(1 + width, 1 + 2 * width)])
+    tables = tables.int().to(**cuda)
+
+    def step(rows: list[tuple[int, int]]) -> ForwardBatch:  # (computed, new) per table row
+        pos = torch.cat([torch.arange(c, c + n, **cuda) for c, n in rows])
+        row = torch.cat([torch.full((n,), i, **cuda) for i, (_, n) in enumerate(rows)])
+        lens = [c + n for c, n in rows]
+        qsl = [0]
+        for _, n in rows:
+            qsl.append(qsl[-1] + n)
+        return ForwardBatch(
+            input_ids=pos % 997, positions=pos,
+            slot_mapping=tables[row, pos // 16].long() * 16 + pos % 16,
+            block_tables=tables[:len(rows)], seq_lens=torch.tensor(lens, **cuda).int(),
+            query_start_loc=torch.tensor(qsl, **cuda).int(),
+            logits_indices=torch.tensor(qsl[1:], **cuda) - 1,
+            max_query_len=max(n for _, n in rows), max_seq_len=max(lens),
+            num_decodes=1 if len(rows) > 1 else 0)  # the other sequence's row leads
+
+    steps = ([[(0, other)]] + [[(other + i, 1), (3000 * i, 3000)] for i in range(4)]
+             + [[(other + 4, 1), (prompt, 1)]])
+    logits = []
+    for backend in ("triton", "split"):
+        set_attention_backend(model, backend)
+        pool = torch.zeros(2 + 2 * width, 2, 2, 16, 2, 64, **cuda, dtype=torch.bfloat16)
+        caches = [(pool[:, i, 0], pool[:, i, 1]) for i in range(2)]
+        logits.append(torch.cat([model.compute_logits(step(rows), caches).float()
+                                 for rows in steps]))
+    triton_logits, split_logits = logits
+    assert torch.isfinite(split_logits).all()
+    err = float((split_logits - triton_logits).abs().max() / triton_logits.abs().max())
+    assert err < 5e-2, err
+
+
+def test_split_memory_profile_covers_longer_prefixes_and_mixed_steps() -> None:
+    """The memory profile's split step of T tokens (one chunk over a prefix a block past one
+    segment) bounds a chunk of T tokens over a prefix of three segments: the split path's
+    memory does not grow with the prefix (1 MiB of slack for the allocator's rounding of
+    cuDNN's workspace). The whole profile at T bounds a chunk beside 64 decode rows."""
+    from gpu_backend.engine.memory import (
+        dummy_prefix_batch,
+        forward_peak,
+        measure_activation_peak,
+        split_profile_shapes,
+    )
+    from gpu_backend.engine.runner import InputCopier
+    from gpu_backend.engine.setup import load_model
+    from gpu_backend.engine.shapes import blocks_needed, host_batch, mixed_shape
+    from gpu_backend.kernels.split_attention import SEGMENT_TOKENS
+    from sim.core.catalog import get_gpu, get_model
+    from sim.core.engine_config import EngineConfig
+
+    spec, device, tokens, bs = get_model("qwen2.5-0.5b"), torch.device("cuda"), 2048, 16
+    config = EngineConfig(spec, get_gpu("h200"), max_model_len=32768, block_size=bs)
+    model = load_model(config, device, seed=0, backend="split")
+    profiled = measure_activation_peak(model, spec, tokens, config.num_seqs, bs, device, 32768)
+    (chunk, prefix), = split_profile_shapes(tokens, 32768, bs, SEGMENT_TOKENS)
+    assert (chunk, prefix) == (tokens, SEGMENT_TOKENS + bs)
+    split_step = forward_peak(model, spec, *dummy_prefix_batch(chunk, prefix, bs, device), bs,
+                              device)
+    longer = forward_peak(model, spec, *dummy_prefix_batch(tokens, 3 * SEGMENT_TOKENS, bs,
+                                                           device), bs, device)
+    assert split_step <= profiled and longer <= split_step + 2**20
+    mixed = mixed_shape(tokens - 64, 3 * SEGMENT_TOKENS, 64, 1024)
+    num_blocks = blocks_needed(mixed, bs) + 1
+    mixed_batch = InputCopier(device).to_device(host_batch(mixed, bs, num_blocks))
+    assert forward_peak(model, spec, mixed_batch, num_blocks, bs, device) <= profiled

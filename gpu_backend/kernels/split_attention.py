@@ -11,9 +11,9 @@ an SDPA op that also returns the log-sum-exp, the parts merged by their LSEs.
           result is kept in float32
 
 Why: on one H200 (Llama-3.1-8B heads, bf16, 16,384-token prompt) cuDNN's SDPA runs the
-one pass in 3.3 ms per layer, our Triton paged kernel in 6.0 ms, 6.6 ms in chunks of
-2,048; SPLIT with cuDNN costs 3.3 ms in one pass, 3.7 ms in chunks of 2,048, 3.4 ms in
-chunks of 8,192 (benchmarks/attention_options.py). SDPA's own causal mask is top-left
+one pass in 3.3 ms per layer, our Triton paged kernel in 6.0 ms, 6.6 ms summed over
+chunks of 2,048; SPLIT with cuDNN costs 3.3 ms in one pass, 3.7 ms summed over chunks of
+2,048, 3.4 ms over chunks of 8,192 (benchmarks/attention_options.py). SDPA's own causal mask is top-left
 aligned, so a chunk cannot attend over prefix + chunk in one call; split this way, the
 square is a plain causal call and the prefix an unmasked one.
 
@@ -36,8 +36,8 @@ shared by every layer, so the extra memory of a step is bounded:
 
 SDPA ops: on CUDA `aten._scaled_dot_product_cudnn_attention` (fp16/bf16, GQA by head
 counts), on CPU `aten._scaled_dot_product_flash_attention_for_cpu`; both return the LSE
-in natural log, [1, H, S] (or [1, H, S, 1]). torch keeps one cuDNN execution plan per
-operand shape (per thread) and builds a plan the first time it meets a shape: the
+in natural log, [1, H, S] (or [1, H, S, 1]). torch (its cuDNN MHA code) keeps one
+execution plan per operand shape (per thread) and builds a plan the first time it meets a shape: the
 square's (query_len, query_len) and each segment's (query_len, keys). Chunk lengths that
 keep changing (a trace's prompts) keep meeting new shapes; with
 TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1 in the environment torch keys its plans on lengths
