@@ -73,7 +73,8 @@ class InputCopier:
         tensors = {name: device[view.data_ptr() - base:][:view.nbytes].view(view.dtype)
                    .view(view.shape) for name, view in host_views.items()}
         return ForwardBatch(**tensors, max_query_len=batch.max_query_len,
-                            max_seq_len=batch.max_seq_len, num_decodes=batch.num_decodes)
+                            max_seq_len=batch.max_seq_len, num_decodes=batch.num_decodes,
+                            host_lens=batch.host_lens())
 
 
 class DecodeGraphs:
