@@ -280,6 +280,10 @@ def main() -> None:
     parser.add_argument("--gpu", default="h200")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--quick", action="store_true", help="16k prompt, three chunk sizes")
+    parser.add_argument("--chunks", default=None, metavar="N,N,...",
+                        help="the chunk sizes of the chunk-size curve (default: 512 .. 16,384; "
+                             "with --quick 512, 4,096, 16,384); the prompt's own length is "
+                             "always timed, as the curve's reference")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--piecewise-max-tokens", type=int, default=None, metavar="N",
                         help="also time the chunk-size curve with piecewise graphs up to N tokens")
@@ -306,6 +310,14 @@ def main() -> None:
         sys.exit(f"engine_bench: {spec.name}'s context ({context:,} tokens) is shorter than "
                  f"every prompt it times ({', '.join(f'{p:,}' for p in PROMPTS)})")
     chunks = (512, 4096, 16384) if args.quick else CHUNKS
+    if args.chunks is not None:
+        try:
+            chunks = tuple(sorted({int(c) for c in args.chunks.split(",") if c.strip()}
+                                  | {max(prompts)}))
+        except ValueError:
+            sys.exit(f"engine_bench: --chunks {args.chunks!r}: give chunk sizes as N,N,...")
+        if chunks[0] < 1:
+            sys.exit("engine_bench: --chunks: every chunk size must be at least 1")
     max_len = min(max(prompts) + bs, context)
     config = EngineConfig(spec, get_gpu(args.gpu), max_model_len=max_len, block_size=bs)
     bandwidth, matmul_peak = copy_bandwidth_bytes_s(), matmul_flops_s()

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import platform
 import re
+import shlex
 import statistics
 import subprocess
+import sys
 from pathlib import Path
 
 
@@ -61,7 +64,10 @@ RESULTS_DIR = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 
 
 def write_result(result: dict, out: Path | None, kind: str, *names: str) -> Path:
-    """Write a benchmark's JSON to `out`, or to benchmarks/results/<kind>_<names slug>.json."""
+    """Write a benchmark's JSON to `out`, or to benchmarks/results/<kind>_<names slug>.json,
+    with the date it was measured and the command that measured it."""
+    result = {**result, "measured_on": datetime.date.today().isoformat(),
+              "command": shlex.join(["python", *sys.argv])}
     if out is None:
         slug = re.sub(r"[^a-z0-9]+", "-", "_".join(names).lower()).strip("-")
         out = RESULTS_DIR / f"{kind}_{slug}.json"
