@@ -90,6 +90,7 @@ from gpu_backend.kernels.attention import (  # noqa: E402
     prefill_config,
 )
 from gpu_backend.kernels.attention_kernel import LOG2E, _attend_tile  # noqa: E402
+from gpu_backend.kernels.lse_merge import merge_partials  # noqa: E402
 from gpu_backend.kernels.reference import gather_kv  # noqa: E402
 
 OPTION_TIMEOUT_S = 75.0  # one option (compiles included) is abandoned past this
@@ -390,51 +391,6 @@ def prefix_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, table_row: Ten
         BLOCK_SIZE=k_cache.shape[1], GROUP=group, HEAD_DIM=head_dim,
         HEAD_DIM_PAD=triton.next_power_of_2(head_dim), BLOCK_M=tile.block_m, BLOCK_Q=block_q,
         BLOCK_N=tile.block_n, num_warps=tile.num_warps, num_stages=tile.num_stages)
-
-
-@triton.jit
-def merge_kernel(
-    out_ptr, a_ptr, la_ptr, b_ptr, lb_ptr, num_heads,
-    s_ot, s_oh, s_at, s_ah, s_lat, s_lah, s_bt, s_bh, s_lbt, s_lbh,
-    HEAD_DIM: tl.constexpr, HEADS_PAD: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-):
-    """One token, all heads: softmax-weighted mean of two partial attentions over disjoint
-    keys, each normalised, weighted by exp(its natural LSE)."""
-    t = tl.program_id(0).to(tl.int64)
-    h = tl.arange(0, HEADS_PAD)
-    d = tl.arange(0, HEAD_DIM_PAD)
-    h_ok = h < num_heads
-    mask = h_ok[:, None] & (d < HEAD_DIM)[None, :]
-    la = tl.load(la_ptr + t * s_lat + h * s_lah, mask=h_ok, other=float("-inf"))
-    lb = tl.load(lb_ptr + t * s_lbt + h * s_lbh, mask=h_ok, other=float("-inf"))
-    m = tl.maximum(la, lb)
-    m = tl.where(m == float("-inf"), 0.0, m)
-    wa = tl.exp(la - m)
-    wb = tl.exp(lb - m)
-    total = wa + wb
-    total = tl.where(total == 0.0, 1.0, total)
-    a = tl.load(a_ptr + t * s_at + h[:, None] * s_ah + d[None, :], mask=mask, other=0.0)
-    b = tl.load(b_ptr + t * s_bt + h[:, None] * s_bh + d[None, :], mask=mask, other=0.0)
-    o = (a.to(tl.float32) * wa[:, None] + b.to(tl.float32) * wb[:, None]) / total[:, None]
-    tl.store(out_ptr + t * s_ot + h[:, None] * s_oh + d[None, :],
-             o.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-def merge_partials(out: Tensor, a: Tensor, lse_a: Tensor, b: Tensor, lse_b: Tensor) -> Tensor:
-    """out [T, H, D] = the merge of a, b [T, H, D] by lse_a, lse_b [T, H] (any strides,
-    head_dim dense)."""
-    num_tokens, num_heads, head_dim = out.shape
-    for name, x in (("out", out), ("a", a), ("b", b)):
-        if x.shape != out.shape or x.stride(-1) != 1:
-            raise ValueError(f"merge: {name} {tuple(x.shape)} strides {x.stride()} must be "
-                             f"{tuple(out.shape)} with head_dim dense")
-    merge_kernel[(num_tokens,)](
-        out, a, lse_a, b, lse_b, num_heads, out.stride(0), out.stride(1), a.stride(0),
-        a.stride(1), lse_a.stride(0), lse_a.stride(1), b.stride(0), b.stride(1),
-        lse_b.stride(0), lse_b.stride(1), HEAD_DIM=head_dim,
-        HEADS_PAD=triton.next_power_of_2(num_heads),
-        HEAD_DIM_PAD=triton.next_power_of_2(head_dim), num_warps=4)
-    return out
 
 
 # ----------------------------------------------------------------------------- options
