@@ -31,7 +31,7 @@ class StepLogRecorder(ReplicaRecorder):
         self.step_chunks: list[str] = []
 
     def step(self, start_s: float, out: SchedulerOutput, stats: SchedulerStats,
-             durations: np.ndarray, failed: OutOfMemory | None = None,
+             durations: list[float], failed: OutOfMemory | None = None,
              duration_s: float | None = None) -> None:
         super().step(start_s, out, stats, durations, failed, duration_s)
         chunks = format_chunks(list(out.prefill_chunks))
