@@ -96,8 +96,8 @@ class ModelPool:
 
     def register(self, ids: list[int], keys: list[int]) -> None:
         for b, k in zip(ids, keys):
-            held_elsewhere = self.key_of.get(self.block_of.get(k, -1)) == k
-            if b not in self.key_of and not held_elsewhere:
+            assert b not in self.key_of, "only blocks without a name are registered"
+            if self.key_of.get(self.block_of.get(k, -1)) != k:  # nobody holds the key
                 self.key_of[b] = k
                 self.block_of[k] = b
                 self.num_named += 1
@@ -187,8 +187,8 @@ def replay(num_base: int, num_elastic: int, ops: list[tuple]) -> None:
                 model.touch(hits)
                 got, want = pool.allocate(len(keys) - len(hits)), model.allocate(len(keys) - len(hits))
                 assert got == want, op
-                pool.register(hits + got, _array(keys))
-                model.register(hits + got, keys)
+                pool.register(got, _array(keys[len(hits):]))
+                model.register(got, keys[len(hits):])
                 held.append(hits + got)
         elif kind == "grow" and held:  # a decode step's blocks
             blocks = held[op[1] % len(held)]
@@ -204,9 +204,11 @@ def replay(num_base: int, num_elastic: int, ops: list[tuple]) -> None:
             blocks = held.pop(op[1] % len(held))
             pool.free(blocks[::-1])
             model.free(blocks[::-1])
-        elif kind == "register" and held:
-            blocks = held[op[1] % len(held)]
-            keys = [(op[2] + i) % NUM_KEYS for i in range(len(blocks))][:NUM_KEYS]
+        elif kind == "register" and held:  # a holder's blocks without a name yet
+            blocks = [b for b in held[op[1] % len(held)] if b not in model.key_of][:NUM_KEYS]
+            if not blocks:
+                continue
+            keys = [(op[2] + i) % NUM_KEYS for i in range(len(blocks))]
             covered = _cover(pool, keys, covered)
             pool.register(blocks[:len(keys)], _array(keys))
             model.register(blocks[:len(keys)], keys)

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.core import block_cache, block_pool
-from sim.core.prefix_cache import PrefixCache
+from sim.core.prefix_cache import ChainIds, PrefixCache
 from sim.core.request import RequestState
 
 
@@ -120,3 +120,34 @@ def test_a_waiting_request_is_refused_while_nothing_frees_and_admitted_after():
         sched.update(out, float(step))
     assert admitted_at is not None, "request 2 should be admitted once blocks come free"
     assert sched.requests[2].num_cached_tokens > 0  # it hit request 0's blocks
+
+
+def interned_by_pair(rows: list[tuple[int, ...]]) -> list[list[int]]:
+    """The reference: every chain (parent id, hash) looked up as a pair, ids in first-seen order."""
+    interned: dict[tuple[int, int], int] = {}
+    chains = []
+    for row in rows:
+        chain_id, chain = 0, []
+        for block_hash in row:
+            chain_id = interned.setdefault((chain_id, block_hash), len(interned) + 1)
+            chain.append(chain_id)
+        chains.append(chain)
+    return chains
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=st.lists(st.lists(st.integers(0, 4), max_size=8).map(tuple), max_size=12))
+def test_chain_ids_are_those_of_pairs_interned_in_order(rows):
+    """Hashes repeat within and across prompts under other parents: the by-hash shortcut
+    must give every chain the id the pair would."""
+    chain_ids = ChainIds()
+    assert [chain_ids.of(row) for row in rows] == interned_by_pair(rows)
+    assert len(chain_ids) == len({row[:i] for row in rows for i in range(1, len(row) + 1)})
+
+
+def test_chain_ids_tell_a_hash_under_another_parent_apart():
+    chain_ids = ChainIds()
+    assert chain_ids.of((7, 8)) == [1, 2]
+    assert chain_ids.of((9, 8, 8)) == [3, 4, 5]  # 8 after 9, then 8 after that 8
+    assert chain_ids.of((7, 8, 8)) == [1, 2, 6]
+    assert chain_ids.of((9, 8, 8, 7)) == [3, 4, 5, 7]

@@ -7,18 +7,20 @@ block was most of such a run.
 
 Keys are non-negative ints, and sim.core.prefix_cache makes them dense (chain id x blocks
 per hash + sub-block), so both directions are arrays: `key_of[block]` (NONE: unnamed) and
-`block_of[key]` (NONE: no block), grown by `cover` before any key past its end is used. An
-entry of `block_of` counts only while `key_of` of its block still names its key, so naming
-and evicting touch `key_of` alone where they can; `key_of` has one slot more, at index NONE,
-holding a value no key has, so `key_of[block_of[keys]] == keys` is the whole lookup. A key is
-held by at most one block: `name` leaves a key alone that another block holds.
+`block_of[key]`, grown by `cover` before any key past its end is used. An entry of
+`block_of` counts only while `key_of` of its block still names its key, so naming and
+evicting touch `key_of` alone where they can, and `key_of[block_of[keys]] == keys` is the
+whole lookup. So `block_of` needs no "no block" value: a key never named reads block 0, which
+does not hold it, and the array grows as zeros, which the allocator hands out untouched. A key
+is held by at most one block: `name` leaves a key alone that another block holds.
 
 The LRU is a queue of pushed arrays (one per `push`, oldest first) with lazy removal. Each
 push stamps its entries with consecutive numbers, and `stamp[block]` is the stamp of the
-block's live entry (NONE: not in the LRU). A hit that takes a block back sets its stamp to
-NONE, and a block pushed again gets a new stamp, so an entry is live exactly when its block's
-stamp equals its own. Eviction walks from the oldest entry, skipping dead ones for good (a
-dead entry never lives again: stamps only grow); the queue is compacted to its live entries
+block's newest entry. A hit that takes a block back sets its stamp to NONE, and a block
+pushed again gets a new stamp, so an entry not yet consumed is live exactly when its block's
+stamp equals its own. Eviction consumes entries from the oldest, skipping dead ones for good
+(a dead entry never lives again: stamps only grow), and leaves the evicted blocks' stamps as
+they are: no entry left in the queue has them. The queue is compacted to its live entries
 once dead ones outnumber the blocks SWEEP_FACTOR times.
 
 A block is in the LRU exactly when it is named and no request references it.
@@ -32,7 +34,6 @@ from dataclasses import dataclass
 import numpy as np
 
 NONE = -1
-NO_KEY = -2  # key_of's last slot (block_of's NONE points there): equal to no key
 MIN_SWEEP_ENTRIES = 1 << 12
 SWEEP_FACTOR = 4  # dead entries allowed per block before a compaction (each is O(blocks))
 FIRST_SCAN = 64  # entries an eviction looks at first in a pushed array (then 4x as many)
@@ -45,22 +46,25 @@ EMPTY: Blocks = np.empty(0, dtype=np.int64)
 
 @dataclass
 class _Pushed:
-    """One push's entries; those before `start` were consumed by evictions. `as_list`: the
-    same ids as a list, made when single evictions first read the array (a decode step's
-    block at a time: one conversion per push instead of one per eviction)."""
+    """One push's entries; those before `start` were consumed by evictions. `ahead`: the
+    entries from `ahead_start` on, FEW_SCAN at most, as a list, made when single evictions
+    reach them (a decode step's block at a time: one small conversion per run of them, not
+    one numpy read per eviction, nor a conversion of the whole push that bulk evictions
+    would consume anyway)."""
 
     blocks: Blocks
+    stamps: Blocks  # the entries' stamps: first_stamp, first_stamp + 1, ...
     first_stamp: int
     start: int = 0
-    as_list: list[int] | None = None
+    ahead: list[int] | None = None
+    ahead_start: int = 0
 
 
 class BlockCache:
     def __init__(self, num_blocks: int, num_base_blocks: int) -> None:
         self.num_base_blocks = num_base_blocks
-        self.key_of = np.full(num_blocks + 1, NONE, dtype=np.int64)
-        self.key_of[NONE] = NO_KEY
-        self.block_of = np.full(0, NONE, dtype=np.int64)
+        self.key_of = np.full(num_blocks, NONE, dtype=np.int64)
+        self.block_of = np.zeros(0, dtype=np.int64)
         self.stamp = np.full(num_blocks, NONE, dtype=np.int64)
         self.num_named = 0  # blocks named so far (a count to compare)
         self._queue: deque[_Pushed] = deque()
@@ -85,29 +89,31 @@ class BlockCache:
         if not 0 <= key < len(self.block_of):
             return None
         block_id = int(self.block_of[key])
-        if block_id == NONE or self.key_of[block_id] != key:
-            return None
-        return block_id
+        return block_id if self.key_of[block_id] == key else None
 
     def cover(self, key_limit: int) -> None:
         """Make room in `block_of` for every key below `key_limit`."""
         if key_limit > len(self.block_of):
-            grown = np.full(max(key_limit, 2 * len(self.block_of)), NONE, dtype=np.int64)
+            grown = np.zeros(max(key_limit, 4 * len(self.block_of)), dtype=np.int64)
             grown[:len(self.block_of)] = self.block_of
             self.block_of = grown
 
     def name(self, block_ids: Blocks, keys: np.ndarray) -> None:
-        """Name full, used blocks by their content keys (distinct keys, covered). A key
-        already held by another block, or a block already named, is left as it is."""
+        """Name full, used, unnamed blocks by their content keys (distinct keys, covered).
+        A key already held by another block is left as it is."""
         if not len(block_ids):
             return
-        key_of = self.key_of
-        fresh = (key_of[block_ids] == NONE) & (key_of[self.block_of[keys]] != keys)
-        if np.count_nonzero(fresh):
+        key_of, block_of = self.key_of, self.block_of
+        fresh = key_of[block_of[keys]] != keys
+        num_fresh = np.count_nonzero(fresh)
+        if num_fresh == len(block_ids):  # the usual case: no mask to apply
+            block_of[keys] = block_ids
+            key_of[block_ids] = keys
+        elif num_fresh:
             blocks, named = block_ids[fresh], keys[fresh]
-            self.num_named += len(blocks)
-            self.block_of[named] = blocks
-            self.key_of[blocks] = named
+            block_of[named] = blocks
+            key_of[blocks] = named
+        self.num_named += num_fresh
 
     def _unname(self, block_ids: Blocks) -> None:
         self.key_of[block_ids] = NONE
@@ -118,8 +124,9 @@ class BlockCache:
         become the newest cached blocks."""
         n = len(block_ids)
         first = self._next_stamp
-        self.stamp[block_ids] = np.arange(first, first + n)
-        self._queue.append(_Pushed(block_ids, first))
+        stamps = np.arange(first, first + n)
+        self.stamp[block_ids] = stamps
+        self._queue.append(_Pushed(block_ids, stamps, first))
         self._next_stamp += n
         self._num_entries += n
         self.num_free_base += num_base
@@ -148,13 +155,41 @@ class BlockCache:
             parts.append(taken)
             need -= len(taken)
         evicted = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        self.stamp[evicted] = NONE
-        self._unname(evicted)
+        self.key_of[evicted] = NONE
         num_elastic = int(np.count_nonzero(evicted >= self.num_base_blocks)) \
             if self.num_free_elastic else 0
         self.num_free_elastic -= num_elastic
         self.num_free_base -= num_blocks - num_elastic
         return evicted
+
+    def evict_one(self) -> int | None:
+        """`evict_oldest(1)` for a decode step's block: the front push's first live entry
+        in the rest of its `ahead` list, or None (and no change) if all of those are dead."""
+        if not self._queue:
+            raise AssertionError("the LRU ran out of cached blocks")
+        front = self._queue[0]
+        start, ahead = front.start, front.ahead
+        if ahead is None or start - front.ahead_start >= len(ahead):
+            ahead = front.ahead = front.blocks[start:start + FEW_SCAN].tolist()
+            front.ahead_start = start
+        offset, stamp = front.ahead_start, self.stamp
+        stamp_at = front.first_stamp + offset
+        for i in range(start - offset, len(ahead)):
+            block_id = ahead[i]
+            if stamp[block_id] == stamp_at + i:
+                break
+        else:
+            return None
+        front.start = offset + i + 1
+        self._num_entries -= front.start - start
+        if front.start == len(front.blocks):
+            self._queue.popleft()
+        self.key_of[block_id] = NONE
+        if block_id < self.num_base_blocks:
+            self.num_free_base -= 1
+        else:
+            self.num_free_elastic -= 1
+        return block_id
 
     def evict_few(self, num_blocks: int) -> list[int] | None:
         """`evict_oldest` by a loop over the front's entries, or None (and no change) when
@@ -162,26 +197,23 @@ class BlockCache:
         if not self._queue:
             raise AssertionError("the LRU ran out of cached blocks")
         front = self._queue[0]
-        if front.as_list is None:
-            front.as_list = front.blocks.tolist()
-        blocks, start = front.as_list, front.start
-        stamp, stamp_at = self.stamp, front.first_stamp
+        start = front.start
+        blocks = front.blocks[start:start + FEW_SCAN].tolist()
+        stamp, stamp_at = self.stamp, front.first_stamp + start
         evicted = []
-        for i in range(start, min(start + FEW_SCAN, len(blocks))):
-            block_id = blocks[i]
+        for i, block_id in enumerate(blocks):
             if stamp[block_id] == stamp_at + i:
                 evicted.append(block_id)
                 if len(evicted) == num_blocks:
                     break
         else:
             return None
-        front.start = i + 1
-        self._num_entries -= i + 1 - start
+        front.start = start + i + 1
+        self._num_entries -= i + 1
         if front.start == len(front.blocks):
             self._queue.popleft()
         key_of, num_base = self.key_of, self.num_base_blocks
         for block_id in evicted:
-            stamp[block_id] = NONE
             key_of[block_id] = NONE
             if block_id < num_base:
                 self.num_free_base -= 1
@@ -190,27 +222,34 @@ class BlockCache:
         return evicted
 
     def _pop_front(self, need: int) -> Blocks:
-        """Up to `need` live entries from the oldest pushed array, consumed from the queue."""
+        """Up to `need` live entries from the oldest pushed array, consumed from the queue.
+        Where every entry scanned is live (the usual case) they are a slice of the array."""
         front = self._queue[0]
-        size, start = len(front.blocks), front.start
+        blocks, start = front.blocks, front.start
+        size = len(blocks)
         scan = max(FIRST_SCAN, need)
         while True:
             stop = min(size, start + scan)
-            window = front.blocks[start:stop]
-            live = np.flatnonzero(self.stamp[window] == np.arange(
-                front.first_stamp + start, front.first_stamp + stop))
-            if len(live) >= need or stop == size:
+            window = blocks[start:stop]
+            live = self.stamp[window] == front.stamps[start:stop]
+            num_live = np.count_nonzero(live)
+            if num_live >= need or stop == size:
                 break
             scan *= 4
-        if len(live) >= need:
-            live = live[:need]
-            front.start = start + int(live[-1]) + 1
+        if num_live == len(window):
+            taken = window[:need]
+            front.start = start + len(taken)
+        elif num_live >= need:
+            index = live.nonzero()[0][:need]
+            taken = window[index]
+            front.start = start + int(index[-1]) + 1
         else:
+            taken = window[live]
             front.start = stop
         self._num_entries -= front.start - start
         if front.start == size:
             self._queue.popleft()
-        return window[live]
+        return taken
 
     def evict_oldest_base(self, num_blocks: int) -> Blocks:
         """As `evict_oldest`, skipping elastic blocks (the region is not lendable)."""
@@ -236,8 +275,7 @@ class BlockCache:
         if not self._queue:
             return EMPTY
         blocks = np.concatenate([p.blocks[p.start:] for p in self._queue])
-        stamps = np.concatenate([np.arange(p.first_stamp + p.start, p.first_stamp + len(p.blocks))
-                                 for p in self._queue])
+        stamps = np.concatenate([p.stamps[p.start:] for p in self._queue])
         return blocks[self.stamp[blocks] == stamps]
 
     def maybe_sweep(self) -> None:
@@ -251,8 +289,9 @@ class BlockCache:
         live = self.live_order()
         self._queue.clear()
         first = self._next_stamp
-        self.stamp[live] = np.arange(first, first + len(live))
+        stamps = np.arange(first, first + len(live))
+        self.stamp[live] = stamps
         if len(live):
-            self._queue.append(_Pushed(live, first))
+            self._queue.append(_Pushed(live, stamps, first))
         self._next_stamp += len(live)
         self._num_entries = len(live)

@@ -135,15 +135,17 @@ class BlockPool:
             self.num_used_base += num_blocks
             return taken.tolist()
         cache = self._cache
-        if (num_blocks == 1 and not stacked and cache.num_free_base and not cache.num_free_elastic
+        if num_blocks == 1 and not stacked and cache.num_free_base and (
+                not self.num_elastic_blocks or not cache.num_free_elastic
                 and self.elastic_state is not ElasticState.ATTACHED):
-            # a decode step's block from a full cache: the oldest cached block, directly
-            evicted = cache.evict_few(1)
-            if evicted is not None:
-                ref_count[evicted[0]] = 1
+            # a decode step's block from a full cache: the oldest cached block (a base block:
+            # no elastic one is free or reachable), directly
+            block_id = cache.evict_one()
+            if block_id is not None:
+                ref_count[block_id] = 1
                 self.num_used_base += 1
                 self.num_evicted += 1
-                return evicted
+                return [block_id]
         if num_blocks > self.num_free_blocks:
             return None
         return self._allocate_beyond_stack(num_blocks)
@@ -166,16 +168,19 @@ class BlockPool:
             num_elastic = len(elastic)
             taken += elastic
         if len(taken) < num_blocks:
+            free_elastic = self._cache.num_free_elastic
             evicted = self._evict(num_blocks - len(taken))
+            num_elastic += free_elastic - self._cache.num_free_elastic  # those it evicted
             if isinstance(evicted, list):
                 for block_id in evicted:
                     ref_count[block_id] = 1
-                num_elastic += sum(1 for b in evicted if b >= self.num_base_blocks)
-                taken += evicted
             else:
                 ref_count[evicted] = 1
-                num_elastic += int(np.count_nonzero(evicted >= self.num_base_blocks))
-                taken += evicted.tolist()
+                evicted = evicted.tolist()
+            if taken:
+                taken += evicted
+            else:
+                taken = evicted
         self.num_used_base += num_blocks - num_elastic
         self.num_used_elastic += num_elastic
         return taken
@@ -225,21 +230,23 @@ class BlockPool:
         freed = ids[counts == 0] if np.count_nonzero(counts) else ids
         if not len(freed):
             return
-        num_base = self.num_base_blocks
-        freed_base = (int(np.count_nonzero(freed < num_base)) if self.num_elastic_blocks
-                      else len(freed))
+        num_base, has_elastic = self.num_base_blocks, self.num_elastic_blocks
+        freed_base = int(np.count_nonzero(freed < num_base)) if has_elastic else len(freed)
         self.num_used_base -= freed_base
         self.num_used_elastic -= len(freed) - freed_base
         self.num_freed_blocks += len(freed)
         cache = self._cache
         named = cache.key_of[freed] != NONE if cache.in_use else None
-        if named is not None and np.count_nonzero(named):
-            kept = freed[named]
-            kept_base = int(np.count_nonzero(kept < num_base))
+        num_named = np.count_nonzero(named) if named is not None else 0
+        if num_named:
+            kept = freed[named] if num_named < len(freed) else freed
+            kept_base = int(np.count_nonzero(kept < num_base)) if has_elastic else num_named
             cache.push(kept, kept_base)
             cache.maybe_sweep()
-            if kept_base < len(kept) and self.elastic_state is not ElasticState.ATTACHED:
+            if kept_base < num_named and self.elastic_state is not ElasticState.ATTACHED:
                 self.cache_epoch += 1  # a hit on those blocks is no longer usable
+            if num_named == len(freed):
+                return
             freed = freed[~named]
             freed_base -= kept_base
         if freed_base < len(freed):
@@ -273,13 +280,13 @@ class BlockPool:
             some = keys[start:end]
             blocks = block_of[some]
             usable = key_of[blocks] == some
-            if self.elastic_state is not ElasticState.ATTACHED:
+            if self._cache.num_free_elastic and self.elastic_state is not ElasticState.ATTACHED:
+                # a named elastic block no request holds is a free cached one
                 unreachable = usable & (blocks >= self.num_base_blocks)
                 unreachable[unreachable] = self._ref_count[blocks[unreachable]] == 0
                 usable &= ~unreachable
-            missing = np.flatnonzero(~usable)
-            if len(missing):
-                parts.append(blocks[:missing[0]])
+            if np.count_nonzero(usable) < len(usable):
+                parts.append(blocks[:int(np.argmin(usable))])  # up to the first miss
                 break
             parts.append(blocks)
             start, window = end, window * 4
@@ -299,8 +306,8 @@ class BlockPool:
 
     def num_still_named(self, block_ids: Blocks, keys: np.ndarray) -> int:
         """How many of `block_ids`, from the first, still hold the matching keys."""
-        moved = np.flatnonzero(self._cache.key_of[block_ids] != keys)
-        return int(moved[0]) if len(moved) else len(block_ids)
+        moved = self._cache.key_of[block_ids] != keys
+        return int(np.argmax(moved)) if np.count_nonzero(moved) else len(block_ids)
 
     def num_unreferenced(self, block_ids: Blocks) -> int:
         """How many of `block_ids` no request references (cached but free)."""
@@ -313,15 +320,16 @@ class BlockPool:
         ref_count[block_ids] = counts + 1
         idle = block_ids[counts == 0]  # cached but free: they leave the LRU, now used
         if len(idle):
-            idle_base = int(np.count_nonzero(idle < self.num_base_blocks))
+            idle_base = (int(np.count_nonzero(idle < self.num_base_blocks))
+                         if self.num_elastic_blocks else len(idle))
             self._cache.take(idle, idle_base)
             self.num_used_base += idle_base
             self.num_used_elastic += len(idle) - idle_base
 
     def register(self, block_ids: Sequence[int], keys: np.ndarray) -> None:
-        """Name full, used blocks by their content keys (distinct, covered: `cover_keys`)
-        so later requests can share them. A key already cached elsewhere, or a block already
-        named, is left as it is."""
+        """Name full, used blocks that have no name yet (a request's own computed blocks,
+        not its hits) by their content keys (distinct, covered: `cover_keys`) so later
+        requests can share them. A key already cached elsewhere is left as it is."""
         self._cache.name(np.asarray(block_ids, dtype=np.int64), keys)
 
     # ----------------------------------------------------------------- elastic

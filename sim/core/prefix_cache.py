@@ -6,11 +6,10 @@ chains every hash before it, so two prompts share a key only where they share th
 to it. Each KV block (`block_size` tokens) of a hash block gets its own key.
 
 Keys are small ints. A chain (the previous chain's id, a hash) is interned to an id the first
-time it is seen, and a KV block's key is `chain_id * blocks_per_hash + sub_block`. This is
-exact (no two different chains ever share an id) and, unlike a nested tuple, hashes in
-constant time: the tuple chain's hash was recomputed from its whole depth on every lookup.
-The interning table grows with the distinct prefixes of the trace (Mooncake's conversation
-trace: ~300k, tens of MB).
+time it is seen (`ChainIds`), and a KV block's key is `chain_id * blocks_per_hash + sub_block`.
+This is exact (no two different chains ever share an id) and hashes in constant time, where a
+nested tuple's hash would cover its whole depth. The interning table grows with the distinct
+prefixes of the trace (Mooncake's conversation trace: ~200k).
 
 Keys and hits are numpy arrays: the pool looks a request's blocks up at once.
 
@@ -41,6 +40,57 @@ def first_chunk(req: RequestState, num_hits: int, budget: int,
     return num_new, -(-(num_cached + num_new) // block_size) - num_hits
 
 
+class ChainIds:
+    """Interned ids of hash chains: chain (parent id, hash) gets id 1, 2, ... in the order
+    first seen (0 is the empty prefix).
+
+    A trace's hash usually ends one chain only (Mooncake's ids name a block with its prefix),
+    so a chain is found by its hash alone, checked against its parent, and the chains of a
+    hash seen again under another parent go by the pair. A dict keyed by the hash, an int the
+    trace holds already, costs far less to fill than one keyed by a pair built per chain."""
+
+    def __init__(self) -> None:
+        self._by_hash: dict[int, int] = {}  # hash -> the first chain ending in it
+        self._by_pair: dict[tuple[int, int], int] = {}  # (parent, hash) -> any later ones
+        self._parent: list[int] = [0]  # parent of each id (index 0: the empty prefix)
+
+    def __len__(self) -> int:
+        return len(self._parent) - 1
+
+    def of(self, block_hashes: tuple[int, ...]) -> list[int]:
+        """The chain id of each prefix of `block_hashes`, interning those never seen. Past
+        the first prefix never seen every chain is new (its parent is), so those are
+        interned at once."""
+        by_hash, by_pair, parent = self._by_hash, self._by_pair, self._parent
+        chains: list[int] = []
+        chain_id = 0
+        for block_hash in block_hashes:
+            child = by_hash.get(block_hash, 0)
+            if child and parent[child] != chain_id:
+                child = by_pair.get((chain_id, block_hash), 0)
+            if not child:
+                break
+            chains.append(child)
+            chain_id = child
+        else:
+            return chains
+        rest = block_hashes[len(chains):]
+        new = range(len(parent), len(parent) + len(rest))
+        if len(set(rest)) == len(rest) and not by_hash.keys() & rest:
+            by_hash.update(zip(rest, new))  # every hash new: each ends this chain only
+        else:
+            for block_hash, child in zip(rest, new):
+                if block_hash in by_hash:
+                    by_pair[chain_id, block_hash] = child
+                else:
+                    by_hash[block_hash] = child
+                chain_id = child
+        parent.append(chains[-1] if chains else 0)
+        parent.extend(new[:-1])
+        chains.extend(new)
+        return chains
+
+
 @dataclass
 class _Memo:
     """A waiting request's hits as last looked up, with the pool's epoch, eviction and naming
@@ -59,7 +109,8 @@ class PrefixCache:
         self.pool = pool
         self.block_size = block_size
         self.blocks_per_hash = hash_block_tokens // block_size
-        self._chain_ids: dict[tuple[int, int], int] = {}
+        self._chains = ChainIds()
+        self._sub_blocks = np.arange(self.blocks_per_hash)
         self._keys: dict[int, np.ndarray] = {}  # per live request
         self._num_registered: dict[int, int] = {}  # prompt blocks already named, per request
         self._memo: _Memo | None = None  # the last request looked up
@@ -70,24 +121,12 @@ class PrefixCache:
         if found is None:
             per_hash = self.blocks_per_hash
             num_full = req.num_prompt_tokens // self.block_size
-            chains = self._chains((req.block_hashes or ())[:-(-num_full // per_hash)])
-            found = (chains[:, None] * per_hash + np.arange(per_hash)).ravel()[:num_full]
-            self.pool.cover_keys((len(self._chain_ids) + 1) * per_hash)  # ids 1..count
+            chains = self._chains.of((req.block_hashes or ())[:-(-num_full // per_hash)])
+            found = (np.array(chains, dtype=np.int64)[:, None] * per_hash
+                     + self._sub_blocks).ravel()[:num_full]
+            self.pool.cover_keys((len(self._chains) + 1) * per_hash)  # ids 1..count
             self._keys[req.request_id] = found
         return found
-
-    def _chains(self, block_hashes: tuple[int, ...]) -> np.ndarray:
-        """The interned chain id of each hash's prefix."""
-        chain_ids = self._chain_ids
-        chains = []
-        chain_id = 0
-        for block_hash in block_hashes:
-            link = (chain_id, block_hash)
-            chain_id = chain_ids.get(link, 0)
-            if not chain_id:
-                chain_id = chain_ids[link] = len(chain_ids) + 1
-            chains.append(chain_id)
-        return np.array(chains, dtype=np.int64)
 
     def hits(self, req: RequestState) -> Blocks:
         """Cached blocks holding the longest prefix of the request's prompt. The array is the
@@ -113,7 +152,7 @@ class PrefixCache:
             memo.num_named = pool.num_named
             more = pool.cached_run(keys, len(memo.hits), max_hits)
             if len(more):
-                memo.hits = np.concatenate((memo.hits, more))
+                memo.hits = np.concatenate((memo.hits, more)) if len(memo.hits) else more
                 memo.refused = None
         return memo.hits
 
