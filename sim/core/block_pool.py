@@ -93,12 +93,6 @@ class BlockPool:
         return free
 
     @property
-    def num_stacked_blocks(self) -> int:
-        """Free base blocks on the free stack (not cached): an allocation of at most this many
-        takes them and nothing else."""
-        return self._num_stacked
-
-    @property
     def num_free_base_blocks(self) -> int:
         return self._num_stacked + self._cache.num_free_base
 
