@@ -155,15 +155,18 @@ CHILD = textwrap.dedent("""
     print("ready", flush=True)
     cycles, interrupted = 0, False
     while True:
-        try:  # the parent signals again only after a report: every interrupt lands in here
-            if interrupted:
-                interrupted = False
-                with defer_signals():
-                    print(json.dumps({"problems": consistency_problems(pool, fake),
-                                      "cycles": cycles}), flush=True)
-            pool.attach()
-            pool.detach()
-            cycles += 1
+        # The parent signals again only after a report, so every interrupt lands in this try,
+        # the inner loop's back edge included (where Python delivers a pending signal).
+        try:
+            while True:
+                if interrupted:
+                    interrupted = False
+                    with defer_signals():
+                        print(json.dumps({"problems": consistency_problems(pool, fake),
+                                          "cycles": cycles}), flush=True)
+                pool.attach()
+                pool.detach()
+                cycles += 1
         except KeyboardInterrupt:
             interrupted = True
 """)
