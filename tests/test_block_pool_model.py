@@ -267,10 +267,11 @@ def _array(values: list[int]):
 
 @contextmanager
 def tiny_windows():
-    """Scan windows of one entry and compaction after a few dead entries: every path that
-    only exists for speed is taken."""
+    """Scan windows of one entry, compaction after a few dead entries and every list of
+    blocks packed by struct: every path that only exists for speed is taken."""
     names = [(block_cache, "FIRST_SCAN"), (block_cache, "FEW_SCAN"), (block_pool, "FIRST_RUN"),
-             (block_cache, "MIN_SWEEP_ENTRIES"), (block_cache, "SWEEP_FACTOR")]
+             (block_cache, "MIN_SWEEP_ENTRIES"), (block_cache, "SWEEP_FACTOR"),
+             (block_cache, "PACKED_FROM")]
     saved = [getattr(module, name) for module, name in names]
     for module, name in names:
         setattr(module, name, 1)

@@ -82,10 +82,12 @@ def test_kept_hits_and_skipped_checks_schedule_as_lookups_from_scratch(trace):
 
 @contextmanager
 def tiny_windows():
-    """Evictions and cached runs scan one entry at a time and the LRU queue is compacted
-    after a few dead entries: every path that only exists for speed is taken."""
+    """Evictions and cached runs scan one entry at a time, the LRU queue is compacted after a
+    few dead entries and every list of blocks is packed by struct: every path that only
+    exists for speed is taken."""
     names = [(block_cache, "FIRST_SCAN"), (block_cache, "FEW_SCAN"), (block_pool, "FIRST_RUN"),
-             (block_cache, "MIN_SWEEP_ENTRIES"), (block_cache, "SWEEP_FACTOR")]
+             (block_cache, "MIN_SWEEP_ENTRIES"), (block_cache, "SWEEP_FACTOR"),
+             (block_cache, "PACKED_FROM")]
     saved = [getattr(module, name) for module, name in names]
     for module, name in names:
         setattr(module, name, 1)

@@ -15,19 +15,21 @@ does not hold it, and the array grows as zeros, which the allocator hands out un
 is held by at most one block: `name` leaves a key alone that another block holds.
 
 The LRU is a queue of pushed arrays (one per `push`, oldest first) with lazy removal. Each
-push stamps its entries with consecutive numbers, and `stamp[block]` is the stamp of the
-block's newest entry. A hit that takes a block back sets its stamp to NONE, and a block
-pushed again gets a new stamp, so an entry not yet consumed is live exactly when its block's
-stamp equals its own. Eviction consumes entries from the oldest, skipping dead ones for good
-(a dead entry never lives again: stamps only grow), and leaves the evicted blocks' stamps as
-they are: no entry left in the queue has them. The queue is compacted to its live entries
-once dead ones outnumber the blocks SWEEP_FACTOR times.
+push gets the next stamp (a push count). A hit that takes a block out of the LRU records the
+newest push's stamp, `taken_at[block]`, so an entry not yet consumed is live exactly when its
+block was not taken since its push: `taken_at[block] < stamp`. (A block is pushed again only
+once referenced again, by a hit, which kills its older entry, or by an eviction, which
+consumed it.) So a push writes nothing per block, and a whole window of entries is checked
+against one number. Eviction consumes entries from the oldest, skipping dead ones for good
+(a dead entry never lives again); the queue is compacted to its live entries once dead ones
+outnumber the blocks SWEEP_FACTOR times.
 
 A block is in the LRU exactly when it is named and no request references it.
 """
 
 from __future__ import annotations
 
+import struct
 from collections import deque
 from dataclasses import dataclass
 
@@ -44,6 +46,18 @@ Blocks = np.ndarray  # int64 block ids
 EMPTY: Blocks = np.empty(0, dtype=np.int64)
 
 
+PACKED_FROM = 32  # lists this long are converted through struct (numpy's own way is slower)
+
+
+def as_blocks(block_ids: list[int] | Blocks) -> Blocks:
+    """Block ids as an int64 array, read-only when converted from a list. A long list goes
+    through `struct.pack`, about twice as fast as numpy's conversion, which checks each item
+    for nesting before it converts it."""
+    if isinstance(block_ids, list) and len(block_ids) >= PACKED_FROM:
+        return np.frombuffer(struct.pack(f"{len(block_ids)}q", *block_ids), dtype=np.int64)
+    return np.asarray(block_ids, dtype=np.int64)
+
+
 @dataclass
 class _Pushed:
     """One push's entries; those before `start` were consumed by evictions. `ahead`: the
@@ -53,8 +67,7 @@ class _Pushed:
     would consume anyway)."""
 
     blocks: Blocks
-    stamps: Blocks  # the entries' stamps: first_stamp, first_stamp + 1, ...
-    first_stamp: int
+    stamp: int
     start: int = 0
     ahead: list[int] | None = None
     ahead_start: int = 0
@@ -65,11 +78,11 @@ class BlockCache:
         self.num_base_blocks = num_base_blocks
         self.key_of = np.full(num_blocks, NONE, dtype=np.int64)
         self.block_of = np.zeros(0, dtype=np.int64)
-        self.stamp = np.full(num_blocks, NONE, dtype=np.int64)
+        self.taken_at = np.full(num_blocks, NONE, dtype=np.int64)  # before the first push
         self.num_named = 0  # blocks named so far (a count to compare)
         self._queue: deque[_Pushed] = deque()
         self._num_entries = 0  # entries in the queue from their starts, dead ones included
-        self._next_stamp = 0
+        self._last_stamp = NONE  # the newest push's
         self.num_free_base = 0  # cached base blocks no request holds
         self.num_free_elastic = 0  # cached elastic blocks no request holds
 
@@ -123,18 +136,15 @@ class BlockCache:
         """Named blocks came free, in this order (`num_base` of them base blocks): they
         become the newest cached blocks."""
         n = len(block_ids)
-        first = self._next_stamp
-        stamps = np.arange(first, first + n)
-        self.stamp[block_ids] = stamps
-        self._queue.append(_Pushed(block_ids, stamps, first))
-        self._next_stamp += n
+        self._last_stamp += 1
+        self._queue.append(_Pushed(block_ids, self._last_stamp))
         self._num_entries += n
         self.num_free_base += num_base
         self.num_free_elastic += n - num_base
 
     def take(self, block_ids: Blocks, num_base: int) -> None:
         """Cached free blocks are referenced again (prefix hits): out of the LRU."""
-        self.stamp[block_ids] = NONE
+        self.taken_at[block_ids] = self._last_stamp  # every entry so far is dead
         self.num_free_base -= num_base
         self.num_free_elastic -= len(block_ids) - num_base
 
@@ -146,15 +156,18 @@ class BlockCache:
             few = self.evict_few(num_blocks)
             if few is not None:
                 return few
-        parts = []
-        need = num_blocks
-        while need:
-            if not self._queue:
-                raise AssertionError("the LRU ran out of cached blocks")
-            taken = self._pop_front(need)
-            parts.append(taken)
-            need -= len(taken)
-        evicted = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        if not self._queue:
+            raise AssertionError("the LRU ran out of cached blocks")
+        evicted = self._pop_front(num_blocks)
+        if len(evicted) < num_blocks:  # the front push ran out: on to the next ones
+            parts = [evicted]
+            need = num_blocks - len(evicted)
+            while need:
+                if not self._queue:
+                    raise AssertionError("the LRU ran out of cached blocks")
+                parts.append(self._pop_front(need))
+                need -= len(parts[-1])
+            evicted = np.concatenate(parts)
         self.key_of[evicted] = NONE
         num_elastic = int(np.count_nonzero(evicted >= self.num_base_blocks)) \
             if self.num_free_elastic else 0
@@ -172,11 +185,10 @@ class BlockCache:
         if ahead is None or start - front.ahead_start >= len(ahead):
             ahead = front.ahead = front.blocks[start:start + FEW_SCAN].tolist()
             front.ahead_start = start
-        offset, stamp = front.ahead_start, self.stamp
-        stamp_at = front.first_stamp + offset
+        offset, taken_at, stamp = front.ahead_start, self.taken_at, front.stamp
         for i in range(start - offset, len(ahead)):
             block_id = ahead[i]
-            if stamp[block_id] == stamp_at + i:
+            if taken_at[block_id] < stamp:
                 break
         else:
             return None
@@ -199,10 +211,11 @@ class BlockCache:
         front = self._queue[0]
         start = front.start
         blocks = front.blocks[start:start + FEW_SCAN].tolist()
-        stamp, stamp_at = self.stamp, front.first_stamp + start
+        taken_at, stamp = self.taken_at, front.stamp
         evicted = []
-        for i, block_id in enumerate(blocks):
-            if stamp[block_id] == stamp_at + i:
+        for i in range(len(blocks)):
+            block_id = blocks[i]
+            if taken_at[block_id] < stamp:
                 evicted.append(block_id)
                 if len(evicted) == num_blocks:
                     break
@@ -231,7 +244,7 @@ class BlockCache:
         while True:
             stop = min(size, start + scan)
             window = blocks[start:stop]
-            live = self.stamp[window] == front.stamps[start:stop]
+            live = self.taken_at[window] < front.stamp
             num_live = np.count_nonzero(live)
             if num_live >= need or stop == size:
                 break
@@ -274,24 +287,21 @@ class BlockCache:
         """The live entries, oldest first."""
         if not self._queue:
             return EMPTY
-        blocks = np.concatenate([p.blocks[p.start:] for p in self._queue])
-        stamps = np.concatenate([p.stamps[p.start:] for p in self._queue])
-        return blocks[self.stamp[blocks] == stamps]
+        taken_at = self.taken_at
+        return np.concatenate([p.blocks[p.start:][taken_at[p.blocks[p.start:]] < p.stamp]
+                               for p in self._queue])
 
     def maybe_sweep(self) -> None:
         """Compact the queue once dead entries outnumber the pool's blocks several times over
         (evictions skip them anyway: this only bounds the queue while none happen)."""
-        if self._num_entries > self.num_free + SWEEP_FACTOR * len(self.stamp) + MIN_SWEEP_ENTRIES:
+        if self._num_entries > self.num_free + SWEEP_FACTOR * len(self.taken_at) + MIN_SWEEP_ENTRIES:
             self._compact()
 
     def _compact(self) -> None:
-        """The queue rebuilt from its live entries, in order, stamped anew."""
+        """The queue rebuilt from its live entries, in order, as one push."""
         live = self.live_order()
         self._queue.clear()
-        first = self._next_stamp
-        stamps = np.arange(first, first + len(live))
-        self.stamp[live] = stamps
-        if len(live):
-            self._queue.append(_Pushed(live, stamps, first))
-        self._next_stamp += len(live)
         self._num_entries = len(live)
+        if len(live):
+            self._last_stamp += 1  # past every taken_at: all live
+            self._queue.append(_Pushed(live, self._last_stamp))

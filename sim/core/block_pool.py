@@ -30,7 +30,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from sim.core.block_cache import NONE, BlockCache, Blocks
+from sim.core.block_cache import NONE, BlockCache, Blocks, as_blocks
 
 SMALL_ALLOCATION = 8  # blocks set one by one (numpy's per-call cost exceeds a short loop)
 FIRST_RUN = 64  # keys a cached run looks up first
@@ -129,17 +129,23 @@ class BlockPool:
             self.num_used_base += num_blocks
             return taken.tolist()
         cache = self._cache
-        if num_blocks == 1 and not stacked and cache.num_free_base and (
-                not self.num_elastic_blocks or not cache.num_free_elastic
-                and self.elastic_state is not ElasticState.ATTACHED):
-            # a decode step's block from a full cache: the oldest cached block (a base block:
-            # no elastic one is free or reachable), directly
-            block_id = cache.evict_one()
-            if block_id is not None:
-                ref_count[block_id] = 1
+        if not stacked and (not self.num_elastic_blocks or not cache.num_free_elastic
+                            and self.elastic_state is not ElasticState.ATTACHED):
+            # every free block is a cached base block (none elastic is free or reachable):
+            # the oldest, directly, by the loop for a decode step's one
+            if num_blocks > cache.num_free_base:
+                return None
+            evicted = cache.evict_one() if num_blocks == 1 else None
+            if evicted is not None:
+                ref_count[evicted] = 1
                 self.num_used_base += 1
                 self.num_evicted += 1
-                return [block_id]
+                return [evicted]
+            taken = cache.evict_oldest(num_blocks)
+            ref_count[taken] = 1
+            self.num_used_base += num_blocks
+            self.num_evicted += num_blocks
+            return taken if isinstance(taken, list) else taken.tolist()
         if num_blocks > self.num_free_blocks:
             return None
         return self._allocate_beyond_stack(num_blocks)
@@ -324,7 +330,7 @@ class BlockPool:
         """Name full, used blocks that have no name yet (a request's own computed blocks,
         not its hits) by their content keys (distinct, covered: `cover_keys`) so later
         requests can share them. A key already cached elsewhere is left as it is."""
-        self._cache.name(np.asarray(block_ids, dtype=np.int64), keys)
+        self._cache.name(as_blocks(block_ids), keys)
 
     # ----------------------------------------------------------------- elastic
     def attach_elastic(self, num_blocks: int | None = None) -> None:

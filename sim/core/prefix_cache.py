@@ -44,49 +44,50 @@ class ChainIds:
     """Interned ids of hash chains: chain (parent id, hash) gets id 1, 2, ... in the order
     first seen (0 is the empty prefix).
 
-    A trace's hash usually ends one chain only (Mooncake's ids name a block with its prefix),
-    so a chain is found by its hash alone, checked against its parent, and the chains of a
-    hash seen again under another parent go by the pair. A dict keyed by the hash, an int the
-    trace holds already, costs far less to fill than one keyed by a pair built per chain."""
+    The chains a prompt adds get consecutive ids, each the parent of the next, so a chain is
+    first looked for as its parent's successor (`_parent`, `_hash` by id: two list reads).
+    Only a chain whose parent is not the id just before it goes in a dict: by its hash
+    alone, checked against its parent (a trace's hash usually ends one chain only, as
+    Mooncake's name a block with its prefix), or by the pair when another chain with that
+    hash came first. So a prompt costs one dict entry at most, however many chains it adds."""
 
     def __init__(self) -> None:
-        self._by_hash: dict[int, int] = {}  # hash -> the first chain ending in it
-        self._by_pair: dict[tuple[int, int], int] = {}  # (parent, hash) -> any later ones
-        self._parent: list[int] = [0]  # parent of each id (index 0: the empty prefix)
+        self._parent: list[int] = [0]  # by id (index 0: the empty prefix)
+        self._hash: list[int | None] = [None]  # by id: the hash that ends the chain
+        self._by_hash: dict[int, int] = {}  # hash -> the first such chain with it
+        self._by_pair: dict[tuple[int, int], int] = {}  # (parent, hash) -> the later ones
 
     def __len__(self) -> int:
         return len(self._parent) - 1
 
     def of(self, block_hashes: tuple[int, ...]) -> list[int]:
-        """The chain id of each prefix of `block_hashes`, interning those never seen. Past
-        the first prefix never seen every chain is new (its parent is), so those are
-        interned at once."""
-        by_hash, by_pair, parent = self._by_hash, self._by_pair, self._parent
+        """The chain id of each prefix of `block_hashes`, interning those never seen."""
+        parent, hash_of, by_hash = self._parent, self._hash, self._by_hash
+        num_ids = len(parent)
         chains: list[int] = []
         chain_id = 0
         for block_hash in block_hashes:
-            child = by_hash.get(block_hash, 0)
-            if child and parent[child] != chain_id:
-                child = by_pair.get((chain_id, block_hash), 0)
-            if not child:
-                break
+            child = chain_id + 1
+            if child == num_ids or parent[child] != chain_id or hash_of[child] != block_hash:
+                child = by_hash.get(block_hash, 0)
+                if child and parent[child] != chain_id:
+                    child = self._by_pair.get((chain_id, block_hash), 0)
+                if not child:
+                    break
             chains.append(child)
             chain_id = child
         else:
             return chains
         rest = block_hashes[len(chains):]
-        new = range(len(parent), len(parent) + len(rest))
-        if len(set(rest)) == len(rest) and not by_hash.keys() & rest:
-            by_hash.update(zip(rest, new))  # every hash new: each ends this chain only
-        else:
-            for block_hash, child in zip(rest, new):
-                if block_hash in by_hash:
-                    by_pair[chain_id, block_hash] = child
-                else:
-                    by_hash[block_hash] = child
-                chain_id = child
-        parent.append(chains[-1] if chains else 0)
+        if chain_id != num_ids - 1:  # the first new chain is not a successor: by dict
+            if block_hashes[len(chains)] in by_hash:
+                self._by_pair[chain_id, rest[0]] = num_ids
+            else:
+                by_hash[rest[0]] = num_ids
+        new = range(num_ids, num_ids + len(rest))
+        parent.append(chain_id)
         parent.extend(new[:-1])
+        hash_of.extend(rest)
         chains.extend(new)
         return chains
 
@@ -122,8 +123,8 @@ class PrefixCache:
             per_hash = self.blocks_per_hash
             num_full = req.num_prompt_tokens // self.block_size
             chains = self._chains.of((req.block_hashes or ())[:-(-num_full // per_hash)])
-            found = (np.array(chains, dtype=np.int64)[:, None] * per_hash
-                     + self._sub_blocks).ravel()[:num_full]
+            found = np.add.outer(np.array(chains, dtype=np.int64) * per_hash,
+                                 self._sub_blocks).ravel()[:num_full]
             self.pool.cover_keys((len(self._chains) + 1) * per_hash)  # ids 1..count
             self._keys[req.request_id] = found
         return found
