@@ -118,7 +118,7 @@ class BlockCache:
             return
         key_of, block_of = self.key_of, self.block_of
         fresh = key_of[block_of[keys]] != keys
-        num_fresh = np.count_nonzero(fresh)
+        num_fresh = int(np.count_nonzero(fresh))
         if num_fresh == len(block_ids):  # the usual case: no mask to apply
             block_of[keys] = block_ids
             key_of[block_ids] = keys

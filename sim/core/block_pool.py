@@ -141,11 +141,12 @@ class BlockPool:
                 self.num_used_base += 1
                 self.num_evicted += 1
                 return [evicted]
-            taken = cache.evict_oldest(num_blocks)
-            ref_count[taken] = 1
+            evicted_ids = cache.evict_oldest(num_blocks)
+            ref_count[evicted_ids] = 1
             self.num_used_base += num_blocks
             self.num_evicted += num_blocks
-            return taken if isinstance(taken, list) else taken.tolist()
+            return (evicted_ids if isinstance(evicted_ids, list)
+                    else evicted_ids.tolist())
         if num_blocks > self.num_free_blocks:
             return None
         return self._allocate_beyond_stack(num_blocks)
@@ -237,8 +238,9 @@ class BlockPool:
         self.num_freed_blocks += len(freed)
         cache = self._cache
         named = cache.key_of[freed] != NONE if cache.in_use else None
-        num_named = np.count_nonzero(named) if named is not None else 0
+        num_named = int(np.count_nonzero(named)) if named is not None else 0
         if num_named:
+            assert named is not None
             kept = freed[named] if num_named < len(freed) else freed
             kept_base = int(np.count_nonzero(kept < num_base)) if has_elastic else num_named
             cache.push(kept, kept_base)
@@ -326,7 +328,7 @@ class BlockPool:
             self.num_used_base += idle_base
             self.num_used_elastic += len(idle) - idle_base
 
-    def register(self, block_ids: Sequence[int], keys: np.ndarray) -> None:
+    def register(self, block_ids: list[int] | Blocks, keys: np.ndarray) -> None:
         """Name full, used blocks that have no name yet (a request's own computed blocks,
         not its hits) by their content keys (distinct, covered: `cover_keys`) so later
         requests can share them. A key already cached elsewhere is left as it is."""
