@@ -129,27 +129,38 @@ class BlockPool:
             self.num_used_base += num_blocks
             return taken.tolist()
         cache = self._cache
-        if not stacked and (not self.num_elastic_blocks or not cache.num_free_elastic
-                            and self.elastic_state is not ElasticState.ATTACHED):
-            # every free block is a cached base block (none elastic is free or reachable):
-            # the oldest, directly, by the loop for a decode step's one
-            if num_blocks > cache.num_free_base:
+        if not self.num_elastic_blocks or not cache.num_free_elastic \
+                and self.elastic_state is not ElasticState.ATTACHED:
+            # every free block is on the stack or a cached base block (no elastic one is
+            # free or reachable)
+            if num_blocks - stacked > cache.num_free_base:
                 return None
-            evicted = cache.evict_one() if num_blocks == 1 else None
-            if evicted is not None:
-                ref_count[evicted] = 1
+            oldest = cache.evict_one() if num_blocks == 1 else None  # a decode step's
+            if oldest is not None:
+                ref_count[oldest] = 1
                 self.num_used_base += 1
                 self.num_evicted += 1
-                return [evicted]
-            evicted_ids = cache.evict_oldest(num_blocks)
-            ref_count[evicted_ids] = 1
-            self.num_used_base += num_blocks
-            self.num_evicted += num_blocks
-            return (evicted_ids if isinstance(evicted_ids, list)
-                    else evicted_ids.tolist())
+                return [oldest]
+            return self._take_stack_and_evict(num_blocks)
         if num_blocks > self.num_free_blocks:
             return None
         return self._allocate_beyond_stack(num_blocks)
+
+    def _take_stack_and_evict(self, num_blocks: int) -> list[int]:
+        """`allocate` when only base blocks are free: all of the stack (in pop order), then
+        the oldest cached blocks (the caller checked there are enough)."""
+        stacked, ref_count = self._num_stacked, self._ref_count
+        evicted = self._cache.evict_oldest(num_blocks - stacked)
+        ref_count[evicted] = 1
+        self.num_evicted += num_blocks - stacked
+        self.num_used_base += num_blocks
+        taken = evicted if isinstance(evicted, list) else evicted.tolist()
+        if stacked:
+            stack_part = self._stack[stacked - 1::-1]
+            ref_count[stack_part] = 1
+            self._num_stacked = 0
+            taken = stack_part.tolist() + taken
+        return taken
 
     def _allocate_beyond_stack(self, num_blocks: int) -> list[int]:
         """`allocate` when the base stack holds too few: all of it, then attached free elastic
@@ -287,8 +298,9 @@ class BlockPool:
                 unreachable = usable & (blocks >= self.num_base_blocks)
                 unreachable[unreachable] = self._ref_count[blocks[unreachable]] == 0
                 usable &= ~unreachable
-            if np.count_nonzero(usable) < len(usable):
-                parts.append(blocks[:int(np.argmin(usable))])  # up to the first miss
+            first_miss = int(usable.argmin())  # 0 also when none misses
+            if not usable[first_miss]:
+                parts.append(blocks[:first_miss])
                 break
             parts.append(blocks)
             start, window = end, window * 4
@@ -313,7 +325,7 @@ class BlockPool:
 
     def num_unreferenced(self, block_ids: Blocks) -> int:
         """How many of `block_ids` no request references (cached but free)."""
-        return int(np.count_nonzero(self._ref_count[block_ids] == 0))
+        return len(block_ids) - int(np.count_nonzero(self._ref_count[block_ids]))
 
     def touch(self, block_ids: Blocks) -> None:
         """Take a reference to each cached block (prefix-cache hits; distinct blocks)."""
