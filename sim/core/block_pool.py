@@ -7,8 +7,7 @@ Block ids are laid out as in the GPU allocator's virtual range::
 
 Allocation prefers base blocks, so the elastic region fills last and drains first. While the
 elastic region is detached (or draining) no block in it is handed out; it may be detached only
-when none of its blocks is referenced, which is what keeps a block table from pointing at
-unmapped memory.
+when none of its blocks is referenced (`sim.core.elastic_region`).
 
 Prefix caching follows vLLM: a full block can be registered under a hash key; a block whose
 reference count drops to zero keeps its key and sits in an LRU of evictable blocks, counted
@@ -25,25 +24,16 @@ array operations, except the small allocations of decode steps, which stay on Py
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Sequence
 
 import numpy as np
 
 from sim.core.block_cache import NONE, BlockCache, Blocks, as_blocks
+from sim.core.elastic_region import ElasticBusyError, ElasticRegion, ElasticState
 
-SMALL_ALLOCATION = 8  # blocks set one by one (numpy's per-call cost exceeds a short loop)
+__all__ = ["BlockPool", "ElasticBusyError", "ElasticState"]
+
 FIRST_RUN = 64  # keys a cached run looks up first
-
-
-class ElasticState(enum.Enum):
-    DETACHED = "detached"
-    ATTACHED = "attached"
-    DRAINING = "draining"  # still mapped, but no new allocations land in it
-
-
-class ElasticBusyError(RuntimeError):
-    """Raised when the elastic region is detached while some of its blocks are in use."""
 
 
 class BlockPool:
@@ -56,16 +46,12 @@ class BlockPool:
         self.num_base_blocks = num_base_blocks
         self.num_elastic_blocks = num_elastic_blocks
         self.num_blocks = num_base_blocks + num_elastic_blocks
-        # Free stacks are popped from the end; reversed so low ids go out first. The base
-        # stack is an array, its first `_num_stacked` entries live (a request's blocks go on
-        # and off it as one slice). Attached free elastic blocks: those freed (a stack) above
-        # the never-used rest of the attached range, [_fresh_elastic, _fresh_elastic_end),
-        # handed out lowest first, so an attach is O(1) however large the region. Unattached
-        # blocks are nowhere.
+        # Free base blocks not cached: a stack popped from the end, reversed so low ids go
+        # out first; an array whose first `_num_stacked` entries live (a request's blocks go
+        # on and off it as one slice). Free elastic ones are the region's.
         self._stack = np.arange(num_base_blocks - 1, -1, -1, dtype=np.int64)
         self._num_stacked = num_base_blocks
-        self._free_elastic: list[int] = []
-        self._fresh_elastic = self._fresh_elastic_end = num_base_blocks
+        self._elastic = ElasticRegion(num_base_blocks, num_elastic_blocks)
         self._ref_count = np.zeros(self.num_blocks, dtype=np.int32)
         self._cache = BlockCache(self.num_blocks, num_base_blocks)
         self.num_evicted = 0  # cached blocks evicted so far (a count to compare)
@@ -73,8 +59,6 @@ class BlockPool:
         self.num_freed_blocks = 0  # blocks that came free so far (a count to compare)
         self.num_used_base = 0
         self.num_used_elastic = 0
-        self.elastic_state = ElasticState.DETACHED
-        self.num_attached_elastic = 0
         if elastic_attached and num_elastic_blocks:
             self.attach_elastic()
 
@@ -84,12 +68,19 @@ class BlockPool:
         return self.num_used_base + self.num_used_elastic
 
     @property
+    def elastic_state(self) -> ElasticState:
+        return self._elastic.state
+
+    @property
+    def num_attached_elastic(self) -> int:
+        return self._elastic.num_attached
+
+    @property
     def num_free_blocks(self) -> int:
         """Blocks an allocation can take now (evictable cached blocks included)."""
         free = self._num_stacked + self._cache.num_free_base
-        if self.elastic_state is ElasticState.ATTACHED:
-            free += (len(self._free_elastic) + self._fresh_elastic_end - self._fresh_elastic
-                     + self._cache.num_free_elastic)
+        if self._elastic.state is ElasticState.ATTACHED:
+            free += self._elastic.num_free + self._cache.num_free_elastic
         return free
 
     @property
@@ -174,7 +165,7 @@ class BlockPool:
             ref_count[stack_part] = 1
         num_elastic = 0
         if self.elastic_state is ElasticState.ATTACHED:
-            elastic = self._take_free_elastic(num_blocks - len(taken))
+            elastic = self._elastic.take(num_blocks - len(taken))
             for block_id in elastic:
                 ref_count[block_id] = 1
             num_elastic = len(elastic)
@@ -195,19 +186,6 @@ class BlockPool:
                 taken = evicted
         self.num_used_base += num_blocks - num_elastic
         self.num_used_elastic += num_elastic
-        return taken
-
-    def _take_free_elastic(self, num_blocks: int) -> list[int]:
-        """Up to `num_blocks` free attached elastic blocks: freed ones first (last freed
-        first), then never-used ones, lowest id first."""
-        more = min(num_blocks, len(self._free_elastic))
-        taken = self._free_elastic[:-more - 1:-1] if more else []
-        if more:
-            del self._free_elastic[-more:]
-        fresh = min(num_blocks - more, self._fresh_elastic_end - self._fresh_elastic)
-        if fresh > 0:
-            taken += range(self._fresh_elastic, self._fresh_elastic + fresh)
-            self._fresh_elastic += fresh
         return taken
 
     def _evict(self, num_blocks: int) -> Blocks | list[int]:
@@ -264,7 +242,7 @@ class BlockPool:
             freed_base -= kept_base
         if freed_base < len(freed):
             base = freed < num_base
-            self._free_elastic += freed[~base].tolist()
+            self._elastic.freed += freed[~base].tolist()
             freed = freed[base]
         stacked = self._num_stacked
         self._stack[stacked:stacked + len(freed)] = freed
@@ -349,42 +327,21 @@ class BlockPool:
     # ----------------------------------------------------------------- elastic
     def attach_elastic(self, num_blocks: int | None = None) -> None:
         """Map the first `num_blocks` elastic blocks (all when None) into the pool."""
-        if self.num_elastic_blocks == 0:
-            raise ValueError("this pool has no elastic blocks to attach")
-        if self.elastic_state is not ElasticState.DETACHED:
-            raise ValueError(f"elastic region is {self.elastic_state.value}; detach it first")
-        num = self.num_elastic_blocks if num_blocks is None else num_blocks
-        if not 0 < num <= self.num_elastic_blocks:
-            raise ValueError(f"can attach 1..{self.num_elastic_blocks} elastic blocks, not {num}")
-        self._free_elastic = []
-        self._fresh_elastic = self.num_base_blocks
-        self._fresh_elastic_end = self.num_base_blocks + num
-        self.num_attached_elastic = num
-        self.elastic_state = ElasticState.ATTACHED
+        self._elastic.attach(num_blocks)
         self.cache_epoch += 1
 
     def resume_lending(self) -> None:
         """Undo `start_draining`: the prefill that asked for the reserve went away."""
-        if self.elastic_state is ElasticState.DRAINING:
-            self.elastic_state = ElasticState.ATTACHED
+        if self._elastic.resume_lending():
             self.cache_epoch += 1
 
     def start_draining(self) -> None:
-        if self.elastic_state is ElasticState.ATTACHED:
-            self.elastic_state = ElasticState.DRAINING
+        if self._elastic.start_draining():
             self.cache_epoch += 1
 
     def detach_elastic(self) -> None:
-        if self.num_used_elastic:
-            raise ElasticBusyError(
-                f"cannot detach the elastic region: {self.num_used_elastic} of its blocks are "
-                "still in use; drain them (preempt, wait or migrate) first"
-            )
+        self._elastic.detach(self.num_used_elastic)
         self._cache.drop_elastic()  # unmapped content is undefined: forget their keys
-        self._free_elastic = []
-        self._fresh_elastic = self._fresh_elastic_end = self.num_base_blocks
-        self.num_attached_elastic = 0
-        self.elastic_state = ElasticState.DETACHED
         self.cache_epoch += 1
 
     def elastic_blocks_in_use(self) -> list[int]:
@@ -395,9 +352,9 @@ class BlockPool:
     def check_invariants(self) -> None:
         """Free + used = total, every block in exactly one place. For tests and debugging."""
         cache = self._cache
-        fresh = list(range(self._fresh_elastic, self._fresh_elastic_end))
+        fresh = list(self._elastic.fresh_blocks())
         cached = cache.live_order().tolist()
-        free = self._stack[:self._num_stacked].tolist() + self._free_elastic + fresh + cached
+        free = self._stack[:self._num_stacked].tolist() + self._elastic.freed + fresh + cached
         if len(free) != len(set(free)):
             raise AssertionError("a block is on two free lists")
         used = [b for b in range(self.num_blocks) if self._ref_count[b] > 0]
