@@ -153,3 +153,35 @@ def test_chain_ids_tell_a_hash_under_another_parent_apart():
     assert chain_ids.of((9, 8, 8)) == [3, 4, 5]  # 8 after 9, then 8 after that 8
     assert chain_ids.of((7, 8, 8)) == [1, 2, 6]
     assert chain_ids.of((9, 8, 8, 7)) == [3, 4, 5, 7]
+
+
+@settings(max_examples=60, deadline=None)
+@given(trace=st.lists(request_strategy, min_size=1, max_size=20)
+       .map(lambda rows: sorted(rows, key=lambda r: r[3])))
+def test_blocks_tail_first_are_each_running_tables_blocks_reversed(trace):
+    """Hits and named blocks kept as arrays, the rest from the table: once a step is
+    scheduled (new blocks) and once it is closed (blocks named), for every running request,
+    exactly its table, last block first."""
+    sched = build(False)
+    checked = []
+
+    def check() -> None:
+        for req in sched.running:
+            assert sched.prefix.blocks_tail_first(req).tolist() == req.block_ids[::-1]
+            checked.append(req.request_id)
+
+    pending = list(enumerate(trace))
+    now = 0.0
+    while pending or sched.has_unfinished():
+        while pending and pending[0][1][3] <= now:
+            i, (prompt, output, hashes, _) = pending.pop(0)
+            sched.add_request(request(i, prompt, output, arrival_s=now, hashes=hashes))
+        if not sched.has_unfinished():
+            now = float(pending[0][1][3])
+            continue
+        out = sched.schedule()
+        check()
+        now += 1.0
+        sched.update(out, now)
+        check()
+    assert checked

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.core.block_cache import EMPTY, Blocks
+from sim.core.block_cache import EMPTY, Blocks, as_blocks
 from sim.core.block_pool import BlockPool
 from sim.core.request import RequestState
 
@@ -114,6 +114,7 @@ class PrefixCache:
         self._sub_blocks = np.arange(self.blocks_per_hash)
         self._keys: dict[int, np.ndarray] = {}  # per live request
         self._num_registered: dict[int, int] = {}  # prompt blocks already named, per request
+        self._named_parts: dict[int, list[Blocks]] = {}  # those blocks as arrays, per request
         self._memo: _Memo | None = None  # the last request looked up
 
     def keys(self, req: RequestState) -> np.ndarray:
@@ -187,6 +188,11 @@ class PrefixCache:
     def admitted(self, req: RequestState, num_hits: int) -> None:
         """Its first `num_hits` blocks came from the cache: they are named already."""
         self._num_registered[req.request_id] = num_hits
+        if num_hits:  # the table starts with them: as the lookup's array, where it is that
+            memo = self._memo
+            self._named_parts[req.request_id] = [
+                memo.hits if memo is not None and memo.request_id == req.request_id
+                and len(memo.hits) == num_hits else as_blocks(req.block_ids[:num_hits])]
         self._memo = None
 
     def register_full_blocks(self, req: RequestState) -> None:
@@ -195,14 +201,28 @@ class PrefixCache:
         num_full = min(len(keys), req.num_computed_tokens // self.block_size)
         first = self._num_registered.get(req.request_id, 0)
         if num_full > first:
-            self.pool.register(req.block_ids[first:num_full], keys[first:num_full])
+            blocks = as_blocks(req.block_ids[first:num_full])
+            self.pool.register(blocks, keys[first:num_full])
             self._num_registered[req.request_id] = num_full
+            self._named_parts.setdefault(req.request_id, []).append(blocks)
+
+    def blocks_tail_first(self, req: RequestState) -> Blocks:
+        """The request's blocks, last first, as `BlockPool.free` takes them: its hits and the
+        blocks it named as the arrays they were, only the rest converted from its list (a
+        Mooncake prompt's thousands of blocks need not be converted again when it ends)."""
+        parts = self._named_parts.get(req.request_id)
+        if not parts:
+            return as_blocks(req.block_ids[::-1])
+        rest = req.block_ids[self._num_registered[req.request_id]:]
+        return np.concatenate(parts + [as_blocks(rest)])[::-1]
 
     def reset(self, request_id: int) -> None:
         """The request lost its blocks (preempted, failed): none of them is named by it."""
         self._num_registered.pop(request_id, None)
+        self._named_parts.pop(request_id, None)
 
     def forget(self, request_id: int) -> None:
         """The request is done: drop its keys."""
         self._keys.pop(request_id, None)
         self._num_registered.pop(request_id, None)
+        self._named_parts.pop(request_id, None)
