@@ -3,16 +3,16 @@ cached blocks that no request holds (they count as free until an allocation evic
 
 A Mooncake-style run names, frees, hits and evicts millions of blocks, a request's hundreds
 at a time. So every operation takes a request's blocks as one numpy array: a Python loop per
-block was most of such a run.
+block would be most of such a run.
 
 Keys are non-negative ints, and sim.core.prefix_cache makes them dense (chain id x blocks
 per hash + sub-block), so both directions are arrays: `key_of[block]` (NONE: unnamed) and
 `block_of[key]`, grown by `cover` before any key past its end is used. An entry of
 `block_of` counts only while `key_of` of its block still names its key, so naming and
 evicting touch `key_of` alone where they can, and `key_of[block_of[keys]] == keys` is the
-whole lookup. So `block_of` needs no "no block" value: a key never named reads block 0, which
-does not hold it, and the array grows as zeros, which the allocator hands out untouched. A key
-is held by at most one block: `name` leaves a key alone that another block holds.
+whole lookup. So `block_of` needs no "no block" value: a key never named reads block 0, whose
+name is not that key, and the array grows as zeros, which the allocator hands out untouched. A
+key is held by at most one block: `name` leaves a key alone that another block holds.
 
 The LRU is a queue of pushed arrays (one per `push`, oldest first) with lazy removal. Each
 push gets the next stamp (a push count). A hit that takes a block out of the LRU records the
