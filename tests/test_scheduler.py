@@ -143,6 +143,33 @@ def test_decode_run_matches_step_by_step():
             rb.first_token_s, rb.finish_s, rb.num_preemptions)
 
 
+def test_a_decode_run_deals_its_blocks_as_one_allocation_per_request_would():
+    """A run takes all its new blocks in one allocation; each request gets the ids that one
+    allocation per request, in running order, would give it."""
+    def build():
+        s = make_scheduler(200, block_size=4, max_num_batched_tokens=64)
+        for i, (p, o) in enumerate([(10, 40), (7, 45), (21, 42), (3, 60), (13, 41)]):
+            s.add_request(request(i, prompt=p, output=o))
+        now = 0.0
+        while s.has_prefill_running() or s.waiting:  # every prompt computed, all decoding
+            now += 1
+            s.update(s.schedule(), now)
+        return s
+
+    a, b = build(), build()
+    num_steps = 11  # 2 or 3 new 4-token blocks for every request
+    run = a.schedule(decode_run_limit=lambda batch, ctx, k, attach: num_steps)
+    assert run.num_steps == num_steps
+    expected = {}
+    for req in b.running:
+        needed = -(-(req.num_computed_tokens + num_steps) // 4) - len(req.block_ids)
+        expected[req.request_id] = b.pool.allocate(needed)
+    assert {i.request_id: list(i.new_block_ids) for i in run.scheduled} == expected
+    assert all(len(ids) >= 2 for ids in expected.values())
+    assert len({len(ids) for ids in expected.values()}) > 1, "equal shares prove less"
+    a.pool.check_invariants()
+
+
 def test_prefix_cache_hits_shared_blocks():
     sched = make_scheduler(256, block_size=16, enable_prefix_caching=True,
                            hash_block_tokens=64, max_num_batched_tokens=512)

@@ -63,22 +63,32 @@ def allocate_run(running: Sequence[RequestState], num_steps: int, block_size: in
     """Give each running request the blocks `num_steps` more tokens need: the run's items
     (one token per step each, every one sampling), and the steps its new blocks wait before
     their first use, in all. A request's j-th new block (from 0) is first used at step
-    `first + j x block_size` (1-based), the step after its tokens fill the blocks before."""
+    `first + j x block_size` (1-based), the step after its tokens fill the blocks before.
+
+    The run's blocks are taken in one allocation and dealt out from its end, so each request
+    gets the ids one allocation per request, in running order, would give it (an allocation
+    takes the pool's last free blocks first)."""
+    needs = [-(-(req.num_computed_tokens + num_steps) // block_size) - len(req.block_ids)
+             for req in running]
+    total = sum(needs)
+    blocks = allocate(total) if total > 0 else []
+    assert blocks is not None, "decode run horizon allowed too many blocks"
     items = []
     wait_steps = 0
-    for req in running:
-        num_blocks = len(req.block_ids)
-        needed = -(-(req.num_computed_tokens + num_steps) // block_size) - num_blocks
+    end = total
+    for req, needed in zip(running, needs):
+        num_computed = req.num_computed_tokens
         new_ids: tuple[int, ...] = ()
         if needed > 0:
-            new_blocks = allocate(needed)
-            assert new_blocks is not None, "decode run horizon allowed too many blocks"
+            new_blocks = blocks[end - needed:end]
+            end -= needed
+            num_blocks = len(req.block_ids)
             req.block_ids += new_blocks
             new_ids = tuple(new_blocks)
-            first = num_blocks * block_size - req.num_computed_tokens + 1
+            first = num_blocks * block_size - num_computed + 1
             wait_steps += needed * (first - 1) + block_size * needed * (needed - 1) // 2
         items.append(new_tuple(ScheduledRequest, (
-            req.request_id, req.num_computed_tokens, 1, new_ids, True, True, False)))
+            req.request_id, num_computed, 1, new_ids, True, True, False)))
     return tuple(items), wait_steps
 
 
