@@ -65,9 +65,10 @@ def allocate_run(running: Sequence[RequestState], num_steps: int, block_size: in
     their first use, in all. A request's j-th new block (from 0) is first used at step
     `first + j x block_size` (1-based), the step after its tokens fill the blocks before.
 
-    The run's blocks are taken in one allocation and dealt out from its end, so each request
-    gets the ids one allocation per request, in running order, would give it (an allocation
-    takes the pool's last free blocks first)."""
+    The run's blocks are taken in one allocation and dealt out from its end: while the pool's
+    free base blocks cover it, each request gets the ids one allocation per request, in running
+    order, would give it (such an allocation takes the stack's top blocks); past them (evicted
+    cached blocks, lent elastic ones) the same blocks may go to other requests."""
     needs = [-(-(req.num_computed_tokens + num_steps) // block_size) - len(req.block_ids)
              for req in running]
     total = sum(needs)
