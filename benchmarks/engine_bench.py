@@ -16,13 +16,15 @@ Run from the repository root on the GPU machine (under ~3 minutes for Llama-3.1-
 5. with `--piecewise-max-tokens N`: the chunk-size curve again with piecewise CUDA graphs up
    to N tokens (vLLM's default cap is 512) and steps beyond fully eager, as an engine run
    with `--piecewise-graphs --piecewise-max-tokens N` takes them.
-6. with `--attention-backend triton split`: the prefill and the chunk-size curves (3, 5) on
-   each attention backend over the same weights, the backends taking turns at every point;
+6. with `--attention-backend triton split auto`: the prefill and the chunk-size curves (3, 5)
+   on each attention backend over the same weights, the backends taking turns at every point;
    the first backend's keep the names above, the others' carry the backend's name
    (`chunk_curve_split`, ...). Per backend also: prefill steps of chunk lengths never run
    before, timed on their first run and again (cuDNN builds an execution plan for each new
-   shape; TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1 rounds its shapes up to powers of two), and
-   the activation-memory profile's peaks at 2k..16k tokens with their fitted line.
+   shape: with split or auto every shape SPLIT pads to, up to the longest chunk timed, is
+   built first, as the engine does at start-up, and `split_plan_warmup` records its count
+   and seconds), and the activation-memory profile's peaks at 2k..16k tokens with their
+   fitted line.
 Steps are timed as the engine times them: host arrays -> device -> forward -> ids on host.
 """
 
@@ -61,6 +63,8 @@ from gpu_backend.env import (  # noqa: E402
     device_environment,
     write_result,
 )
+from gpu_backend.kernels.split_attention import SplitShapes, warm_plans  # noqa: E402
+from gpu_backend.layers import SPLIT_BACKENDS  # noqa: E402
 from gpu_backend.model import set_attention_backend, set_fused  # noqa: E402
 from sim.core.catalog import get_gpu, get_model  # noqa: E402
 from sim.core.engine_config import EngineConfig  # noqa: E402
@@ -68,7 +72,7 @@ from sim.core.engine_config import EngineConfig  # noqa: E402
 CHUNKS = (512, 1024, 2048, 4096, 8192, 16384)
 PROMPTS = (16384, 32768)
 DECODE_BATCH, DECODE_CONTEXT = 64, 1024
-BACKENDS = ("triton", "split")  # the attention backends a model can switch between
+BACKENDS = ("triton", "split", "auto")  # the attention backends a model can switch between
 NEW_SHAPES = ((3001, 9000), (3013, 9013), (1777, 0))  # (chunk, prefix) no other step runs
 PROFILE_TOKENS = (2048, 4096, 8192, 16384)
 
@@ -173,6 +177,18 @@ def bench_new_shapes(runner, bs, num_blocks) -> list[dict]:
     return rows
 
 
+def warm_split(model, spec, max_chunk: int, max_len: int) -> dict:
+    """cuDNN's plans of every shape SPLIT pads to for chunks up to max_chunk tokens, built
+    once before any step (as the engine's setup does): their count and seconds."""
+    shapes = SplitShapes().sdpa_shapes(max_chunk, max_len)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    warm_plans(shapes, spec.num_attention_heads, spec.num_kv_heads, spec.head_dim,
+               next(model.parameters()).dtype, torch.device("cuda"))
+    torch.cuda.synchronize()
+    return {"shapes": len(shapes), "seconds": time.perf_counter() - start}
+
+
 def bench_profile(model, config: EngineConfig) -> dict:
     """The memory profile's activation peaks (gpu_backend.engine.memory) and their line."""
     max_len = config.memory_config().effective_max_model_len
@@ -241,6 +257,9 @@ def print_backends(res: dict) -> None:
         steps = ", ".join(f"{r['chunk']}@{r['prefix']} {r['first_s'] * 1e3:.1f} -> "
                           f"{r['again_s'] * 1e3:.1f}" for r in rows)
         print(f"new shapes, attention {name} (first run -> again, ms): {steps}")
+    if "split_plan_warmup" in res:
+        w = res["split_plan_warmup"]
+        print(f"SPLIT plans built up front: {w['shapes']} shapes in {w['seconds']:.1f} s")
     for name, prof in res["activation_profile"].items():
         print(f"activation profile, attention {name}: {prof['bytes_per_token']:.0f} B/token + "
               f"{prof['fixed_bytes'] / 2**20:.1f} MiB")
@@ -291,7 +310,8 @@ def main() -> None:
                         metavar="NAME",
                         help="attention backends to time, over the same weights (triton: the "
                              "Triton paged kernel; split: prefill rows through cuDNN's SDPA "
-                             "over their own keys and gathered prefix, merged by log-sum-exp). "
+                             "over their own keys and gathered prefix, merged by log-sum-exp; "
+                             "auto: split for prefill rows of at least 1,024 new tokens). "
                              "The first runs every section; each other one adds its prefill, "
                              "chunk-size curves, new-shape steps and memory profile "
                              "(default: triton)")
@@ -336,6 +356,8 @@ def main() -> None:
            "copy_bandwidth_bytes_s": bandwidth, "matmul_flops_s": matmul_peak,
            "weights_bytes": weights_bytes,
            "decode": bench_decode(runner, spec, num_blocks, bs, weights_bytes, bandwidth)}
+    if set(backends) & set(SPLIT_BACKENDS):
+        res["split_plan_warmup"] = warm_split(model, spec, max(chunks), max_len)
     if backends != ("triton",):
         res.update(bench_backends(model, runner, config, num_blocks, matmul_peak, backends))
     else:

@@ -6,8 +6,11 @@ backends (`ATTENTION_BACKENDS`):
     triton  the Triton paged-attention kernel for every step
     split   decode-only steps as triton; steps with prefill rows run the decode rows through
             the Triton decode path and each prefill sequence through SPLIT (cuDNN's SDPA
-            over its own keys and over its gathered prefix, merged by log-sum-exp: see
-            gpu_backend.kernels.split_attention)
+            over its own keys and over its gathered prefix, merged by log-sum-exp, in
+            shapes from a fixed set: see gpu_backend.kernels.split_attention)
+    auto    as split for prefill sequences of at least SPLIT_MIN_QUERY new tokens (1,024),
+            the smaller ones of the same step through the Triton paged kernel's prefill
+            path (below that SPLIT is host-bound); steps without such a sequence as triton
     torch   the float32 torch references (CPU tests)
 
 `DecoderLayer` on the Triton-based backends replaces the torch norm, rotary and activation
@@ -39,11 +42,18 @@ from gpu_backend.kernels.attention import (
     plan_decode_splits,
     uses_split_plan,
 )
-from gpu_backend.kernels.split_attention import SEGMENT_TOKENS, plan_split, split_attention
+from gpu_backend.kernels.split_attention import (
+    SPLIT_MIN_QUERY,
+    SplitShapes,
+    plan_split,
+    prepare_plan,
+    split_attention,
+)
 
-AttentionBackend = Literal["triton", "split", "torch"]
-ATTENTION_BACKENDS = ("triton", "split", "torch")
-FUSED_BACKENDS = ("triton", "split")  # backends whose layers run the fused Triton kernels
+AttentionBackend = Literal["triton", "split", "auto", "torch"]
+ATTENTION_BACKENDS = ("triton", "split", "auto", "torch")
+SPLIT_BACKENDS = ("split", "auto")  # backends that run SPLIT (and build its cuDNN plans)
+FUSED_BACKENDS = ("triton", "split", "auto")  # backends whose layers run the fused kernels
 
 
 class RMSNorm(nn.Module):
@@ -113,7 +123,8 @@ class PagedAttention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = head_dim ** -0.5
         self.backend = backend
-        self.segment_tokens = SEGMENT_TOKENS  # SPLIT's prefix keys per SDPA call
+        self.split_shapes = SplitShapes()  # SPLIT's padded SDPA shapes
+        self.split_min_query = SPLIT_MIN_QUERY  # auto: fewer new tokens run the Triton kernel
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,
                 batch: ForwardBatch) -> Tensor:
@@ -141,7 +152,7 @@ class PagedAttention(nn.Module):
         tiles gives each decode row a 128-row tile on one program per SM (a 512-token chunk
         beside 32 decodes of 2k keys: 29.1 ms, 19.7 ms split), but the extra launches cost
         host time on these eager steps (Azure-conv's small mixed steps: 18.8 -> 31.3 ms)."""
-        if self.backend == "split" and batch.max_query_len > 1:
+        if self.runs_split(batch):
             return self._prepare_split(batch, k_cache)
         if self.backend == "torch" or not uses_split_plan(1):
             return batch
@@ -156,17 +167,27 @@ class PagedAttention(nn.Module):
         return replace(batch, decode_plan=plan,
                        prefill_query_start_loc=batch.query_start_loc[decodes:] - decodes)
 
+    def runs_split(self, batch: ForwardBatch) -> bool:
+        """Whether this step's attention runs SPLIT: on split any step with prefill rows, on
+        auto one with a prefill sequence of at least split_min_query new tokens."""
+        if self.backend == "split":
+            return batch.max_query_len > 1
+        return self.backend == "auto" and batch.max_query_len >= self.split_min_query
+
     def _decode_plan(self, batch: ForwardBatch, decodes: int) -> DecodePlan:
         block_n = decode_config(self.num_heads // self.num_kv_heads).block_n
         return plan_decode_splits(batch.seq_lens[:decodes], self.num_kv_heads, block_n)
 
     def _prepare_split(self, batch: ForwardBatch, k_cache: Tensor | None) -> ForwardBatch:
-        """A step with prefill rows on the split backend: its SPLIT plan from the host lengths
-        (copied from the device, one sync, when the batch came without them) and the decode
-        rows' split plan."""
+        """A step that runs SPLIT: its plan from the host lengths (copied from the device, one
+        sync, when the batch came without them; on auto the sequences under split_min_query
+        new tokens go to the Triton kernel) and the decode rows' split plan."""
         host = batch.host_lens if batch.host_lens is not None else host_lens_from_device(batch)
         d = batch.num_decodes
-        plan = plan_split(host.query_start_loc, host.seq_lens, d, self.segment_tokens, k_cache)
+        min_query = self.split_min_query if self.backend == "auto" else 1
+        plan = plan_split(host.query_start_loc, host.seq_lens, d, self.split_shapes, min_query)
+        if k_cache is not None:
+            plan = prepare_plan(plan, k_cache, self.num_heads)
         decode_plan = self._decode_plan(batch, d) if d and uses_split_plan(1) else None
         return replace(batch, host_lens=host, split_plan=plan, decode_plan=decode_plan)
 
@@ -178,7 +199,7 @@ class PagedAttention(nn.Module):
             result = paged_attention_ref(q, k_cache, v_cache, batch.block_tables,
                                          batch.seq_lens, batch.query_start_loc, self.scale)
             return result if out is None else out.copy_(result)
-        if self.backend == "split" and batch.max_query_len > 1:
+        if self.runs_split(batch):
             if batch.split_plan is None:
                 batch = self.prepare(batch, k_cache)
             assert batch.split_plan is not None

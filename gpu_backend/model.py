@@ -7,8 +7,8 @@ num_attention_heads, num_kv_heads, head_dim, vocab_size, tie_word_embeddings).
 
 `forward` takes plain tensors (`ForwardBatch`) and the per-layer caches, syncs nothing
 with the host and branches only on Python ints, so the engine can capture decode steps
-in CUDA graphs around it. (The split attention backend launches a step's prefill rows per
-sequence, from host lengths the batch carries; a batch without them costs one sync.)
+in CUDA graphs around it. (The split and auto attention backends launch a step's prefill
+rows per sequence, from host lengths the batch carries; a batch without them costs one sync.)
 """
 
 from __future__ import annotations

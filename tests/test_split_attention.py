@@ -22,23 +22,37 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# name -> (query_lens, prefix_lens, H, KVH, D, block_size, dtype, num_decodes, segment_tokens,
-#          segment buffers made by the plan (else per call))
+# name -> (query_lens, prefix_lens, H, KVH, D, block_size, dtype, num_decodes,
+#          SplitShapes(max_segment_tokens, min_segment_tokens, min_rows) (None: the engine's),
+#          buffers made by prepare_plan (else inside the call), min_query_len (auto: Triton below))
 SPLIT_CASES: dict[str, tuple] = {
-    "prefill_square_only": ([40, 23], [0, 0], 8, 2, 32, 16, "float32", 0, 32, True),
-    # prefix 100 = segments of 32, 32, 32, 4; the second chunk starts mid-block (13)
-    "prefix_many_segments_gqa4": ([30, 17], [100, 13], 8, 2, 32, 16, "float32", 0, 32, True),
-    "prefix_one_full_segment": ([9, 20], [64, 65], 4, 4, 16, 32, "float32", 0, 64, True),
+    "prefill_square_only": ([40, 23], [0, 0], 8, 2, 32, 16, "float32", 0, (64, 16, 16), True, 1),
+    # prefix 100 = segments of 32, 32, 32 and 4 keys absorbed; 13 keys absorbed (no segment)
+    "prefix_many_segments_gqa4": ([30, 17], [100, 13], 8, 2, 32, 16, "float32", 0,
+                                  (32, 16, 16), True, 1),
+    # prefix 112 = 64 + 32 + 16 (binary digits), 125 = 64 + 32 + 16 and 13 absorbed
+    "prefix_binary_segments": ([21, 50], [112, 125], 4, 2, 16, 16, "float32", 0,
+                               (64, 16, 16), True, 1),
+    "prefix_one_full_segment": ([9, 20], [64, 65], 4, 4, 16, 32, "float32", 0, (64, 32, 16),
+                                True, 1),
     "mixed_decodes_mqa7": ([1, 1, 1, 25, 9], [50, 0, 130, 70, 33], 7, 1, 64, 32, "float32",
-                           3, 64, True),
-    "mixed_fp16_gqa4": ([1, 1, 40, 33], [300, 5, 64, 200], 8, 2, 64, 16, "float16", 2, 64,
-                        True),
-    "buffers_per_call": ([1, 12, 30], [40, 77, 3], 6, 3, 32, 16, "float32", 1, 16, False),
-    # the engine's own segment size: a prefix of one full segment and 100 keys more
-    "engine_segment": ([1, 20], [40, 8292], 4, 2, 16, 16, "float32", 1, None, True),
+                           3, (64, 32, 24), True, 1),
+    "mixed_fp16_gqa4": ([1, 1, 40, 33], [300, 5, 64, 200], 8, 2, 64, 16, "float16", 2,
+                        (64, 16, 16), True, 1),
+    "buffers_per_call": ([1, 12, 30], [40, 77, 3], 6, 3, 32, 16, "float32", 1, (16, 16, 8),
+                         False, 1),
+    # auto: rows under 24 new tokens (5; 3 and 7 side by side) through the Triton kernel
+    "auto_mixed_runs": ([1, 1, 5, 40, 3, 7, 33], [50, 9, 20, 70, 0, 100, 16], 8, 2, 32, 16,
+                        "float32", 2, (32, 16, 16), True, 24),
+    "auto_runs_per_call": ([1, 30, 4, 26], [7, 40, 60, 0], 4, 1, 32, 16, "float32", 1,
+                           (32, 16, 16), False, 24),
+    # the engine's own shapes: 8,192 + 100 absorbed; 8,192 + 2,048 + 1,024 + 500 absorbed
+    "engine_shapes": ([1, 20, 30], [40, 8292, 11764], 4, 2, 16, 16, "float32", 1, None, True,
+                      1),
 }
 
 
@@ -83,6 +97,63 @@ def test_sdpa_causal_call_is_the_square_only():
 
     with pytest.raises(ValueError, match="square"):
         sdpa_with_lse(torch.randn(5, 2, 8), torch.randn(7, 2, 8), torch.randn(7, 2, 8), True, 1.0)
+
+
+def test_padded_rows_follow_the_ladders():
+    from gpu_backend.kernels.split_shapes import SplitShapes
+
+    shapes = SplitShapes()
+    squares = {n: shapes.square_rows(n) for n in (1, 1024, 1025, 1152, 1153, 1537, 2049, 4097,
+                                                  8192, 8193, 9215, 9217)}
+    assert squares == {1: 1024, 1024: 1024, 1025: 1152, 1152: 1152, 1153: 1536, 1537: 2048,
+                       2049: 2304, 4097: 4608, 8192: 8192, 8193: 9216, 9215: 9216,
+                       9217: 12288}
+    segments = {n: shapes.segment_rows(n) for n in (1, 1025, 1984, 2049, 6000, 8128)}
+    assert segments == {1: 1024, 1025: 1536, 1984: 2048, 2049: 3072, 6000: 6144, 8128: 8192}
+
+
+def test_a_prefix_splits_into_power_of_two_segments_and_an_absorbed_tail():
+    from gpu_backend.kernels.split_shapes import SplitShapes
+
+    shapes = SplitShapes()
+    assert shapes.split_prefix(0) == (0, ())
+    assert shapes.split_prefix(1023) == (1023, ())
+    assert shapes.split_prefix(14336) == (0, ((0, 8192), (8192, 4096), (12288, 2048)))
+    assert shapes.split_prefix(8192 + 1024 + 5) == (5, ((0, 8192), (8192, 1024)))
+    assert shapes.split_prefix(2 * 8192 + 7 * 1024 + 1000) == (
+        1000, ((0, 8192), (8192, 8192), (16384, 4096), (20480, 2048), (22528, 1024)))
+
+
+def test_every_step_meets_only_the_enumerated_shapes():
+    """39 shapes for 8,192 batched tokens and 32,768 of context; random chunks and prefixes
+    within those limits plan only shapes among them, padded by at most the ladders' steps,
+    their segments tiling the prefix up to the absorbed tail."""
+    from gpu_backend.kernels.split_attention import plan_split
+    from gpu_backend.kernels.split_shapes import SdpaShape, SplitShapes
+
+    shapes = SplitShapes()
+    allowed = set(shapes.sdpa_shapes(8192, 32768))
+    assert len(allowed) == 39
+    assert SdpaShape(9216, 9216, True) in allowed and SdpaShape(12288, 12288, True) not in allowed
+    assert sum(s.causal for s in allowed) == 11
+    rng = np.random.default_rng(4)
+    for _ in range(400):
+        chunk = int(rng.integers(1, 8193))
+        prefix = int(rng.integers(0, 32768 - chunk + 1))
+        plan = plan_split(np.array([0, chunk]), np.array([chunk + prefix]), 0, shapes)
+        (seq,) = plan.seqs
+        assert plan.sdpa_shapes() <= allowed, (chunk, prefix)
+        assert seq.absorbed < 1024 and seq.square_rows >= seq.absorbed + chunk
+        assert seq.square_rows <= max(1024, 1.5 * (seq.absorbed + chunk))
+        assert chunk <= seq.segment_rows <= max(1024, 1.5 * chunk)
+        start = 0
+        for first, keys in seq.segments:
+            assert first == start and keys in (1024, 2048, 4096, 8192)
+            start += keys
+        assert start + seq.absorbed == prefix
+    small = shapes.sdpa_shapes(2048, 4096)  # squares to 3,072; segments of 1,024 .. 2,048
+    assert max(s.rows for s in small if s.causal) == 3072
+    assert {s.keys for s in small if not s.causal} == {1024, 2048}
 
 
 def test_torch_merge_of_two_key_sets_is_attention_over_both():
@@ -136,40 +207,81 @@ def test_gather_tokens_copies_positions_in_table_order():
 
 
 def test_plan_split_lists_prefill_rows_with_their_prefixes():
-    from gpu_backend.kernels.split_attention import PrefillSeq, plan_split
+    from gpu_backend.kernels.split_attention import (
+        PrefillSeq,
+        SplitShapes,
+        plan_split,
+        prepare_plan,
+    )
 
     qsl = np.array([0, 1, 2, 42, 42, 59])  # rows: 2 decodes, a 40-token chunk, empty, 17
     seq_lens = np.array([100, 8, 40, 5, 117], dtype=np.int32)
     cache = torch.zeros(4, 16, 2, 8)
-    plan = plan_split(qsl, seq_lens, 2, 32, cache)
-    assert plan.seqs == (PrefillSeq(2, 2, 40, 0), PrefillSeq(4, 42, 17, 100))
-    assert (plan.num_decodes, plan.decode_max_seq_len) == (2, 100)
-    assert plan.buffers is not None and plan.buffers.k.shape == (2, 16, 2, 8)
-    assert plan.buffers.nbytes == 2 * 32 * 2 * 8 * 4
-    square_only = plan_split(np.array([0, 40]), np.array([40]), 0, 32, cache)
-    assert square_only.buffers is None and not square_only.needs_buffers
+    shapes = SplitShapes(32, 16, 16)
+    plan = plan_split(qsl, seq_lens, 2, shapes)
+    # 100 keys of prefix: segments 0..31, 32..63, 64..95 and 4 keys absorbed into the square;
+    # square rows: 40 -> 48 (16 x 3), 21 -> 24 (16 x 3/2); segment rows 17 -> 24
+    assert plan.seqs == (PrefillSeq(2, 2, 40, 0, 0, 48, 48, ()),
+                         PrefillSeq(4, 42, 17, 100, 4, 24, 24, ((0, 32), (32, 32), (64, 32))))
+    assert (plan.num_decodes, plan.decode_max_seq_len, plan.runs) == (2, 100, ())
+    assert plan.buffers is None
+    ready = prepare_plan(plan, cache, 6)
+    buffers = ready.buffers
+    assert buffers is not None and buffers.q.shape == (48, 6, 8)  # the larger sequence's rows
+    assert buffers.square_k.shape == (3, 16, 2, 8)  # 48 rows in whole blocks
+    assert buffers.segment_k is not None and buffers.segment_k.shape == (2, 16, 2, 8)
+    assert all(int(x.count_nonzero()) == 0 for x in (buffers.q, buffers.square_k))
+    assert buffers.nbytes == (48 * 6 * 8 + 2 * 48 * 2 * 8 + 2 * 32 * 2 * 8) * 4
+    square_only = prepare_plan(plan_split(np.array([0, 40]), np.array([40]), 0, shapes),
+                               cache, 6)
+    assert square_only.buffers is not None and square_only.buffers.segment_k is None
+
+
+def test_plan_split_sends_short_rows_to_the_paged_kernel_in_runs():
+    from gpu_backend.kernels.split_attention import plan_split, prepare_plan
+
+    # rows: 1 decode; 5 (short), 30 (split), 3 and 7 (short, side by side), 26 (split)
+    qsl = np.array([0, 1, 6, 36, 39, 46, 72])
+    seq_lens = np.array([9, 25, 30, 3, 107, 26], dtype=np.int32)
+    plan = plan_split(qsl, seq_lens, 1, min_query_len=24)
+    assert [s.row for s in plan.seqs] == [2, 5]
+    assert [(r.first_row, r.end_row, r.token_start, r.token_end, r.max_query_len,
+             r.max_seq_len) for r in plan.runs] == [(1, 2, 1, 6, 5, 25), (3, 5, 36, 46, 7, 107)]
+    assert plan.runs[1].query_start_loc.tolist() == [0, 3, 10]
+    ready = prepare_plan(plan, torch.zeros(4, 16, 2, 8), 4)
+    assert ready.run_starts is not None
+    assert [t.tolist() for t in ready.run_starts] == [[0, 5], [0, 3, 10]]
+    everything = plan_split(qsl, seq_lens, 1)  # the split backend: every prefill row
+    assert [s.row for s in everything.seqs] == [1, 2, 3, 4, 5] and everything.runs == ()
 
 
 def test_plan_split_refuses_what_it_cannot_run():
-    from gpu_backend.kernels.split_attention import SegmentBuffers, plan_split
+    from gpu_backend.kernels.split_attention import SplitBuffers, SplitShapes, plan_split
 
     with pytest.raises(ValueError, match="decode rows"):
         plan_split(np.array([0, 1, 5]), np.array([9, 5]), 2)  # row 1 has 4 new tokens
     with pytest.raises(ValueError, match="one more entry"):
         plan_split(np.array([0, 1]), np.array([9, 5]), 0)
     with pytest.raises(ValueError, match="multiple of the cache's block size"):
-        SegmentBuffers.like(torch.zeros(4, 16, 2, 8), 40)
+        plan = plan_split(np.array([0, 40]), np.array([100]), 0, SplitShapes(48, 24, 16))
+        SplitBuffers.for_plan(plan, torch.zeros(4, 16, 2, 8), 2)
+    with pytest.raises(ValueError, match="power of two"):
+        SplitShapes(48, 32, 16)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        SplitShapes(64, 16, 12)
 
 
 def test_split_profile_shapes():
     """The chunk takes all the step's tokens over a prefix a block past one segment; where
     the context is too short for both, the longest chunk and a chunk that fits the prefix."""
     from gpu_backend.engine.memory import split_profile_shapes
+    from gpu_backend.kernels.split_shapes import SplitShapes
 
-    assert split_profile_shapes(2048, 131072, 16, 8192) == [(2048, 8208)]
-    assert split_profile_shapes(2048, 4096, 16, 8192) == [(2048, 2048)]
-    assert split_profile_shapes(8192, 10000, 16, 8192) == [(8192, 1808), (1792, 8208)]
-    assert split_profile_shapes(8192, 8000, 16, 8192) == [(7984, 16)]
+    shapes = SplitShapes()  # the worst prefix: 8,192 + 1,024 + 1,008 absorbed = 10,224
+    assert split_profile_shapes(2048, 131072, 16, shapes) == [(2048, 10224)]
+    assert split_profile_shapes(2048, 4096, 16, shapes) == [(2048, 2048)]
+    assert split_profile_shapes(8192, 12000, 16, shapes) == [(8192, 3808), (1776, 10224)]
+    assert split_profile_shapes(8192, 8000, 16, shapes) == [(7984, 16)]
 
 
 def test_dummy_prefix_batch_is_one_chunk_over_a_prefix():
@@ -207,7 +319,7 @@ def test_host_lens_from_the_engine_and_from_the_device():
     assert copied.seq_lens.tolist() == [20, 20, 20, 80]
 
 
-def test_set_attention_backend_switches_triton_and_split_only():
+def test_set_attention_backend_switches_triton_split_and_auto_only():
     from test_model_cpu import tiny_model
 
     from gpu_backend.model import set_attention_backend
@@ -215,6 +327,8 @@ def test_set_attention_backend_switches_triton_and_split_only():
     model = tiny_model("triton")
     set_attention_backend(model, "split")
     assert {layer.attn.backend for layer in model.layers} == {"split"}
+    set_attention_backend(model, "auto")
+    assert {layer.attn.backend for layer in model.layers} == {"auto"}
     assert all(layer.fused for layer in model.layers)  # the same fused layers either way
     with pytest.raises(ValueError, match="switch among"):
         set_attention_backend(model, "torch")
@@ -230,8 +344,19 @@ def test_replay_cli_chooses_the_attention_backend():
     base = ["replay", "--trace", "azure-conv"]
     assert parser.parse_args(base).attention_backend == "triton"
     assert parser.parse_args([*base, "--attention-backend", "split"]).attention_backend == "split"
+    assert parser.parse_args([*base, "--attention-backend", "auto"]).attention_backend == "auto"
     with pytest.raises(UsageError, match="invalid choice: 'torch'"):
         parser.parse_args([*base, "--attention-backend", "torch"])
+    profile = ["profile", "--model", "llama-3.1-8b"]
+    assert parser.parse_args(profile).attention_backend == "triton"
+    assert parser.parse_args([*profile, "--attention-backend", "auto"]).attention_backend == "auto"
+
+
+def test_cli_backend_choices_are_the_switchable_backends():
+    from gpu_backend.__main__ import ATTENTION_BACKEND_CHOICES
+    from gpu_backend.layers import FUSED_BACKENDS
+
+    assert ATTENTION_BACKEND_CHOICES == FUSED_BACKENDS
 
 
 # ----------------------------------------------------------------------------- interpreter
@@ -252,21 +377,50 @@ def _reference(pb) -> torch.Tensor:
                                pb.block_tables, pb.seq_lens, pb.query_start_loc, pb.scale)
 
 
-def _run_split_case(name: str) -> float:
+def _case_shapes(name: str):
+    from gpu_backend.kernels.split_shapes import SplitShapes
+
+    sizes = SPLIT_CASES[name][8]
+    return SplitShapes(*sizes) if sizes is not None else SplitShapes()
+
+
+class _SdpaShapes(TorchDispatchMode):
+    """Records (rows, keys, causal) of every CPU SDPA op the real code runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[tuple[int, int, bool]] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default:
+            q, k = args[0], args[1]
+            causal = args[4] if len(args) > 4 else (kwargs or {}).get("is_causal", False)
+            self.seen.add((q.shape[2], k.shape[2], bool(causal)))
+        return func(*args, **(kwargs or {}))
+
+
+def _run_split_case(name: str) -> dict:
     from gpu_backend.kernels import store_kvcache
-    from gpu_backend.kernels.split_attention import SEGMENT_TOKENS, plan_split, split_attention
+    from gpu_backend.kernels.split_attention import plan_split, prepare_plan, split_attention
     from tests.kernel_cases import rel_error
 
-    *_, num_decodes, segment, with_buffers = SPLIT_CASES[name]
+    *_, num_decodes, _, with_buffers, min_query = SPLIT_CASES[name]
     pb = _problem(name)
+    shapes = _case_shapes(name)
     store_kvcache(pb.new_k, pb.new_v, pb.k_cache, pb.v_cache, pb.slot_mapping)
-    plan = plan_split(pb.query_start_loc.numpy(), pb.seq_lens.numpy(), num_decodes,
-                      segment or SEGMENT_TOKENS, pb.k_cache if with_buffers else None)
-    assert (plan.buffers is not None) == (with_buffers and plan.needs_buffers)
-    out = split_attention(pb.q, pb.k_cache, pb.v_cache, pb.block_tables, pb.seq_lens,
-                          pb.query_start_loc, pb.scale, plan)
+    plan = plan_split(pb.query_start_loc.numpy(), pb.seq_lens.numpy(), num_decodes, shapes,
+                      min_query)
+    if with_buffers:
+        plan = prepare_plan(plan, pb.k_cache, pb.q.shape[1])
+    with _SdpaShapes() as recorder:
+        out = split_attention(pb.q, pb.k_cache, pb.v_cache, pb.block_tables, pb.seq_lens,
+                              pb.query_start_loc, pb.scale, plan)
     assert out.dtype == pb.q.dtype and out.shape == pb.q.shape
-    return rel_error(out, _reference(pb))
+    planned = {(s.rows, s.keys, s.causal) for s in plan.sdpa_shapes()}
+    return {"err": rel_error(out, _reference(pb)), "sdpa": sorted(recorder.seen),
+            "planned": sorted(planned),
+            "runs": [[r.first_row, r.end_row] for r in plan.runs],
+            "split_rows": [s.row for s in plan.seqs]}
 
 
 def _run_merge_case() -> dict:
@@ -310,6 +464,7 @@ def _mixed_batch(pb, num_decodes: int, with_host: bool):
 def _run_layer_case() -> dict:
     """PagedAttention on the split backend, as Model and the piecewise graphs call it."""
     from gpu_backend.kernels import store_kvcache
+    from gpu_backend.kernels.split_shapes import SplitShapes
     from gpu_backend.layers import PagedAttention
     from tests.kernel_cases import make_problem, rel_error
 
@@ -317,7 +472,7 @@ def _run_layer_case() -> dict:
                       seed=11)
     store_kvcache(pb.new_k, pb.new_v, pb.k_cache, pb.v_cache, pb.slot_mapping)
     attn = PagedAttention(8, 2, 32, "split")
-    attn.segment_tokens = 32  # the 90-token prefix in three segments
+    attn.split_shapes = SplitShapes(32, 16, 16)  # the 90-token prefix: 32 + 32 + 16, 10 absorbed
     ref = _reference(pb)
     res: dict = {}
     prepared = attn.prepare(_mixed_batch(pb, 3, True), pb.k_cache)
@@ -340,6 +495,17 @@ def _run_layer_case() -> dict:
                   decode.slot_mapping)
     decode_batch = attn.prepare(_mixed_batch(decode, 4, False), decode.k_cache)
     res["decode_only_split_plan"] = decode_batch.split_plan is not None
+    auto = PagedAttention(8, 2, 32, "auto")
+    auto.split_shapes, auto.split_min_query = SplitShapes(32, 16, 16), 16
+    auto_batch = auto.prepare(_mixed_batch(pb, 3, True), pb.k_cache)
+    auto_plan = auto_batch.split_plan
+    res["auto_split_rows"] = [s.row for s in auto_plan.seqs] if auto_plan else None
+    res["auto_runs"] = [[r.first_row, r.end_row] for r in auto_plan.runs] if auto_plan else None
+    res["auto_err"] = rel_error(auto.attend(pb.q, pb.k_cache, pb.v_cache, auto_batch), ref)
+    auto.split_min_query = 31  # no row has 31 new tokens: the step runs as triton
+    short = auto.prepare(_mixed_batch(pb, 3, True), pb.k_cache)
+    res["auto_short_split_plan"] = short.split_plan is not None
+    res["auto_short_err"] = rel_error(auto.attend(pb.q, pb.k_cache, pb.v_cache, short), ref)
     res["decode_only_err"] = rel_error(
         attn.attend(decode.q, decode.k_cache, decode.v_cache, decode_batch), _reference(decode))
     return res
@@ -353,6 +519,7 @@ def _run_model_case() -> dict:
     from test_model_cpu import BLOCK_SIZE, TINY, build_batch, tiny_model
 
     from gpu_backend.engine.piecewise import PiecewiseGraphs
+    from gpu_backend.kernels.split_shapes import SplitShapes
 
     def caches():
         pool = torch.zeros(12, TINY.num_layers, 2, BLOCK_SIZE, TINY.num_kv_heads, TINY.head_dim)
@@ -363,7 +530,7 @@ def _run_model_case() -> dict:
     torch.manual_seed(3)
     split = tiny_model("split")
     for layer in split.layers:
-        layer.attn.segment_tokens = 16
+        layer.attn.split_shapes = SplitShapes(16, 16, 8)
     tables = torch.stack([torch.arange(0, 4), torch.arange(5, 9)]).int()
     prompt = torch.randint(0, TINY.vocab_size, (40,)).tolist()
     second = prompt[:37]  # prefilled in chunks of 13, 12, 12: it samples after the third
@@ -389,18 +556,37 @@ def _run_profile_step_case() -> dict:
     from test_model_cpu import TINY, tiny_model
 
     from gpu_backend.engine.memory import dummy_prefix_batch
+    from gpu_backend.kernels.split_shapes import SplitShapes
 
     model = tiny_model("split")
     for layer in model.layers:
-        layer.attn.segment_tokens = 32
+        layer.attn.split_shapes = SplitShapes(32, 16, 16)
     batch, num_blocks = dummy_prefix_batch(20, 48, 16, torch.device("cpu"))
     pool = torch.zeros(num_blocks, TINY.num_layers, 2, 16, TINY.num_kv_heads, TINY.head_dim)
     caches = [(pool[:, i, 0], pool[:, i, 1]) for i in range(TINY.num_layers)]
     plan = model.layers[0].attn.prepare(batch, caches[0][0]).split_plan
     logits = model.compute_logits(batch, caches)
     return {"prefix": plan.seqs[0].prefix_len if plan else None,
-            "segments": -(-plan.seqs[0].prefix_len // 32) if plan else None,
+            "segments": [n for _, n in plan.seqs[0].segments] if plan else None,
             "finite": bool(torch.isfinite(logits).all()), "rows": logits.shape[0]}
+
+
+def _run_profile_launch_case() -> dict:
+    """The profile's attention timing (calibrate.backend_launch_ms) on a mixed step: each
+    backend's timed call computes the attention triton's does over the same K/V and q."""
+    from gpu_backend.engine.calibrate import backend_launch_ms
+    from gpu_backend.engine.shapes import StepShape
+
+    outs = {}
+    for backend in ("triton", "split", "auto"):
+        def keep(fn, reps: int, name: str = backend) -> float:
+            outs[name] = fn()
+            return 1.0
+
+        torch.manual_seed(7)  # the same layer and q for every backend
+        backend_launch_ms(StepShape("mixed", ((40, 70), (1030, 20)), (90, 300, 5)), backend,
+                          8, 2, 32, reps=1, device="cpu", dtype=torch.float32, timer=keep)
+    return {name: float((out - outs["triton"]).abs().max()) for name, out in outs.items()}
 
 
 def _main() -> None:
@@ -409,6 +595,7 @@ def _main() -> None:
     results["layer"] = _run_layer_case()
     results["model"] = _run_model_case()
     results["profile_step"] = _run_profile_step_case()
+    results["profile_launch"] = _run_profile_launch_case()
     print(json.dumps(results))
 
 
@@ -424,8 +611,28 @@ def interp() -> dict:
 
 @pytest.mark.parametrize("name", list(SPLIT_CASES))
 def test_split_attention_matches_paged_reference(interp: dict, name: str) -> None:
+    """Every case against the float32 paged reference (the pool's unused slots are NaN, so a
+    padded key or row reaching a real row's result shows), and the SDPA ops it ran are the
+    plan's padded shapes, each among those the shape rules enumerate for its lengths."""
+    from gpu_backend.kernels.split_shapes import SplitShapes
+
+    case = interp[name]
     tol = 1e-5 if SPLIT_CASES[name][6] == "float32" else 3e-3
-    assert interp[name] < tol, f"{name}: rel error {interp[name]}"
+    assert case["err"] < tol, f"{name}: rel error {case['err']}"
+    assert case["sdpa"] == case["planned"]
+    query_lens, prefix_lens = SPLIT_CASES[name][:2]
+    sizes = SPLIT_CASES[name][8]
+    shapes = SplitShapes(*sizes) if sizes is not None else SplitShapes()
+    allowed = {(s.rows, s.keys, s.causal) for s in shapes.sdpa_shapes(
+        max(query_lens), max(q + p for q, p in zip(query_lens, prefix_lens, strict=True)))}
+    assert {tuple(s) for s in case["sdpa"]} <= allowed
+
+
+def test_auto_runs_short_rows_through_the_paged_kernel(interp: dict) -> None:
+    assert interp["auto_mixed_runs"]["runs"] == [[2, 3], [4, 6]]
+    assert interp["auto_mixed_runs"]["split_rows"] == [3, 6]
+    assert interp["auto_runs_per_call"]["runs"] == [[2, 3]]
+    assert interp["auto_runs_per_call"]["split_rows"] == [1, 3]
 
 
 def test_triton_merge_matches_torch_merge(interp: dict) -> None:
@@ -438,9 +645,13 @@ def test_triton_merge_matches_torch_merge(interp: dict) -> None:
 def test_split_backend_dispatch(interp: dict) -> None:
     """Decode rows first (three, through the paged kernel with their own plan), then each
     prefill row through SPLIT: with host lengths, copied from the device, or planned inside
-    attend; into a given output; a decode-only step stays on the paged kernel."""
+    attend; into a given output; a decode-only step stays on the paged kernel. On auto the
+    short prefill row runs the paged kernel, and a step of short rows only runs it alone."""
     layer = interp["layer"]
     assert layer["plan"] == [[3, 90], [4, 0]] and layer["buffers"]
+    assert layer["auto_split_rows"] == [3] and layer["auto_runs"] == [[4, 5]]
+    assert layer["auto_err"] < 1e-5 and not layer["auto_short_split_plan"]
+    assert layer["auto_short_err"] < 1e-5
     assert layer["decode_plan_rows"] == 3
     assert layer["err"] < 1e-5
     assert layer["same_without_host_lens"] and layer["same_unprepared"] and layer["into_out"]
@@ -452,8 +663,14 @@ def test_split_model_matches_torch_model_eager_and_piecewise(interp: dict) -> No
     assert interp["model"]["piecewise_err"] < 1e-4
 
 
+def test_profile_times_each_backends_attention(interp: dict) -> None:
+    assert interp["profile_launch"]["split"] < 1e-4
+    assert interp["profile_launch"]["auto"] < 1e-4
+
+
 def test_profiled_worst_split_step_runs_its_prefix_segments(interp: dict) -> None:
-    assert interp["profile_step"] == {"prefix": 48, "segments": 2, "finite": True, "rows": 1}
+    assert interp["profile_step"] == {"prefix": 48, "segments": [32, 16], "finite": True,
+                                      "rows": 1}
 
 
 if __name__ == "__main__":

@@ -257,6 +257,9 @@ SPLIT_BATCHES = {
     "prefix_segments": ([700, 129, 1000], [9000, 8192, 16389]),
     "mixed": ([1] * 33 + [700, 64], [2048] * 32 + [15000, 0, 2000]),
     "odd_lengths": ([1, 1, 3, 517, 2], [31, 4096, 0, 1111, 8191]),
+    # auto: 300 and 40 new tokens run the Triton kernel; 1,500 (8,192 + 808 absorbed),
+    # 2,000 (8,192 + 2,048 + 60 absorbed) and 1,024 (1,023 absorbed) run SPLIT
+    "auto_mix": ([1, 1, 300, 1500, 40, 2000, 1024], [100, 5000, 0, 9000, 3000, 10300, 1023]),
 }
 
 
@@ -310,18 +313,63 @@ def test_cudnn_sdpa_lse_is_natural_log(shape: str, causal: bool) -> None:
     assert rel_error(out, ref_out.cpu()) < BF16_TOL
 
 
+@pytest.mark.parametrize("min_query_len", [1, 1024])  # split, auto
 @pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("batch", list(SPLIT_BATCHES))
-def test_split_attention_cudnn_bf16(batch: str, shape: str) -> None:
-    from gpu_backend.kernels.split_attention import plan_split, split_attention
+def test_split_attention_cudnn_bf16(batch: str, shape: str, min_query_len: int) -> None:
+    """Every batch through SPLIT's padded cuDNN calls (the pool's unused slots are NaN) and,
+    on auto, its rows under 1,024 new tokens through the Triton kernel: the float32 paged
+    reference to bf16 rounding."""
+    from gpu_backend.kernels.split_attention import plan_split, prepare_plan, split_attention
 
     pb, num_decodes = _split_problem(batch, shape)
     plan = plan_split(pb.query_start_loc.cpu().numpy(), pb.seq_lens.cpu().numpy(), num_decodes,
-                      cache=pb.k_cache)
+                      min_query_len=min_query_len)
+    plan = prepare_plan(plan, pb.k_cache, pb.q.shape[1])
     out = split_attention(pb.q, pb.k_cache, pb.v_cache, pb.block_tables, pb.seq_lens,
                           pb.query_start_loc, pb.scale, plan)
     err = rel_error(out, _paged_reference_f32(pb))
     assert err < BF16_TOL, f"rel error {err}"
+
+
+def test_split_plans_are_built_up_front() -> None:
+    """After warm_plans of a configuration's shapes, steps of chunk and prefix lengths never
+    run before build no cuDNN plan: each takes well under one plan's build (50-190 ms)."""
+    import time
+
+    import numpy as np
+
+    from gpu_backend.kernels.split_attention import (
+        SplitShapes,
+        plan_split,
+        prepare_plan,
+        split_attention,
+        warm_plans,
+    )
+
+    heads, kv_heads, head_dim = SHAPES["gqa4_d128"]
+    shapes = SplitShapes()
+    warm_plans(shapes.sdpa_shapes(4096, 16384), heads, kv_heads, head_dim, torch.bfloat16,
+               torch.device("cuda"))
+    times = {}
+    # the first case compiles the Triton merge kernels (the later shapes' strides are all
+    # multiples of 16, so they meet no new variant); the others are timed
+    for chunk, prefix in ((1024, 9221), (1031, 0), (2999, 5001), (4096, 12001), (1500, 777),
+                          (3333, 9999)):
+        pb = make_problem([chunk], [prefix], heads, kv_heads, head_dim, 16, torch.bfloat16,
+                          device="cuda", seed=chunk)
+        store_kvcache(pb.new_k, pb.new_v, pb.k_cache, pb.v_cache, pb.slot_mapping)
+        plan = prepare_plan(plan_split(np.array([0, chunk]), np.array([chunk + prefix]), 0,
+                                       shapes), pb.k_cache, heads)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        out = split_attention(pb.q, pb.k_cache, pb.v_cache, pb.block_tables, pb.seq_lens,
+                              pb.query_start_loc, pb.scale, plan)
+        torch.cuda.synchronize()
+        times[(chunk, prefix)] = time.perf_counter() - start
+        assert rel_error(out, _paged_reference_f32(pb)) < BF16_TOL
+    del times[(1024, 9221)]
+    assert max(times.values()) < 0.03, times
 
 
 @pytest.mark.parametrize("block_size", [32, 64])
@@ -400,10 +448,11 @@ def test_split_model_matches_triton_model_bf16() -> None:
 
 
 def test_split_memory_profile_covers_longer_prefixes_and_mixed_steps() -> None:
-    """The memory profile's split step of T tokens (one chunk over a prefix a block past one
-    segment) bounds a chunk of T tokens over a prefix of three segments: the split path's
-    memory does not grow with the prefix (1 MiB of slack for the allocator's rounding of
-    cuDNN's workspace). The whole profile at T bounds a chunk beside 64 decode rows."""
+    """The memory profile's split step of T tokens (one chunk over a prefix of two segments
+    and 1,008 keys the square absorbs) bounds a chunk of T tokens over a prefix of three
+    segments: the split path's memory does not grow with the prefix (1 MiB of slack for the
+    allocator's rounding of cuDNN's workspace). The whole profile at T bounds a chunk beside
+    64 decode rows."""
     from gpu_backend.engine.memory import (
         dummy_prefix_batch,
         forward_peak,
@@ -413,7 +462,7 @@ def test_split_memory_profile_covers_longer_prefixes_and_mixed_steps() -> None:
     from gpu_backend.engine.runner import InputCopier
     from gpu_backend.engine.setup import load_model
     from gpu_backend.engine.shapes import blocks_needed, host_batch, mixed_shape
-    from gpu_backend.kernels.split_attention import SEGMENT_TOKENS
+    from gpu_backend.kernels.split_attention import SEGMENT_TOKENS, SplitShapes
     from sim.core.catalog import get_gpu, get_model
     from sim.core.engine_config import EngineConfig
 
@@ -421,8 +470,8 @@ def test_split_memory_profile_covers_longer_prefixes_and_mixed_steps() -> None:
     config = EngineConfig(spec, get_gpu("h200"), max_model_len=32768, block_size=bs)
     model = load_model(config, device, seed=0, backend="split")
     profiled = measure_activation_peak(model, spec, tokens, config.num_seqs, bs, device, 32768)
-    (chunk, prefix), = split_profile_shapes(tokens, 32768, bs, SEGMENT_TOKENS)
-    assert (chunk, prefix) == (tokens, SEGMENT_TOKENS + bs)
+    (chunk, prefix), = split_profile_shapes(tokens, 32768, bs, SplitShapes())
+    assert (chunk, prefix) == (tokens, SEGMENT_TOKENS + 2048 - bs)
     split_step = forward_peak(model, spec, *dummy_prefix_batch(chunk, prefix, bs, device), bs,
                               device)
     longer = forward_peak(model, spec, *dummy_prefix_batch(tokens, 3 * SEGMENT_TOKENS, bs,

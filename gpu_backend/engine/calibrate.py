@@ -30,9 +30,11 @@ from pathlib import Path
 import numpy as np
 
 from gpu_backend.engine.attention_profile import (
+    PagedLayer,
     attention_inputs,
     attention_records,
     attention_shapes,
+    device_ms,
     time_attention,
 )
 from gpu_backend.engine.hostprobe import probe
@@ -128,8 +130,8 @@ REPLAY_POOL_SHARE = 0.6  # of free memory, for the replay setup's pool
 
 def profile_engine(config: EngineConfig, grid: list[StepShape], seed: int = 0,
                    min_blocks: int = 0, replay_setup: bool = False,
-                   piecewise: bool = False,
-                   piecewise_max_tokens: int | None = None) -> ProfileEngine:
+                   piecewise: bool = False, piecewise_max_tokens: int | None = None,
+                   attention_backend: str = "triton") -> ProfileEngine:
     """Build the model, a KV pool and decode graphs for `grid` on the current CUDA device.
 
     Default: a pool big enough for the grid's largest step and `min_blocks` (at most 60% of
@@ -141,6 +143,7 @@ def profile_engine(config: EngineConfig, grid: list[StepShape], seed: int = 0,
     `piecewise`: steps with prefill tokens replay piecewise graphs captured at the sizes a
     replay of `config`'s chunk captures, up to `piecewise_max_tokens` when given (a larger
     grid step runs fully eager, as it would there: the fit then sees both launch terms).
+    `attention_backend`: the model's (gpu_backend.layers.ATTENTION_BACKENDS but torch).
     """
     import torch
 
@@ -163,7 +166,8 @@ def profile_engine(config: EngineConfig, grid: list[StepShape], seed: int = 0,
     # the piecewise graphs' memory counted as a replay counts it (the calibration's
     # activation profile is what the simulator plans the KV pool with)
     model, m = measure_memory(config, device, seed, use_graphs=True,
-                              piecewise_tokens=piecewise_tokens)
+                              piecewise_tokens=piecewise_tokens,
+                              attention_backend=attention_backend)
     block_bytes = config.block_size * config.model.kv_bytes_per_token()
     free, _ = torch.cuda.mem_get_info(device)
     want = max(max(blocks_needed(s, config.block_size) for s in grid) + 1, min_blocks)
@@ -185,7 +189,8 @@ def profile_engine(config: EngineConfig, grid: list[StepShape], seed: int = 0,
     setup = {"replay_setup": replay_setup, "graph_sizes": list(sizes), "table_tokens": table_len,
              "pool_blocks": num_blocks, "blocks": "scattered" if replay_setup else "side by side",
              "piecewise_sizes": list(pieces.sizes) if pieces is not None else None,
-             "piecewise_capture_s": pieces.capture_s if pieces is not None else None}
+             "piecewise_capture_s": pieces.capture_s if pieces is not None else None,
+             "attention_backend": attention_backend}
     return ProfileEngine(config, runner, graphs, m, num_blocks, device, setup,
                          seed if replay_setup else None)
 
@@ -194,9 +199,10 @@ def calibrate(config: EngineConfig, *, seed: int = 0, quick: bool = False,
               warmup: int = 2, repeat: int = 5, replay_setup: bool = False,
               piecewise: bool = False, passes: int = 2,
               piecewise_max_tokens: int | None = None, attention: bool = True,
-              command: str | None = None) -> dict:
+              attention_backend: str = "triton", command: str | None = None) -> dict:
     """Profile `config`'s engine on the step grid and fit the cost model (module docstring);
-    `attention`: also time each prefill launch's attention alone (attention_profile).
+    `attention`: also time each prefill launch's attention alone (attention_profile), on
+    `attention_backend` as the steps run it.
     `command`: what the provenance records as the measuring command (default: this
     process's command line)."""
     import torch
@@ -206,7 +212,8 @@ def calibrate(config: EngineConfig, *, seed: int = 0, quick: bool = False,
     measured_on = datetime.now(timezone.utc).date().isoformat()
     grid = default_grid(quick)
     engine = profile_engine(config, grid, seed, replay_setup=replay_setup, piecewise=piecewise,
-                            piecewise_max_tokens=piecewise_max_tokens)
+                            piecewise_max_tokens=piecewise_max_tokens,
+                            attention_backend=attention_backend)
     timed, records = time_profile(engine, grid, warmup, repeat, passes, attention)
     result = fit_timed(engine, grid, timed, records, copy_bandwidth_bytes_s())
     found = versions()
@@ -219,6 +226,7 @@ def calibrate(config: EngineConfig, *, seed: int = 0, quick: bool = False,
     return {
         "gpu": provenance.gpu_name, "gpu_preset": config.gpu.name, "model": config.model.name,
         "versions": found, "provenance": provenance.to_dict(), **result,
+        "attention_backend": attention_backend,
         "activation": {"bytes_per_token": m.profile.bytes_per_token,
                        "fixed_bytes": m.profile.fixed_bytes,
                        "non_torch_bytes": m.profile.non_torch_bytes},
@@ -247,9 +255,57 @@ def time_profile(engine: ProfileEngine, grid: list[StepShape], warmup: int, repe
     records: list[dict] = []  # the attention of every step with prefill tokens, on its own
     if attention:
         launches = attention_shapes(grid)
+        backend = engine.setup["attention_backend"]
         records = attention_records(launches, measure_grid(
-            launches, lambda shape: time_attention(shape, engine.config.model), passes))
+            launches, lambda shape: time_backend_attention(shape, engine.config.model, backend),
+            passes))
     return timed, records
+
+
+SPLIT_QUEUE_CYCLES = 8_000_000  # ~4 ms of GPU sleep: SPLIT enqueues a few launches per sequence
+
+
+def backend_launch_ms(shape: StepShape, backend: str, num_heads: int, num_kv_heads: int,
+                      head_dim: int, reps: int = 20, device: str = "cuda", dtype=None,
+                      timer: Callable[..., float] = device_ms) -> float:
+    """Device milliseconds of one layer's attention of `shape` as `backend` (one of
+    gpu_backend.layers.ATTENTION_BACKENDS) runs it: PagedAttention's per-step plan made once,
+    then its attend timed (decode rows first, then the chunks). `device`, `dtype` and
+    `timer` other than the defaults: the CPU check of this path under Triton's interpreter."""
+    import torch
+
+    from gpu_backend.batch import ForwardBatch, HostLens
+    from gpu_backend.layers import PagedAttention
+
+    seq = [int(n) for n in shape.decodes] + [new + prefix for new, prefix in shape.prefills]
+    new_tokens = [1] * len(shape.decodes) + [new for new, _ in shape.prefills]
+    layer = PagedLayer(seq, num_kv_heads, head_dim, dtype, device=device)
+    q = torch.randn(sum(new_tokens), num_heads, head_dim, device=device, dtype=layer.k.dtype)
+    qsl = np.concatenate(([0], np.cumsum(new_tokens))).astype(np.int32)
+    lens = np.array(seq, dtype=np.int32)
+    empty = torch.zeros(0, dtype=torch.int64, device=device)
+    batch = ForwardBatch(
+        input_ids=empty, positions=empty, slot_mapping=empty, block_tables=layer.tables,
+        seq_lens=torch.as_tensor(lens, device=device),
+        query_start_loc=torch.as_tensor(qsl, device=device), logits_indices=empty,
+        max_query_len=max(new_tokens), max_seq_len=max(seq), num_decodes=len(shape.decodes),
+        host_lens=HostLens(qsl, lens))
+    attn = PagedAttention(num_heads, num_kv_heads, head_dim, backend)  # type: ignore[arg-type]
+    prepared = attn.prepare(batch, layer.k)
+    many_launches = attn.runs_split(prepared) and device == "cuda"
+    kwargs = {"queue_cycles": SPLIT_QUEUE_CYCLES} if many_launches else {}
+    return timer(lambda: attn.attend(q, layer.k, layer.v, prepared), reps=reps, **kwargs)
+
+
+def time_backend_attention(shape: StepShape, model, backend: str,
+                           reps: int = 20) -> dict[str, float]:
+    """`{"measured_s": ...}`: the attention of `shape` on `backend` over all of `model`'s
+    layers (attention_profile.time_attention's launch on triton)."""
+    if backend == "triton":
+        return time_attention(shape, model, reps)
+    ms = backend_launch_ms(shape, backend, model.num_attention_heads, model.num_kv_heads,
+                           model.head_dim, reps)
+    return {"measured_s": 1e-3 * ms * model.num_layers}
 
 
 def fit_timed(engine: ProfileEngine, grid: list[StepShape], timed: list[dict],

@@ -3,10 +3,10 @@
     weights      torch.cuda.memory_allocated() growth while the model is built
     activations  torch.cuda.max_memory_allocated() growth over a dummy forward of N tokens
                  spread over min(N, max_num_seqs) sequences, each sampling one row (on the
-                 split attention backend also one sequence of N tokens over a long cached
-                 prefix, its worst case: the larger peak); at the chunk size and a few
-                 smaller sizes, fitted as fixed + bytes_per_token x N (an upper envelope, so
-                 the fitted reserve covers every measured peak)
+                 split and auto attention backends also one sequence of N tokens over a
+                 long cached prefix, its worst case: the larger peak); at the chunk size
+                 and a few smaller sizes, fitted as fixed + bytes_per_token x N (an upper
+                 envelope, so the fitted reserve covers every measured peak)
     non-torch    device memory used (cudaMemGetInfo) minus torch's reserved growth since the
                  context was created: cuBLAS workspaces, kernel images
     graphs       device memory growth over a trial capture of the decode graphs (counted as
@@ -24,6 +24,8 @@ import torch
 
 from gpu_backend.batch import ForwardBatch, HostLens
 from gpu_backend.engine.kv_store import PlainKVStore
+from gpu_backend.kernels.split_shapes import SplitShapes
+from gpu_backend.layers import SPLIT_BACKENDS
 from gpu_backend.vmm.layout import KVLayout, base_block_quantum
 from sim.core.catalog import ModelSpec
 from sim.core.engine_config import EngineConfig
@@ -126,21 +128,22 @@ def dummy_prefix_batch(num_tokens: int, prefix_tokens: int, block_size: int,
 
 
 def split_profile_shapes(num_tokens: int, max_model_len: int, block_size: int,
-                         segment_tokens: int) -> list[tuple[int, int]]:
-    """(new tokens, prefix tokens) of the split backend's worst steps of num_tokens tokens:
-    one sequence holds them all (its partial outputs grow with its chunk) over a prefix of
-    more than one segment (the segment buffers and the float32 running result), the prefix
-    a block past one segment. Where max_model_len leaves no room for both: the longest
-    chunk with the longest prefix beside it, and a chunk shortened to fit the long prefix."""
-    long_prefix = segment_tokens + block_size
+                         shapes: SplitShapes) -> list[tuple[int, int]]:
+    """(new tokens, prefix tokens) of SPLIT's worst steps of num_tokens tokens: one sequence
+    holds them all (its padded buffers and partial outputs grow with its chunk) over a prefix
+    of a full segment, a smallest one and the most keys the square absorbs (the segment
+    buffers, the float32 running result, the most padded rows). Where max_model_len leaves no
+    room for both: the longest chunk with the longest prefix beside it, and a chunk shortened
+    to fit the long prefix."""
+    long_prefix = shapes.max_segment_tokens + 2 * shapes.min_segment_tokens - block_size
     room = max_model_len - block_size
-    shapes = []
+    found = []
     if room >= 1:
         chunk = min(num_tokens, room)
-        shapes.append((chunk, min(long_prefix, (max_model_len - chunk) // block_size * block_size)))
-    if shapes and shapes[0][1] < long_prefix and max_model_len - long_prefix >= 2:
-        shapes.append((min(num_tokens, max_model_len - long_prefix), long_prefix))
-    return shapes
+        found.append((chunk, min(long_prefix, (max_model_len - chunk) // block_size * block_size)))
+    if found and found[0][1] < long_prefix and max_model_len - long_prefix >= 2:
+        found.append((min(num_tokens, max_model_len - long_prefix), long_prefix))
+    return found
 
 
 def dummy_store(model: ModelSpec, num_blocks: int, block_size: int,
@@ -156,15 +159,15 @@ def measure_activation_peak(model: torch.nn.Module, spec: ModelSpec, num_tokens:
                             max_num_seqs: int, block_size: int, device: torch.device,
                             max_model_len: int | None = None) -> int:
     """Peak bytes torch allocates over one dummy forward of num_tokens tokens. On the split
-    attention backend, given `max_model_len`, also over its worst steps of as many tokens
-    (`split_profile_shapes`): the largest of the peaks."""
+    and auto attention backends, given `max_model_len`, also over SPLIT's worst steps of as
+    many tokens (`split_profile_shapes`): the largest of the peaks."""
     num_seqs = min(num_tokens, max_num_seqs)
     steps = [dummy_batch(num_tokens, num_seqs, block_size, device)]
     attn = model.layers[0].attn  # type: ignore[index]
-    if max_model_len is not None and attn.backend == "split":
+    if max_model_len is not None and attn.backend in SPLIT_BACKENDS:
         steps += [dummy_prefix_batch(chunk, prefix, block_size, device) for chunk, prefix
                   in split_profile_shapes(num_tokens, max_model_len, block_size,
-                                          attn.segment_tokens)]
+                                          attn.split_shapes)]
     return max(forward_peak(model, spec, batch, num_blocks, block_size, device)
                for batch, num_blocks in steps)
 

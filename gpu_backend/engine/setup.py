@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gc
 import os
+import time
 from dataclasses import dataclass, replace
 
 import torch
@@ -39,6 +40,9 @@ from gpu_backend.engine.memory import (
 from gpu_backend.engine.piecewise import PiecewiseGraphs
 from gpu_backend.engine.runner import DecodeGraphs, ModelRunner
 from gpu_backend.engine.support import check_supported
+from gpu_backend.kernels.split_attention import warm_plans
+from gpu_backend.kernels.split_shapes import SdpaShape
+from gpu_backend.layers import SPLIT_BACKENDS
 from gpu_backend.model import build_model
 from gpu_backend.vmm import ElasticKVPool
 from sim.core.cost_model import piecewise_sizes_for
@@ -98,6 +102,8 @@ def measure_memory(config: EngineConfig, device: torch.device, seed: int, use_gr
     max_len = config.memory_config().effective_max_model_len
     peaks = {n: measure_activation_peak(model, spec, n, config.num_seqs, bs, device, max_len)
              for n in profile_token_counts(config.chunk_tokens, config.num_seqs)}
+    if attention_backend in SPLIT_BACKENDS:
+        warm_split_plans(model, config, device)
     gc.collect()
     torch.cuda.empty_cache()
     non_torch = max(0, (device_used_bytes(device) - used0)
@@ -108,6 +114,29 @@ def measure_memory(config: EngineConfig, device: torch.device, seed: int, use_gr
     profile = ActivationProfile(slope, fixed, non_torch + graph_bytes)
     _, total = torch.cuda.mem_get_info(device)
     return model, MemoryMeasurement(total, weights, peaks, profile, non_torch, graph_bytes)
+
+
+def split_sdpa_shapes(model, config: EngineConfig) -> list[SdpaShape]:
+    """Every SDPA shape SPLIT can run in `config`'s steps (chunks up to its
+    max_num_batched_tokens, contexts up to its max_model_len), by `model`'s padding rules."""
+    shapes = model.layers[0].attn.split_shapes
+    return shapes.sdpa_shapes(config.chunk_tokens,
+                              config.memory_config().effective_max_model_len)
+
+
+def warm_split_plans(model, config: EngineConfig, device: torch.device) -> float:
+    """Build cuDNN's plan of every SPLIT shape of `config` (split_sdpa_shapes) before the
+    first step, so no step of a replay builds one. Costs len(shapes) x the plan time
+    (39 x 50-190 ms = 2-7 s for Llama-3.1-8B at 8,192 batched tokens and 32,768 of context,
+    gpu_backend.kernels.split_shapes). Returns the seconds it took (0 off CUDA: no plans)."""
+    if device.type != "cuda":
+        return 0.0
+    start = time.perf_counter()
+    spec = config.model
+    warm_plans(split_sdpa_shapes(model, config), spec.num_attention_heads, spec.num_kv_heads,
+               spec.head_dim, next(model.parameters()).dtype, device)
+    torch.cuda.synchronize(device)
+    return time.perf_counter() - start
 
 
 def trial_graph_bytes(model, config: EngineConfig, device: torch.device,
@@ -147,8 +176,11 @@ def build_gpu_engine(config: EngineConfig, *, device: torch.device | None = None
     `piecewise_max_tokens` when that is smaller (a longer step runs fully eager); needs
     `use_graphs`. `torch_cap_headroom_bytes`: what a capped torch may hold above the setup's
     memory and the activation reserve (allocator rounding and fragmentation).
-    `attention_backend`: "triton" (every step through the Triton paged kernel) or "split"
-    (steps with prefill rows through SPLIT, gpu_backend.kernels.split_attention)."""
+    `attention_backend`: one of gpu_backend.layers.ATTENTION_BACKENDS but torch: "triton"
+    (every step through the Triton paged kernel), "split" (steps with prefill rows through
+    SPLIT, gpu_backend.kernels.split_attention) or "auto" (SPLIT for prefill sequences of at
+    least SPLIT_MIN_QUERY new tokens). On split and auto every SPLIT shape's cuDNN plan is
+    built while the memory is measured (warm_split_plans)."""
     check_supported(config)
     if piecewise and not use_graphs:
         raise ValueError("piecewise graphs need CUDA graphs: drop --no-graphs")

@@ -1,52 +1,61 @@
 """SPLIT attention for steps with prefill rows: each prefill sequence's chunk over its own keys
-(a causal square) and over its cached prefix (bounded segments, no mask), each part through
-an SDPA op that also returns the log-sum-exp, the parts merged by their LSEs.
+(a causal square) and over its cached prefix (segments, no mask), each part through an SDPA
+op that also returns the log-sum-exp, the parts merged by their LSEs.
 
     one prefill sequence: prefix_len cached keys, then the chunk's query_len new keys
 
-    keys |<- segment 0 ->|<- segment 1 ->|<- seg 2 ->|<------ own keys ------>|
-         every chunk row sees every prefix key         causal square: row i sees
-         (no mask): one SDPA call per segment          own keys 0..i (top-left)
+    keys |<- segment 0 ->|<- segment 1 ->|<-a->|<------ own keys ------>|
+         every chunk row sees every segment key      causal square over the prefix's
+         (no mask): one SDPA call per segment        last a keys and the own keys
     out = the parts merged by LSE (lse_merge.py); beyond one segment the running
           result is kept in float32
+
+Every call is padded to a shape from a small fixed set (split_shapes.py: the segment sizes,
+the absorbed remainder a, the padded rows), so cuDNN builds a few plans at start-up and none
+during a replay.
 
 Why: on one H200 (Llama-3.1-8B heads, bf16, 16,384-token prompt) cuDNN's SDPA runs the
 one pass in 3.3 ms per layer, our Triton paged kernel in 6.0 ms, 6.6 ms summed over
 chunks of 2,048; SPLIT with cuDNN costs 3.3 ms in one pass, 3.7 ms summed over chunks of
-2,048, 3.4 ms over chunks of 8,192 (benchmarks/attention_options.py). SDPA's own causal mask is top-left
-aligned, so a chunk cannot attend over prefix + chunk in one call; split this way, the
-square is a plain causal call and the prefix an unmasked one.
+2,048, 3.4 ms over chunks of 8,192 (benchmarks/attention_options.py). SDPA's own causal mask
+is top-left aligned, so a chunk cannot attend over prefix + chunk in one call; split this
+way, the square is a plain causal call and the prefix unmasked ones.
 
 Decode rows (the batch's leading `num_decodes` sequences, one new token each) run the Triton
-paged kernel's decode path in one launch; every prefill sequence then runs on its own.
+paged kernel's decode path in one launch. Prefill sequences of fewer than the plan's
+`min_query_len` new tokens (the auto backend: SPLIT_MIN_QUERY) run the Triton paged kernel's
+prefill path, one launch per run of adjacent such rows (`PagedRun`); every other prefill
+sequence runs SPLIT on its own.
 
-Keys reach the SDPA op contiguous ([L, KVH, D] token-major, which the op reads as BSHD):
-`gather_tokens` copies a sequence's blocks out of the paged pool (one index_select each for
-K and V). The chunk's own keys are gathered too: the engine writes the step's rotated K
-straight into the cache (the fused rotary + store kernel) and its piecewise graphs call
-attention with the cache alone, so the cache is the one place they all are; a 2,048-token
-chunk of an 8B model is 8 MiB to copy. Prefix segments of at most `segment_tokens` keys
-(SEGMENT_TOKENS) go through one buffer pair (`SegmentBuffers`) made once per step and
-shared by every layer, so the extra memory of a step is bounded:
+Keys reach the SDPA op contiguous ([L, KVH, D] token-major, which the op reads as BSHD),
+gathered out of the paged pool through the block table (one index_select each for K and V)
+into buffers made once per step and shared by every layer (`SplitBuffers`, zeroed when made):
 
-    fixed        2 x segment_tokens x KVH x D x dtype bytes (the segment buffers)
-    per token    of the largest prefill chunk: the square's and a segment's outputs
-                 (2 x H x D x dtype) and LSEs (2 x H x 4), with a prefix beyond one segment
-                 also the float32 running result and its LSE (H x D x 4 + H x 4)
+    q         the chunk's rows copied to row a of a [rows, H, D] buffer (the square's dummy
+              and pad rows are whatever finite rows the buffer holds)
+    square    its a + c keys from a block boundary (a segment boundary is one), the rest of
+              the last block zeroed: a cache slot past the context may hold anything
+    segments  whole blocks, exactly their keys
+
+The chunk's own keys are gathered too: the engine writes the step's rotated K straight into
+the cache (the fused rotary + store kernel) and its piecewise graphs call attention with the
+cache alone, so the cache is the one place they all are. A step's extra memory:
+
+    fixed      2 x max_segment_tokens x KVH x D x dtype bytes (the segment buffers)
+    per chunk  of its largest prefill sequence, padded: the q buffer (H x D x dtype per row),
+               the square's K and V (2 x KVH x D x dtype per row), the square's and a
+               segment's outputs and LSEs, and beyond one segment the float32 running
+               result and its LSE (H x D x 4 + H x 4 per token)
 
 SDPA ops: on CUDA `aten._scaled_dot_product_cudnn_attention` (fp16/bf16, GQA by head
 counts), on CPU `aten._scaled_dot_product_flash_attention_for_cpu`; both return the LSE
-in natural log, [1, H, S] (or [1, H, S, 1]). torch (its cuDNN MHA code) keeps one
-execution plan per operand shape (per thread) and builds a plan the first time it meets a shape: the
-square's (query_len, query_len) and each segment's (query_len, keys). Chunk lengths that
-keep changing (a trace's prompts) keep meeting new shapes; with
-TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1 in the environment torch keys its plans on lengths
-rounded up to powers of two for operands in BSHD layout, which these are.
+in natural log, [1, H, S] (or [1, H, S, 1]). torch's cuDNN attention keys its plans on the
+operands' sizes and strides (per thread), which `SplitShapes.sdpa_shapes` enumerates.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -55,45 +64,91 @@ from torch import Tensor
 from gpu_backend.kernels.attention import DecodePlan, paged_attention
 from gpu_backend.kernels.checks import check_cache_pair, check_same_device
 from gpu_backend.kernels.lse_merge import merge_partials
+from gpu_backend.kernels.split_shapes import SEGMENT_TOKENS, SdpaShape, SplitShapes
 
-SEGMENT_TOKENS = 8192  # prefix keys per SDPA call, and what the segment buffers hold
+__all__ = ["SEGMENT_TOKENS", "SPLIT_MIN_QUERY", "PagedRun", "PrefillSeq", "SplitBuffers",
+           "SplitPlan", "SplitShapes", "gather_tokens", "plan_split", "prepare_plan",
+           "sdpa_with_lse", "split_attention", "warm_plans"]
+
+SPLIT_MIN_QUERY = 1024  # auto backend: fewer new tokens run the Triton paged kernel (host-bound)
 CUDNN_DTYPES = (torch.float16, torch.bfloat16)
 CUDNN_ALIGN_BYTES = 16  # cuDNN faults (a sticky CUDA error) on operands aligned below this
 
 
 @dataclass(frozen=True)
 class PrefillSeq:
-    """One prefill row of a step: q[query_start : query_start + query_len] are the sequence's
-    positions prefix_len .. prefix_len + query_len - 1 (its row in block_tables: `row`)."""
+    """One SPLIT row of a step: q[query_start : query_start + query_len] are the sequence's
+    positions prefix_len .. prefix_len + query_len - 1 (its row in block_tables: `row`).
+    The square holds the prefix's last `absorbed` keys and the own keys, padded to
+    `square_rows`; each of `segments` ((first key, keys)) runs `segment_rows` query rows."""
     row: int
     query_start: int
     query_len: int
     prefix_len: int
+    absorbed: int
+    square_rows: int
+    segment_rows: int
+    segments: tuple[tuple[int, int], ...]
+
+    @property
+    def query_rows(self) -> int:
+        """Rows of the q buffer the sequence uses (the square's, and the segments' at row a)."""
+        return max(self.square_rows, self.absorbed + self.segment_rows)
+
+    def sdpa_shapes(self) -> list[SdpaShape]:
+        return [SdpaShape(self.square_rows, self.square_rows, True),
+                *(SdpaShape(self.segment_rows, n, False) for _, n in self.segments)]
 
 
 @dataclass(frozen=True)
-class SegmentBuffers:
-    """Contiguous K and V buffers of one prefix segment: [segment_tokens / block_size blocks,
-    block_size, KVH, D] each, reused by every segment, sequence and layer of a step."""
-    k: Tensor
-    v: Tensor
+class PagedRun:
+    """Adjacent prefill rows [first_row, end_row) (tokens [token_start, token_end)) run through
+    the Triton paged kernel's prefill path in one launch; query_start_loc: its offsets from
+    token_start ([rows + 1], host)."""
+    first_row: int
+    end_row: int
+    token_start: int
+    token_end: int
+    max_query_len: int
+    max_seq_len: int
+    query_start_loc: np.ndarray
+
+
+@dataclass(frozen=True)
+class SplitBuffers:
+    """A step's gather buffers, shared by its sequences and layers: q [rows, H, D], the
+    square's K and V [blocks, block_size, KVH, D], the segments' K and V (None without a
+    prefix segment). Zeroed when made; every use leaves them finite."""
+    q: Tensor
+    square_k: Tensor
+    square_v: Tensor
+    segment_k: Tensor | None
+    segment_v: Tensor | None
 
     @classmethod
-    def like(cls, cache: Tensor, segment_tokens: int) -> SegmentBuffers:
-        block_size = cache.shape[1]
-        if segment_tokens % block_size:
-            raise ValueError(f"segment of {segment_tokens} tokens: use a multiple of the "
-                             f"cache's block size {block_size}")
-        shape = (segment_tokens // block_size, *cache.shape[1:])
-        return cls(torch.empty(shape, dtype=cache.dtype, device=cache.device),
-                   torch.empty(shape, dtype=cache.dtype, device=cache.device))
+    def for_plan(cls, plan: SplitPlan, cache: Tensor, num_heads: int) -> SplitBuffers:
+        """The buffers `plan` needs, shaped like `cache` (a layer's K cache)."""
+        block_size, tail = cache.shape[1], tuple(cache.shape[2:])
+        if plan.shapes.min_segment_tokens % block_size:
+            raise ValueError(f"segments of {plan.shapes.min_segment_tokens} keys: use a "
+                             f"multiple of the cache's block size {block_size}")
+        rows = max((s.query_rows for s in plan.seqs), default=0)
+        square = max((s.square_rows for s in plan.seqs), default=0)
+        segment = max((n for s in plan.seqs for _, n in s.segments), default=0)
+
+        def zeros(*shape: int) -> Tensor:
+            return torch.zeros(shape, dtype=cache.dtype, device=cache.device)
+
+        square_blocks = -(-square // block_size)
+        seg = (zeros(segment // block_size, block_size, *tail) if segment else None,
+               zeros(segment // block_size, block_size, *tail) if segment else None)
+        return cls(zeros(rows, num_heads, tail[1]), zeros(square_blocks, block_size, *tail),
+                   zeros(square_blocks, block_size, *tail), *seg)
 
     @property
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
-
-    def __repr__(self) -> str:
-        return f"SegmentBuffers(2 x {tuple(self.k.shape)} {self.k.dtype} {self.k.device})"
+        return sum(x.nbytes for x in (self.q, self.square_k, self.square_v, self.segment_k,
+                                      self.segment_v) if x is not None)
 
 
 @dataclass(frozen=True)
@@ -101,20 +156,48 @@ class SplitPlan:
     """A step's SPLIT dispatch, made once per step on the host (shared by every layer)."""
     num_decodes: int  # leading decode rows (one new token each)
     decode_max_seq_len: int  # longest decode row (bounds the decode launch's key split)
-    seqs: tuple[PrefillSeq, ...]
-    segment_tokens: int
-    buffers: SegmentBuffers | None  # None: made per call when a prefix needs them
+    seqs: tuple[PrefillSeq, ...]  # through SPLIT
+    runs: tuple[PagedRun, ...]  # through the Triton paged kernel's prefill path
+    shapes: SplitShapes
+    buffers: SplitBuffers | None = None  # None: made per call (prepare_plan)
+    run_starts: tuple[Tensor, ...] | None = None  # runs' query_start_loc on the device
 
     @property
-    def needs_buffers(self) -> bool:
-        return any(s.prefix_len > 0 for s in self.seqs)
+    def num_tokens(self) -> int:
+        ends = [self.num_decodes] + [s.query_start + s.query_len for s in self.seqs]
+        return max(ends + [r.token_end for r in self.runs])
+
+    def sdpa_shapes(self) -> set[SdpaShape]:
+        return {shape for s in self.seqs for shape in s.sdpa_shapes()}
+
+
+def _prefill_seq(shapes: SplitShapes, row: int, query_start: int, query_len: int,
+                 prefix_len: int) -> PrefillSeq:
+    absorbed, segments = shapes.split_prefix(prefix_len)
+    return PrefillSeq(row, query_start, query_len, prefix_len, absorbed,
+                      shapes.square_rows(absorbed + query_len), shapes.segment_rows(query_len),
+                      segments)
+
+
+def _paged_runs(rows: list[int], qsl: np.ndarray, lens: np.ndarray) -> tuple[PagedRun, ...]:
+    """Maximal runs of adjacent rows among `rows` (ascending), one PagedRun each."""
+    runs, start = [], 0
+    for i in range(1, len(rows) + 1):
+        if i == len(rows) or rows[i] != rows[i - 1] + 1:
+            first, end = rows[start], rows[i - 1] + 1
+            starts = (qsl[first:end + 1] - qsl[first]).astype(np.int32)
+            runs.append(PagedRun(first, end, int(qsl[first]), int(qsl[end]),
+                                 int(np.diff(starts).max()), int(lens[first:end].max()), starts))
+            start = i
+    return tuple(runs)
 
 
 def plan_split(query_start_loc: np.ndarray, seq_lens: np.ndarray, num_decodes: int,
-               segment_tokens: int = SEGMENT_TOKENS, cache: Tensor | None = None) -> SplitPlan:
+               shapes: SplitShapes | None = None, min_query_len: int = 1) -> SplitPlan:
     """The plan of a step from its host lengths: query_start_loc [S+1], seq_lens [S] (the
-    context after the step). `cache` (a layer's K cache): make the segment buffers now,
-    when some prefill row has a prefix."""
+    context after the step). Prefill rows of fewer than `min_query_len` new tokens go to the
+    Triton paged kernel; buffers and device tensors come with `prepare_plan`."""
+    shapes = shapes or SplitShapes()
     qsl = np.asarray(query_start_loc, dtype=np.int64)
     lens = np.asarray(seq_lens, dtype=np.int64)
     if qsl.shape != (lens.shape[0] + 1,):
@@ -124,18 +207,24 @@ def plan_split(query_start_loc: np.ndarray, seq_lens: np.ndarray, num_decodes: i
     if not 0 <= num_decodes <= lens.shape[0] or np.any(query_lens[:num_decodes] != 1):
         raise ValueError(f"the first {num_decodes} rows must be decode rows (one new token), "
                          f"got query lengths {query_lens[:num_decodes].tolist()}")
-    if np.any(query_lens > lens) or segment_tokens < 1:
-        raise ValueError("each row's new tokens must fit its context, and segments must hold "
-                         "at least one token")
-    seqs = tuple(PrefillSeq(row, int(qsl[row]), int(query_lens[row]),
-                            int(lens[row] - query_lens[row]))
-                 for row in range(num_decodes, lens.shape[0]) if query_lens[row] > 0)
+    if np.any(query_lens > lens) or min_query_len < 1:
+        raise ValueError("each row's new tokens must fit its context, and SPLIT rows must "
+                         "have at least one")
+    prefill = [row for row in range(num_decodes, lens.shape[0]) if query_lens[row] > 0]
+    small = [row for row in prefill if query_lens[row] < min_query_len]
+    seqs = tuple(_prefill_seq(shapes, row, int(qsl[row]), int(query_lens[row]),
+                              int(lens[row] - query_lens[row]))
+                 for row in prefill if query_lens[row] >= min_query_len)
     decode_max = int(lens[:num_decodes].max()) if num_decodes else 0
-    plan = SplitPlan(num_decodes, decode_max, seqs, segment_tokens, None)
-    if cache is not None and plan.needs_buffers:
-        return SplitPlan(num_decodes, decode_max, seqs, segment_tokens,
-                         SegmentBuffers.like(cache, segment_tokens))
-    return plan
+    return SplitPlan(num_decodes, decode_max, seqs, _paged_runs(small, qsl, lens), shapes)
+
+
+def prepare_plan(plan: SplitPlan, cache: Tensor, num_heads: int) -> SplitPlan:
+    """`plan` with its step's buffers shaped like `cache` (a layer's K cache) and its runs'
+    offsets on the cache's device."""
+    buffers = SplitBuffers.for_plan(plan, cache, num_heads) if plan.seqs else None
+    starts = tuple(torch.as_tensor(r.query_start_loc).to(cache.device) for r in plan.runs)
+    return replace(plan, buffers=buffers, run_starts=starts)
 
 
 def gather_tokens(cache: Tensor, table_row: Tensor, start: int, length: int,
@@ -189,36 +278,77 @@ def sdpa_with_lse(q: Tensor, k: Tensor, v: Tensor, causal: bool,
     return (out if out.stride(-1) == 1 else out.contiguous()), lse[0].transpose(0, 1)
 
 
+def warm_plans(shapes: list[SdpaShape], num_heads: int, num_kv_heads: int, head_dim: int,
+               dtype: torch.dtype, device: torch.device) -> None:
+    """Run one SDPA call of each shape on zeros, with the strides SPLIT's calls have, so the
+    process holds each plan before its first step (call it on the thread that runs the
+    steps: torch keeps cuDNN plans per thread)."""
+    if not shapes:
+        return
+    rows = max(s.rows for s in shapes)
+    keys = max(s.keys for s in shapes)
+    q = torch.zeros(rows, num_heads, head_dim, dtype=dtype, device=device)
+    k = torch.zeros(keys, num_kv_heads, head_dim, dtype=dtype, device=device)
+    for shape in shapes:
+        sdpa_with_lse(q[:shape.rows], k[:shape.keys], k[:shape.keys], shape.causal,
+                      head_dim ** -0.5)
+
+
+def gather_padded(cache: Tensor, table_row: Tensor, start: int, length: int, rows: int,
+                  out: Tensor) -> Tensor:
+    """Positions [start, start + length) of one sequence (start on a block boundary) as the
+    first `length` of `rows` contiguous [rows, KVH, D] tokens of `out` (blocks): the rest of
+    the last gathered block zeroed, the tokens after it as `out` held them."""
+    block_size = cache.shape[1]
+    if start % block_size or rows < length or out.shape[0] * block_size < rows:
+        raise ValueError(f"padded gather of {length} keys from {start} into {rows} rows of a "
+                         f"buffer {tuple(out.shape)}: start on a block, fit the buffer")
+    num_blocks = -(-length // block_size)
+    first = start // block_size
+    torch.index_select(cache, 0, table_row[first:first + num_blocks], out=out[:num_blocks])
+    flat = out.view(-1, *cache.shape[2:])
+    if num_blocks * block_size > length:
+        flat[length:num_blocks * block_size].zero_()
+    return flat[:rows]
+
+
 def sequence_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, table_row: Tensor,
-                       prefix_len: int, scale: float, out: Tensor,
-                       buffers: SegmentBuffers | None) -> Tensor:
-    """One prefill sequence: q [c, H, D] (positions prefix_len .. prefix_len + c - 1, its
-    K/V already in the cache) into out [c, H, D]. `buffers` hold each prefix segment."""
-    num_tokens = q.shape[0]
-    own_k = gather_tokens(k_cache, table_row, prefix_len, num_tokens)
-    own_v = gather_tokens(v_cache, table_row, prefix_len, num_tokens)
-    part, part_lse = sdpa_with_lse(q, own_k, own_v, True, scale)
-    del own_k, own_v  # their memory serves the prefix's partials
-    if prefix_len == 0:
+                       seq: PrefillSeq, scale: float, out: Tensor,
+                       buffers: SplitBuffers) -> Tensor:
+    """One SPLIT sequence: q [c, H, D] (positions prefix_len .. prefix_len + c - 1, its K/V
+    already in the cache) into out [c, H, D], through the step's `buffers`."""
+    num_tokens, absorbed = q.shape[0], seq.absorbed
+    real = slice(absorbed, absorbed + num_tokens)
+    rows = buffers.q[:seq.query_rows]
+    rows[real].copy_(q)
+    square = seq.square_rows
+    keys = gather_padded(k_cache, table_row, seq.prefix_len - absorbed, absorbed + num_tokens,
+                         square, buffers.square_k)
+    values = gather_padded(v_cache, table_row, seq.prefix_len - absorbed,
+                           absorbed + num_tokens, square, buffers.square_v)
+    part, part_lse = sdpa_with_lse(rows[:square], keys, values, True, scale)
+    part, part_lse = part[real], part_lse[real]
+    if not seq.segments:
         return out.copy_(part)
-    if buffers is None:
-        raise ValueError("a sequence with a prefix needs segment buffers")
-    segment = buffers.k.shape[0] * buffers.k.shape[1]
+    if buffers.segment_k is None or buffers.segment_v is None:
+        raise ValueError("a sequence with prefix segments needs segment buffers")
+    segment_q = rows[absorbed:absorbed + seq.segment_rows]
 
-    def prefix_part(start: int) -> tuple[Tensor, Tensor]:
-        length = min(segment, prefix_len - start)
-        keys = gather_tokens(k_cache, table_row, start, length, buffers.k)
-        values = gather_tokens(v_cache, table_row, start, length, buffers.v)
-        return sdpa_with_lse(q, keys, values, False, scale)
+    def prefix_part(start: int, length: int) -> tuple[Tensor, Tensor]:
+        keys = gather_tokens(k_cache, table_row, start, length, buffers.segment_k)
+        values = gather_tokens(v_cache, table_row, start, length, buffers.segment_v)
+        seg_out, seg_lse = sdpa_with_lse(segment_q, keys, values, False, scale)
+        return seg_out[:num_tokens], seg_lse[:num_tokens]
 
-    *middle, last = range(0, prefix_len, segment)
+    *middle, last = seq.segments
     if middle:  # more than one segment: a float32 running result
         running = (torch.empty(q.shape, dtype=torch.float32, device=q.device),
                    torch.empty(q.shape[:2], dtype=torch.float32, device=q.device))
-        for start in middle:
-            merge_partials(running[0], part, part_lse, *prefix_part(start), out_lse=running[1])
+        for start, length in middle:
+            merge_partials(running[0], part, part_lse, *prefix_part(start, length),
+                           out_lse=running[1])
             part, part_lse = running
-    return merge_partials(out, part, part_lse, *prefix_part(last))
+    return merge_partials(out, part, part_lse, *prefix_part(*last))
 
 
 def split_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor,
@@ -226,17 +356,20 @@ def split_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: T
                     *, decode_plan: DecodePlan | None = None,
                     out: Tensor | None = None) -> Tensor:
     """Causal varlen attention of a step with prefill rows over the paged cache (K/V already
-    stored): the decode rows through the paged kernel's decode path, each prefill sequence
-    through SPLIT. Shapes as `paged_attention`'s; `plan` from `plan_split` of the same step;
-    `decode_plan` the decode rows' split plan (made by the launch when None)."""
+    stored): the decode rows through the paged kernel's decode path, the plan's runs through
+    its prefill path, each other prefill sequence through SPLIT. Shapes as
+    `paged_attention`'s; `plan` from `plan_split` of the same step (with `prepare_plan`'s
+    buffers, else made here); `decode_plan` the decode rows' split plan (made by the launch
+    when None)."""
     check_cache_pair(k_cache, v_cache)
     check_same_device(q=q, k_cache=k_cache, block_tables=block_tables, seq_lens=seq_lens)
     if q.dim() != 3 or q.shape[2] != k_cache.shape[3] or q.shape[1] % k_cache.shape[2]:
         raise ValueError(f"q {tuple(q.shape)} does not fit caches {tuple(k_cache.shape)}")
-    end = plan.seqs[-1].query_start + plan.seqs[-1].query_len if plan.seqs else plan.num_decodes
-    if q.shape[0] < end or q.dtype != k_cache.dtype:
-        raise ValueError(f"q {tuple(q.shape)} {q.dtype}: the plan covers {end} tokens of "
-                         f"cache dtype {k_cache.dtype}")
+    if q.shape[0] < plan.num_tokens or q.dtype != k_cache.dtype:
+        raise ValueError(f"q {tuple(q.shape)} {q.dtype}: the plan covers {plan.num_tokens} "
+                         f"tokens of cache dtype {k_cache.dtype}")
+    if plan.run_starts is None or (plan.seqs and plan.buffers is None):
+        plan = prepare_plan(plan, k_cache, q.shape[1])
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     d = plan.num_decodes
@@ -244,11 +377,14 @@ def split_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: T
         paged_attention(q[:d], k_cache, v_cache, block_tables[:d], seq_lens[:d],
                         query_start_loc[:d + 1], scale, max_query_len=1,
                         max_seq_len=plan.decode_max_seq_len, plan=decode_plan, out=out[:d])
-    buffers = plan.buffers
-    if buffers is None and plan.needs_buffers:
-        buffers = SegmentBuffers.like(k_cache, plan.segment_tokens)
+    for run, starts in zip(plan.runs, plan.run_starts or (), strict=True):
+        tokens, rows = slice(run.token_start, run.token_end), slice(run.first_row, run.end_row)
+        paged_attention(q[tokens], k_cache, v_cache, block_tables[rows], seq_lens[rows],
+                        starts, scale, max_query_len=run.max_query_len,
+                        max_seq_len=run.max_seq_len, out=out[tokens])
     for seq in plan.seqs:
-        rows = slice(seq.query_start, seq.query_start + seq.query_len)
-        sequence_attention(q[rows], k_cache, v_cache, block_tables[seq.row], seq.prefix_len,
-                           scale, out[rows], buffers)
+        assert plan.buffers is not None
+        tokens = slice(seq.query_start, seq.query_start + seq.query_len)
+        sequence_attention(q[tokens], k_cache, v_cache, block_tables[seq.row], seq, scale,
+                           out[tokens], plan.buffers)
     return out
