@@ -81,15 +81,47 @@ def test_the_gain_table_counts_decisions_at_the_same_chunk_and_over_a_smaller_on
     (tmp_path / "a" / "report.json").write_text(json.dumps(report))
     lines = table([tmp_path / "a"]).splitlines()
     start = lines.index("| elastic over static | metrics | pairs | same decision | "
-                        "median \\|gain error\\| |")
+                        "median \\|gain error\\| | settled by the replays | "
+                        "same decision there |")
     same, same_kv, smaller = lines[start + 2], lines[start + 3], lines[start + 4]
     # measured >= 2%: TTFT p50 (agrees), TPOT p50 (misses an up), TTFT p99 (agrees);
     # |errors| 1, 3, 0.6, 3 pp -> median 2.0; with KV's 0: 0, 0.6, 1, 3, 3 -> 1.0
     assert same == ("| at the same chunk | TTFT p50, p99, TPOT p50, throughput | "
-                    "4 (3 measured >= 2%) | 2 of 3 | 2.00 pp |")
-    assert same_kv.endswith("| 5 (3 measured >= 2%) | 2 of 3 | 1.00 pp |")
+                    "4 (3 measured >= 2%) | 2 of 3 | 2.00 pp | 0 of 0 | 0 of 0 |")
+    assert same_kv.endswith("| 5 (3 measured >= 2%) | 2 of 3 | 1.00 pp | 0 of 1 | 0 of 0 |")
     # measured >= 2%: TTFT p50 (agrees) and throughput (opposite); |errors| 14, 0.5, 8, 0.1
     assert smaller == ("| over a smaller chunk | TTFT p50, p99, TPOT p50, throughput | "
-                       "4 (2 measured >= 2%) | 1 of 2 | 4.25 pp |")
+                       "4 (2 measured >= 2%) | 1 of 2 | 4.25 pp | 0 of 0 | 0 of 0 |")
     write_report(tmp_path / "b", [0.01])
     assert "Gains, predicted" not in table([tmp_path / "b"])  # no gains: no table
+
+
+def repeat_row(run: str, metric: str, value: float, repeats: dict[str, float]) -> dict:
+    return {"run": run, "metric": metric, "value": value,
+            "repeats": [{"name": n, "value": v} for n, v in repeats.items()],
+            "max_deviation": max(abs(v / value - 1) for v in repeats.values()), "median": value}
+
+
+def test_decisions_settled_by_the_replays_count_apart(tmp_path):
+    """A gain counts as settled only when every replay pair (the compared replays, then each
+    repeat folder holding both runs) measured it at >= 2% the same way."""
+    write_report(tmp_path / "a", [0.01])
+    report = json.loads((tmp_path / "a" / "report.json").read_text())
+    run, base = "elastic/chunk=8192", "static/chunk=2048"
+    report["gains"] = [gain(run, base, {
+        "ttft_p50_s": (-0.10, -0.10),  # replays: -10%, -8%, -12%: settled down, predicted down
+        "tpot_p50_s": (0.03, 0.05),  # replays: +5%, -1%: not settled
+        "throughput_tok_s": (-0.05, 0.04),  # replays: +4%, +3%: settled up, predicted down
+        "ttft_p99_s": (0.05, 0.06)})]  # no repeat of the baseline: not replayed again
+    report["repeats"] = [
+        repeat_row(run, "ttft_p50_s", 0.90, {"repeat-1": 0.92, "repeat-2": 0.88}),
+        repeat_row(base, "ttft_p50_s", 1.00, {"repeat-1": 1.00, "repeat-2": 1.00}),
+        repeat_row(run, "tpot_p50_s", 1.05, {"repeat-1": 0.99}),
+        repeat_row(base, "tpot_p50_s", 1.00, {"repeat-1": 1.00}),
+        repeat_row(run, "throughput_tok_s", 1.04, {"repeat-1": 1.03, "repeat-3": 2.0}),
+        repeat_row(base, "throughput_tok_s", 1.00, {"repeat-1": 1.00}),  # no repeat-3 here
+        repeat_row(run, "ttft_p99_s", 1.06, {"repeat-1": 1.06})]
+    (tmp_path / "a" / "report.json").write_text(json.dumps(report))
+    smaller = next(line for line in table([tmp_path / "a"]).splitlines()
+                   if line.startswith("| over a smaller chunk | TTFT p50"))
+    assert smaller.endswith("| 2 of 3 | 1 of 2 |")

@@ -258,7 +258,8 @@ def readme_table(folders: Sequence[Path]) -> str:
     close every slice's metrics come."""
     from validation.table import gain_table, read_report, summary_table
 
-    gains = [g for folder in folders for g in read_report(folder).get("gains") or ()]
+    reports = [read_report(folder) for folder in folders]
+    gains = [(g, r.get("repeats") or []) for r in reports for g in r.get("gains") or ()]
     return ("**Does elastic pay here?** The gain of elastic over static, predicted against "
             f"measured, over every validated slice ({len(folders)}):\n"
             + gain_table(gains)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from validation.compare import TARGETS, check_targets, format_target_value
+from validation.compare import TARGETS, check_targets, direction, format_target_value
 from validation.repeats import REPEAT_METRICS, median_abs_errors, median_deviation
 
 COLUMNS = {"ttft_p50_s": "TTFT p50", "tpot_p50_s": "TPOT p50",
@@ -64,10 +64,10 @@ def table(folders: list[Path]) -> str:
         return (f"| {name} | {len(metrics)} | " + " | ".join(_cells(check_targets(metrics)))
                 + " |")
 
-    gains: list[dict] = []
+    gains: list[tuple[dict, list[dict]]] = []
     for folder in folders:
         report = read_report(folder)
-        gains += report.get("gains") or ()
+        gains += [(g, report.get("repeats") or []) for g in report.get("gains") or ()]
         metrics = [run["metrics"] for run in report["runs"]]
         pooled += metrics
         for run in report["runs"]:
@@ -107,29 +107,76 @@ def _chunk(label: str) -> int:
     return int(label.rpartition("chunk=")[2])
 
 
-def gain_table(gains: list[dict]) -> str:
+def replay_gains(gain: dict, metric: str, repeats: list[dict]) -> list[float] | None:
+    """The gain of `gain`'s run over its baseline on `metric` as each replay pair measured it:
+    the compared replays, then each repeat folder that replayed both runs (one validation run,
+    so one start of the machine); None with fewer than two pairs. `repeats`: the report's
+    `repeats` rows (repeats.repeat_rows)."""
+    rows = {(r["run"], r["metric"]): r for r in repeats}
+    run, base = rows.get((gain["run"], metric)), rows.get((gain["baseline"], metric))
+    if run is None or base is None:
+        return None
+    base_by_name = {x["name"]: x["value"] for x in base["repeats"]}
+    pairs = [(run["value"], base["value"])] + [
+        (x["value"], base_by_name[x["name"]]) for x in run["repeats"] if x["name"] in base_by_name]
+    measured = [r / b - 1.0 for r, b in pairs if r is not None and b]
+    return measured if len(measured) >= 2 else None
+
+
+def settled_direction(measured: list[float]) -> int | None:
+    """+1 or -1 when every replay pair measured a gain of at least DECIDED_GAIN the same way,
+    else None: the replays do not agree on a decision."""
+    if any(abs(g) < DECIDED_GAIN for g in measured) or len({g > 0 for g in measured}) != 1:
+        return None
+    return 1 if measured[0] > 0 else -1
+
+
+def gain_table(gains: list[tuple[dict, list[dict]]]) -> str:
     """Markdown: how often the predicted gain of elastic over static takes the measured one's
     decision (up, down, or under compare.NO_CHANGE_BELOW: no change), and the median |gain
-    error| in percentage points, at the same chunk and over a smaller chunk. Only pairs whose
-    measured gain is at least DECIDED_GAIN count towards the decisions: a smaller measured
-    change is within a replay's own spread, and no one decides on it."""
-    header = r"| elastic over static | metrics | pairs | same decision | median \|gain error\| |"
+    error| in percentage points, at the same chunk and over a smaller chunk. `gains`: each
+    report's gains entries with its `repeats` rows.
+
+    Only pairs whose measured gain is at least DECIDED_GAIN count towards the decisions: a
+    smaller measured change is within a replay's own spread, and no one decides on it. The
+    last two columns count only the pairs whose every replay pair (the compared replays and
+    each repeat of both runs) measured a gain of at least DECIDED_GAIN the same way: the
+    decisions the measurement itself settles. KV capacity is exact, so its pairs count there
+    when its one measured gain is at least DECIDED_GAIN."""
+    header = (r"| elastic over static | metrics | pairs | same decision | median \|gain error\| "
+              "| settled by the replays | same decision there |")
     lines = ["", "Gains, predicted against measured, over these reports (each report's gains "
-             "table):", "", header, "|---|---|---|---|---|"]
+             "table):", "", header, "|---|---|---|---|---|---|---|"]
     for name, same_chunk in (("at the same chunk", True), ("over a smaller chunk", False)):
         for metrics, label in ((GAIN_METRICS, "TTFT p50, p99, TPOT p50, throughput"),
                                ((*GAIN_METRICS, "kv_capacity_tokens"), "the same and KV capacity")):
-            pairs = [v for g in gains if (_chunk(g["run"]) == _chunk(g["baseline"])) == same_chunk
+            pairs = [(m, v, g, repeats) for g, repeats in gains
+                     if (_chunk(g["run"]) == _chunk(g["baseline"])) == same_chunk
                      for m, v in g["metrics"].items() if m in metrics
                      and v.get("predicted_gain") is not None and v.get("measured_gain") is not None]
             if not pairs:
                 continue
-            decided = [v for v in pairs if abs(v["measured_gain"]) >= DECIDED_GAIN]
-            error = 100 * float(np.median([abs(v["gain_error"]) for v in pairs]))
+            decided = [v for _, v, _, _ in pairs if abs(v["measured_gain"]) >= DECIDED_GAIN]
+            error = 100 * float(np.median([abs(v["gain_error"]) for _, v, _, _ in pairs]))
             counted = f"{len(pairs)} ({len(decided)} measured >= {DECIDED_GAIN:.0%})"
+            settled = []
+            for metric, v, g, repeats in pairs:
+                measured = ([v["measured_gain"]] if metric == "kv_capacity_tokens"
+                            else replay_gains(g, metric, repeats))
+                way = settled_direction(measured) if measured else None
+                if way is not None:
+                    settled.append(direction(v["predicted_gain"]) == way)
+            repeated = sum(1 for m, _, g, r in pairs
+                           if m == "kv_capacity_tokens" or replay_gains(g, m, r) is not None)
             lines.append(f"| {name} | {label} | {counted} | "
                          f"{sum(bool(v['same_direction']) for v in decided)} of {len(decided)} | "
-                         f"{error:.2f} pp |")
+                         f"{error:.2f} pp | {len(settled)} of {repeated} | "
+                         f"{sum(settled)} of {len(settled)} |")
+    lines += ["", f"Settled by the replays: of the pairs replayed more than once, those whose "
+              f"every replay pair (the compared replays, and each repeat folder that replayed "
+              f"both runs) measured a gain of at least {DECIDED_GAIN:.0%} the "
+              "same way; KV capacity is exact, so one replay settles it. A measured gain the "
+              "replays do not agree on is within the measurement's own spread."]
     return "\n".join(lines) + "\n"
 
 
