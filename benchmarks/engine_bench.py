@@ -311,7 +311,7 @@ def main() -> None:
                         help="attention backends to time, over the same weights (triton: the "
                              "Triton paged kernel; split: prefill rows through cuDNN's SDPA "
                              "over their own keys and gathered prefix, merged by log-sum-exp; "
-                             "auto: split for prefill rows of at least 1,024 new tokens). "
+                             "auto: split for prefill rows of at least 2,048 new tokens). "
                              "The first runs every section; each other one adds its prefill, "
                              "chunk-size curves, new-shape steps and memory profile "
                              "(default: triton)")

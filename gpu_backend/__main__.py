@@ -78,7 +78,7 @@ def add_attention_backend_flag(group, what: str = "steps with prefill rows") -> 
              "through SPLIT: cuDNN's SDPA over the chunk's own keys (causal) and over its "
              "cached prefix gathered from the pool in segments, merged by log-sum-exp, every "
              "call padded to one of a few shapes whose plans are built at start-up. auto: "
-             "SPLIT for prefill sequences of at least 1,024 new tokens, the Triton kernel for "
+             "SPLIT for prefill sequences of at least 2,048 new tokens, the Triton kernel for "
              "the rest. Decode-only steps run the Triton kernel on each. One GPU only")
 
 

@@ -8,9 +8,10 @@ backends (`ATTENTION_BACKENDS`):
             the Triton decode path and each prefill sequence through SPLIT (cuDNN's SDPA
             over its own keys and over its gathered prefix, merged by log-sum-exp, in
             shapes from a fixed set: see gpu_backend.kernels.split_attention)
-    auto    as split for prefill sequences of at least SPLIT_MIN_QUERY new tokens (1,024),
+    auto    as split for prefill sequences of at least SPLIT_MIN_QUERY new tokens (2,048),
             the smaller ones of the same step through the Triton paged kernel's prefill
-            path (below that SPLIT is host-bound); steps without such a sequence as triton
+            path (below that SPLIT ran slower than it beside decodes on an H200); steps
+            without such a sequence as triton
     torch   the float32 torch references (CPU tests)
 
 `DecoderLayer` on the Triton-based backends replaces the torch norm, rotary and activation
