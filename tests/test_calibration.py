@@ -137,6 +137,21 @@ def test_an_engine_variant_is_kept_beside_the_kind(tmp_path):
     assert "eager engine (torch layers without the fused kernels)" in describe(cal)
 
 
+def test_a_profile_on_another_attention_backend_is_named_in_every_output(tmp_path):
+    """The cost model's attention terms are the Triton kernel's: a calibration whose steps
+    ran another backend says so wherever it prices."""
+    data = {**calibration_data(sizes=None), "attention_backend": "auto"}
+    cal = load_calibration(write(tmp_path / "a.json", data))
+    assert "eager engine (auto attention, priced as the Triton kernel's)" in describe(cal)
+    both = {**calibration_data(sizes=None, engine="torch layers"), "attention_backend": "split"}
+    assert "(torch layers; split attention, priced as the Triton kernel's)" in describe(
+        load_calibration(write(tmp_path / "b.json", both)))
+    plain = {**calibration_data(sizes=None), "attention_backend": "triton"}
+    assert load_calibration(write(tmp_path / "c.json", plain)).provenance.engine_variant is None
+    with pytest.raises(ValueError, match="attention_backend is 3; expected"):
+        load_calibration(write(tmp_path / "d.json", {**plain, "attention_backend": 3}))
+
+
 # ----------------------------------------------------------------------------- engine kind
 def test_engine_kinds_of_runs_and_their_labels():
     assert EngineKind.of_run((), 8192).label == "eager"

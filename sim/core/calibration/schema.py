@@ -9,7 +9,8 @@ A calibration is a JSON object. The parts the simulator prices with:
     provenance       GPU, versions, date, command, engine kind, model (provenance.py)
 
 and what the fit was made from, kept for refits and reports: model, gpu_preset, gpu,
-versions, measurements, attention_measurements, fit_error, setup, host_probe, ...
+versions, measurements, attention_measurements, fit_error, setup, host_probe,
+attention_backend (the engine's; not the Triton kernel's: every output names it), ...
 
 Every check names the file and the key, and says what to put there: a bad calibration is a
 one-line error, never a traceback.
@@ -29,6 +30,9 @@ from sim.core.elastic import VmmCosts
 from sim.core.memory_plan import ActivationProfile
 
 OPTIONAL_EFFICIENCIES = ("piecewise_launch_s", "attention_program")  # None: not priced
+# the attention backend the cost model's attention terms are shaped on (a profile records its
+# engine's as "attention_backend"; files without the key were profiled on it)
+TRITON_ATTENTION = "triton"
 
 
 @dataclass(frozen=True)
@@ -219,6 +223,16 @@ def provenance_of(data: Mapping, source: str, sizes: tuple[int, ...],
     if named is not None and not ENGINE_LABEL.match(named.strip().lower()):
         values["engine_variant"] = values["engine_variant"] or named  # words, not a kind
         named = None
+    backend = data.get("attention_backend", TRITON_ATTENTION)
+    if backend != TRITON_ATTENTION:
+        if not isinstance(backend, str):
+            raise ValueError(f"{source}: attention_backend is {backend!r}; expected the "
+                             "name the engine's --attention-backend took (a string)")
+        # every output this prices names it (select.describe): the attention terms are shaped
+        # on the Triton kernel's, fitted here to another backend's steps
+        said = f"{backend} attention, priced as the Triton kernel's"
+        values["engine_variant"] = f"{values['engine_variant']}; {said}" \
+            if values["engine_variant"] else said
     if named is not None:
         engine = _named_engine(named, sizes, source)
     else:  # capped where the grid timed enough steps past the sizes fully eager
