@@ -112,7 +112,8 @@ def test_decisions_settled_by_the_replays_count_apart(tmp_path):
         "ttft_p50_s": (-0.10, -0.10),  # replays: -10%, -8%, -12%: settled down, predicted down
         "tpot_p50_s": (0.03, 0.05),  # replays: +5%, -1%: not settled
         "throughput_tok_s": (-0.05, 0.04),  # replays: +4%, +3%: settled up, predicted down
-        "ttft_p99_s": (0.05, 0.06)})]  # no repeat of the baseline: not replayed again
+        "ttft_p99_s": (0.05, 0.06)}),  # no repeat of the baseline: not replayed again
+        gain(run, "static/chunk=8192", {"ttft_p50_s": (0.03, 0.03)})]  # +3%, +1.5%: too small
     report["repeats"] = [
         repeat_row(run, "ttft_p50_s", 0.90, {"repeat-1": 0.92, "repeat-2": 0.88}),
         repeat_row(base, "ttft_p50_s", 1.00, {"repeat-1": 1.00, "repeat-2": 1.00}),
@@ -120,8 +121,11 @@ def test_decisions_settled_by_the_replays_count_apart(tmp_path):
         repeat_row(base, "tpot_p50_s", 1.00, {"repeat-1": 1.00}),
         repeat_row(run, "throughput_tok_s", 1.04, {"repeat-1": 1.03, "repeat-3": 2.0}),
         repeat_row(base, "throughput_tok_s", 1.00, {"repeat-1": 1.00}),  # no repeat-3 here
-        repeat_row(run, "ttft_p99_s", 1.06, {"repeat-1": 1.06})]
+        repeat_row(run, "ttft_p99_s", 1.06, {"repeat-1": 1.06}),
+        repeat_row("static/chunk=8192", "ttft_p50_s", 0.8738, {"repeat-1": 0.9064})]
     (tmp_path / "a" / "report.json").write_text(json.dumps(report))
-    smaller = next(line for line in table([tmp_path / "a"]).splitlines()
-                   if line.startswith("| over a smaller chunk | TTFT p50"))
+    lines = table([tmp_path / "a"]).splitlines()
+    smaller = next(line for line in lines if line.startswith("| over a smaller chunk | TTFT p50"))
     assert smaller.endswith("| 2 of 3 | 1 of 2 |")
+    same = next(line for line in lines if line.startswith("| at the same chunk | TTFT p50"))
+    assert same.endswith("| 0 of 1 | 0 of 0 |")  # one way, but one replay pair under 2%
