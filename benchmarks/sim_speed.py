@@ -4,7 +4,9 @@
         [--sizes 100000,1000000] [--repeats 3] [--out FILE]
 
 Each case runs in a fresh child process (its imports, warm-up and peak memory its own), the
-best of `--repeats` runs kept; CPU time is the steadier figure on a shared machine.
+best of `--repeats` runs kept; CPU time is the steadier figure on a shared machine. Each row
+says whether the simulator's core ran compiled (setup.py builds it with mypyc where it can;
+ELASTIC_KV_PURE=1 at install time keeps it pure Python).
 
     conv       the bundled Azure conv trace (19,366 requests, an hour) through Llama-3.1-8B
                on one H200 with the engine's defaults, static and elastic. Targets: static
@@ -60,6 +62,7 @@ def case_names(cases: list[str], sizes: list[int]) -> list[str]:
 def run_case(name: str) -> dict:
     """One timed run of case `name` in this process (the child's job)."""
     from sim.core.catalog import get_gpu, get_model
+    from sim.core.compiled import is_compiled
     from sim.core.elastic import Policy
     from sim.core.engine_config import EngineConfig
     from sim.runner import RunSpec, simulate
@@ -92,7 +95,8 @@ def run_case(name: str) -> dict:
             "cpu_s_per_1k_requests": cpu_s / len(trace) * 1000,
             "num_finished": s["num_finished"], "num_engine_steps": s["num_engine_steps"],
             "simulated_s": s["makespan_s"],
-            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "compiled_core": is_compiled()}
 
 
 def streaming_recorder(folder: Path):
@@ -165,6 +169,9 @@ def main() -> None:
         print(f"  {name}: {rows[name]['cpu_s']:.2f} s CPU", flush=True)
     m = machine()
     print(f"machine: {m['processor']}, {m['cpu_count']} CPUs, Python {m['python']}")
+    builds = {r.get("compiled_core") for r in rows.values()}
+    print("simulator core: " + ("compiled by mypyc (setup.py)" if builds == {True} else
+                                "pure Python" if builds == {False} else "mixed builds"))
     print_report(rows)
     if args.out is not None:
         args.out.write_text(json.dumps({

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import enum
 
+from mypy_extensions import mypyc_attr
+
 
 class ElasticState(enum.Enum):
     DETACHED = "detached"
@@ -22,6 +24,7 @@ class ElasticState(enum.Enum):
     DRAINING = "draining"  # still mapped, but no new allocations land in it
 
 
+@mypyc_attr(native_class=False)  # an exception class stays a Python class when compiled
 class ElasticBusyError(RuntimeError):
     """Raised when the elastic region is detached while some of its blocks are in use."""
 

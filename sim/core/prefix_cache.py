@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 from sim.core.block_cache import EMPTY, Blocks, as_blocks
 from sim.core.block_pool import BlockPool
@@ -105,6 +106,7 @@ class _Memo:
     refused: tuple[int, int] | None = None  # (pool's freed blocks, new blocks) when refused
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # tests check it against a subclass
 class PrefixCache:
     def __init__(self, pool: BlockPool, block_size: int, hash_block_tokens: int) -> None:
         self.pool = pool
