@@ -160,14 +160,16 @@ def gain_table(gains: list[tuple[dict, list[dict]]]) -> str:
             error = 100 * float(np.median([abs(v["gain_error"]) for _, v, _, _ in pairs]))
             counted = f"{len(pairs)} ({len(decided)} measured >= {DECIDED_GAIN:.0%})"
             settled = []
+            repeated = 0  # pairs replayed more than once (KV capacity: exact, always)
             for metric, v, g, repeats in pairs:
                 measured = ([v["measured_gain"]] if metric == "kv_capacity_tokens"
                             else replay_gains(g, metric, repeats))
-                way = settled_direction(measured) if measured else None
+                if measured is None:
+                    continue
+                repeated += 1
+                way = settled_direction(measured)
                 if way is not None:
                     settled.append(direction(v["predicted_gain"]) == way)
-            repeated = sum(1 for m, _, g, r in pairs
-                           if m == "kv_capacity_tokens" or replay_gains(g, m, r) is not None)
             lines.append(f"| {name} | {label} | {counted} | "
                          f"{sum(bool(v['same_direction']) for v in decided)} of {len(decided)} | "
                          f"{error:.2f} pp | {len(settled)} of {repeated} | "
