@@ -19,7 +19,7 @@ import sys
 from setuptools import setup
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sim.core.compiled import COMPILED_MODULES  # noqa: E402  (no imports of its own)
+from sim.core.compiled import COMPILED_MODULES, source_path  # noqa: E402
 
 
 def ext_modules() -> list:
@@ -29,7 +29,8 @@ def ext_modules() -> list:
         from mypyc.build import mypycify
     except ImportError:  # no mypy in the build environment: the pure modules
         return []
-    paths = [name.replace(".", "/") + ".py" for name in COMPILED_MODULES]
+    root = os.path.dirname(os.path.abspath(__file__))
+    paths = [os.path.relpath(source_path(name), root) for name in COMPILED_MODULES]
     try:
         extensions = mypycify(paths, opt_level="3")
     except (Exception, SystemExit) as exc:  # mypyc refused a module: the pure ones serve

@@ -21,21 +21,26 @@ COMPILED_MODULES = (
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def compiled_files(name: str, root: Path = ROOT) -> list[Path]:
-    """The extension files built for module `name` beside its source under `root`."""
-    source = root / (name.replace(".", "/") + ".py")
-    return [source.with_name(source.stem + suffix)
-            for suffix in importlib.machinery.EXTENSION_SUFFIXES
-            if source.with_name(source.stem + suffix).exists()]
+def source_path(name: str, root: Path = ROOT) -> Path:
+    """The source file of module `name` under `root` (what setup.py hands mypyc)."""
+    return root / (name.replace(".", "/") + ".py")
+
+
+def compiled_files(source: Path) -> list[Path]:
+    """The extension files built for `source` beside it."""
+    built = (source.with_name(source.stem + suffix)
+             for suffix in importlib.machinery.EXTENSION_SUFFIXES)
+    return [path for path in built if path.exists()]
 
 
 def stale_modules(root: Path = ROOT) -> list[str]:
     """Compiled modules under `root` whose source changed after they were built."""
     stale = []
     for name in COMPILED_MODULES:
-        source = root / (name.replace(".", "/") + ".py")
-        built = compiled_files(name, root)
-        if source.exists() and any(b.stat().st_mtime < source.stat().st_mtime for b in built):
+        source = source_path(name, root)
+        built = compiled_files(source)
+        if built and source.exists() and any(
+                b.stat().st_mtime < source.stat().st_mtime for b in built):
             stale.append(name)
     return stale
 
