@@ -46,8 +46,9 @@ def build(from_scratch: bool):
     return sched
 
 
-def drive(sched, trace) -> list:
-    """Arrivals at whole seconds, every step 1 s; the outputs and stats of every step."""
+def drive(sched, trace, check=None) -> list:
+    """Arrivals at whole seconds, every step 1 s; the outputs and stats of every step.
+    `check()`: called once each step is scheduled and once it is closed."""
     pending = list(enumerate(trace))
     steps, now = [], 0.0
     while pending or sched.has_unfinished():
@@ -58,9 +59,13 @@ def drive(sched, trace) -> list:
             now = float(pending[0][1][3])
             continue
         out = sched.schedule()
+        if check is not None:
+            check()
         steps.append((out, sched.make_stats()))
         now += 1.0
         sched.update(out, now)
+        if check is not None:
+            check()
         sched.pool.check_invariants()
         assert len(steps) < 5_000
     return steps
@@ -170,18 +175,5 @@ def test_blocks_tail_first_are_each_running_tables_blocks_reversed(trace):
             assert sched.prefix.blocks_tail_first(req).tolist() == req.block_ids[::-1]
             checked.append(req.request_id)
 
-    pending = list(enumerate(trace))
-    now = 0.0
-    while pending or sched.has_unfinished():
-        while pending and pending[0][1][3] <= now:
-            i, (prompt, output, hashes, _) = pending.pop(0)
-            sched.add_request(request(i, prompt, output, arrival_s=now, hashes=hashes))
-        if not sched.has_unfinished():
-            now = float(pending[0][1][3])
-            continue
-        out = sched.schedule()
-        check()
-        now += 1.0
-        sched.update(out, now)
-        check()
+    drive(sched, trace, check)
     assert checked
