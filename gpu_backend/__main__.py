@@ -67,21 +67,6 @@ def piecewise_of(config: EngineConfig) -> tuple[bool, int | None]:
     return True, (max(sizes) if max(sizes) < config.chunk_tokens else None)
 
 
-ATTENTION_BACKEND_CHOICES = ("triton", "split", "auto")  # gpu_backend.layers' fused backends
-
-
-def add_attention_backend_flag(group, what: str = "steps with prefill rows") -> None:
-    group.add_argument(
-        "--attention-backend", default="triton", choices=ATTENTION_BACKEND_CHOICES,
-        help=f"attention of {what}. triton (default): the Triton paged kernel over the whole "
-             "batch. split: decode rows through the Triton decode path, each prefill sequence "
-             "through SPLIT: cuDNN's SDPA over the chunk's own keys (causal) and over its "
-             "cached prefix gathered from the pool in segments, merged by log-sum-exp, every "
-             "call padded to one of a few shapes whose plans are built at start-up. auto: "
-             "SPLIT for prefill sequences of at least 2,048 new tokens, the Triton kernel for "
-             "the rest. Decode-only steps run the Triton kernel on each. One GPU only")
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser(prog="python -m gpu_backend",
                            description="Real-GPU paged-KV engine with an elastic reserve.")
@@ -94,7 +79,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="virtual clock: advance by measured step times, skip idle gaps "
                         "(needed with --tensor-parallel-size above 1)")
     g.add_argument("--no-graphs", action="store_true", help="run decode steps eagerly")
-    add_attention_backend_flag(g)
     g.add_argument("--torch-cap", default="auto", choices=["auto", "on", "off"],
                    help="cap torch's allocator at the unlent reserve (default: auto, overcommit "
                         "only)")
@@ -121,8 +105,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="time the grid as a replay runs its steps: graphs of the replay's "
                         "capture sizes, tables --max-model-len wide, a pool over 60%% of free "
                         "memory with blocks scattered")
-    add_attention_backend_flag(g, "the profile's steps, its attention timed alone too "
-                                  "(recorded in the calibration)")
     g.add_argument("--no-attention-profile", action="store_true",
                    help="skip timing each prefill launch's attention on its own (the "
                         "attention's terms are then fitted on the whole steps)")
@@ -189,8 +171,8 @@ def run_replay(args: argparse.Namespace) -> int:
     if config.tensor_parallel_size > 1:
         if piecewise:
             raise ValueError("--piecewise-graphs runs on one GPU only: drop it or --tp")
-        if args.attention_backend != "triton":
-            raise ValueError(f"--attention-backend {args.attention_backend} runs on one GPU "
+        if config.attention_backend != "triton":
+            raise ValueError(f"--attention-backend {config.attention_backend} runs on one GPU "
                              "only: drop it or --tp")
         from gpu_backend.tp.launch import run_tp_replay
 
@@ -200,7 +182,7 @@ def run_replay(args: argparse.Namespace) -> int:
                              torch_cap=args.torch_cap, max_kv_blocks=args.max_kv_blocks,
                              **headroom_of(args),
                              piecewise=piecewise, piecewise_max_tokens=cap,
-                             attention_backend=args.attention_backend)
+                             attention_backend=config.attention_backend)
     setup_s = time.perf_counter() - setup_start
     engine = setup.engine
     print(f"setup {setup_s:.1f} s: KV {engine.core.plan.num_kv_blocks} blocks "
@@ -215,7 +197,7 @@ def run_replay(args: argparse.Namespace) -> int:
            host_probe=probe)
     measured = measured_fields(setup, probe, setup_s, time.perf_counter() - wall_start,
                                "wall" if not args.no_wait else "virtual")
-    measured["attention_backend"] = args.attention_backend
+    measured["attention_backend"] = config.attention_backend
     summary = engine_summary(engine, measured)
     summary.update(replay_fields(args, config))
     print_headline(summary)
@@ -276,7 +258,7 @@ def run_profile(args: argparse.Namespace) -> int:
     result = calibrate(config, seed=args.seed, quick=args.quick, replay_setup=args.replay_setup,
                        passes=args.passes, piecewise=piecewise, piecewise_max_tokens=cap,
                        attention=not args.no_attention_profile,
-                       attention_backend=args.attention_backend)
+                       attention_backend=config.attention_backend)
     out = args.out or Path(f"calibration_{config.model.name}.json")
     write_calibration(out, result)
     print(json.dumps({"efficiency": result["efficiency"], "fit_error": result["fit_error"]},

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from sim.core.calibration import (
+    attention_mismatch,
     choose_calibration,
     engine_kinds_of,
     parts_of,
@@ -83,14 +84,16 @@ def main(argv: list[str] | None = None) -> int:
         configs = engine_configs(args)
         kind = engine_kinds_of(configs)
         calibration = choose_calibration(args.calibration, configs[0].model.name,
-                                         configs[0].gpu.name, kind)
+                                         configs[0].gpu.name, kind,
+                                         attention_backend=configs[0].attention_backend)
         efficiency, profile, vmm_costs = parts_of(calibration)
         capped = any(c.piecewise_graph_sizes and max(c.piecewise_graph_sizes) < c.chunk_tokens
                      for c in configs)
         piecewise = any(c.piecewise_graph_sizes for c in configs)
-        note = piecewise_mismatch(calibration, piecewise, capped)
-        if note:
-            print(f"note: {note}", file=sys.stderr)
+        for note in (piecewise_mismatch(calibration, piecewise, capped),
+                     attention_mismatch(calibration, {c.attention_backend for c in configs})):
+            if note:
+                print(f"note: {note}", file=sys.stderr)
         if args.host_slowdown != 1.0:
             efficiency = host_slower(efficiency or Efficiency(), args.host_slowdown)
         slo = Slo(args.slo_ttft, args.slo_tpot)

@@ -63,9 +63,7 @@ def simulate(spec: RunSpec, trace: Trace, progress: ProgressFn | None = None,
     fleet = Fleet(env, requests, spec.router)
     vmm = spec.engine.vmm_cost(spec.vmm_costs)
     cores = [build_core(spec.engine, spec.profile, vmm) for _ in range(spec.num_replicas)]
-    cost = CostModel(spec.engine.model, spec.engine.gpu, spec.engine.tensor_parallel_size,
-                     spec.efficiency, spec.engine.cuda_graph_sizes,
-                     spec.engine.piecewise_graph_sizes)
+    cost = CostModel.for_engine(spec.engine, spec.efficiency)
     for replica_id, core in enumerate(cores):
         replica = Replica(env, replica_id, core, cost, fleet)
         replica.recorder = recorder(replica_id, core.config.block_size)

@@ -20,17 +20,17 @@ from gpu_backend.engine.calibrate import refit_calibration
 from gpu_backend.engine.profile_grid import default_grid
 from gpu_backend.engine.shapes import scheduler_output
 from sim.core.catalog import get_gpu, get_model
-from sim.core.cost_model import CostModel, Efficiency
+from sim.core.cost_model import CostArgs, Efficiency
 
 LLAMA_8B, H200 = get_model("llama-3.1-8b"), get_gpu("h200")
-ARGS = (LLAMA_8B, H200, 1)
+ARGS = CostArgs(LLAMA_8B, H200)
 TRUE = Efficiency(linear_compute=0.66, memory=0.61, kv_memory=0.83, attention_compute=0.35,
                   step_overhead_s=2e-3, per_seq_overhead_s=1e-5, eager_launch_s=0.013,
                   attention_program=0.3, attention_program_serial=0.6)
 
 
 def attention_times(eff: Efficiency, shapes) -> np.ndarray:
-    cost = CostModel(*ARGS, efficiency=eff)
+    cost = ARGS.cost_model(eff)
     return np.array([cost.step(scheduler_output(s)).attention_s for s in shapes])
 
 
@@ -38,7 +38,7 @@ def calibration(step_eff: Efficiency, attention_eff: Efficiency | None) -> dict:
     """A stored profile: whole steps priced with `step_eff`, the attention alone with
     `attention_eff` (None: a profile from before the attention was timed alone)."""
     grid = default_grid()
-    cost = CostModel(*ARGS, efficiency=step_eff)
+    cost = ARGS.cost_model(step_eff)
     data = {"model": "llama-3.1-8b", "gpu_preset": "h200-141gb",
             "efficiency": asdict(Efficiency()),
             "measurements": [{**s.describe(), "measured_s": cost.step(scheduler_output(s)).total_s}

@@ -15,6 +15,7 @@ from sim.core.calibration import (
     SHIPPED_DIR,
     UNCALIBRATED,
     EngineKind,
+    attention_mismatch,
     choose_calibration,
     describe,
     invoked_command,
@@ -138,18 +139,25 @@ def test_an_engine_variant_is_kept_beside_the_kind(tmp_path):
 
 
 def test_a_profile_on_another_attention_backend_is_named_in_every_output(tmp_path):
-    """The cost model's attention terms are the Triton kernel's: a calibration whose steps
-    ran another backend says so wherever it prices."""
+    """A calibration whose steps ran another backend than the Triton kernel says so wherever
+    it prices, and a run on a backend its profile never timed is told what was not fitted."""
     data = {**calibration_data(sizes=None), "attention_backend": "auto"}
     cal = load_calibration(write(tmp_path / "a.json", data))
-    assert "eager engine (auto attention, priced as the Triton kernel's)" in describe(cal)
+    assert "eager engine (auto attention)" in describe(cal)
+    assert cal.provenance.engine_variant is None  # nothing derived is written back
+    assert attention_mismatch(cal, {"auto"}) is None and attention_mismatch(cal, {"triton"}) is None
     both = {**calibration_data(sizes=None, engine="torch layers"), "attention_backend": "split"}
-    assert "(torch layers; split attention, priced as the Triton kernel's)" in describe(
-        load_calibration(write(tmp_path / "b.json", both)))
-    plain = {**calibration_data(sizes=None), "attention_backend": "triton"}
-    assert load_calibration(write(tmp_path / "c.json", plain)).provenance.engine_variant is None
-    with pytest.raises(ValueError, match="attention_backend is 3; expected"):
-        load_calibration(write(tmp_path / "d.json", {**plain, "attention_backend": 3}))
+    split = load_calibration(write(tmp_path / "b.json", both))
+    assert "(torch layers; split attention)" in describe(split)
+    assert "Triton prefill terms are defaults" in attention_mismatch(split, {"auto"})
+    plain = load_calibration(write(tmp_path / "c.json", {**calibration_data(sizes=None),
+                                                          "attention_backend": "triton"}))
+    assert plain.provenance.engine_variant is None and "attention" not in describe(plain)
+    assert attention_mismatch(plain, {"triton"}) is None
+    assert "--attention-backend auto" in attention_mismatch(plain, {"triton", "auto"})
+    with pytest.raises(ValueError, match="attention_backend is 'flash'"):
+        load_calibration(write(tmp_path / "d.json", {**calibration_data(sizes=None),
+                                                     "attention_backend": "flash"}))
 
 
 # ----------------------------------------------------------------------------- engine kind
@@ -219,8 +227,9 @@ def test_outputs_name_the_file_gpu_model_engine_and_date(shipped):
 
 
 def test_every_shipped_calibration_loads_and_is_filed_where_its_provenance_says():
-    """calibration/<gpu>/<model>[-<engine>].json: the folder names its GPU, the name its model
-    and engine kind (or another variant of the engine), and the provenance records the date
+    """calibration/<gpu>/<model>[-<engine>][-<backend>].json: the folder names its GPU, the
+    name its model and engine kind (or another variant of the engine) and the attention
+    backend its profile ran where not the Triton kernel, and the provenance records the date
     and the command that measured it."""
     files = [f for d in sorted(SHIPPED_DIR.iterdir()) if d.is_dir() for f in sorted(d.glob("*"))
              if _gpu_folder(d)]
@@ -231,6 +240,9 @@ def test_every_shipped_calibration_loads_and_is_filed_where_its_provenance_says(
         assert p.gpu_preset == gpu, path
         assert path.stem.startswith(f"{p.model}"), path
         suffix = path.stem[len(p.model):].lstrip("-")
+        if p.attention_backend != "triton":
+            assert suffix.endswith(p.attention_backend), path
+            suffix = suffix[:-len(p.attention_backend)].rstrip("-")
         assert suffix in ("", p.engine.label) or p.engine_variant, path
         assert p.measured_on and p.command and p.gpu_name, path
 

@@ -27,7 +27,7 @@ from gpu_backend.model import build_model
 from sim.core.calibration import MIN_PROGRAM_STEPS, num_program_bound
 from sim.core.calibration.profile_fit import fit_profile
 from sim.core.catalog import GIB, MIB, get_gpu, get_model
-from sim.core.cost_model import CostModel, Efficiency
+from sim.core.cost_model import CostArgs, CostModel, Efficiency
 from sim.core.engine_config import EngineConfig
 from sim.core.memory_plan import ActivationProfile
 
@@ -39,7 +39,7 @@ def test_fit_recovers_known_efficiencies():
     grid = default_grid()
     outputs = [scheduler_output(s) for s in grid]
     measured = np.array([CostModel(model, gpu, 1, truth).step(o).total_s for o in outputs])
-    fitted, error = fit_profile((model, gpu, 1), outputs, measured)
+    fitted, error = fit_profile(CostArgs(model, gpu), outputs, measured)
     assert error["median_abs_rel"] < 0.02 and error["max_abs_rel"] < 0.1
     assert fitted.linear_compute == pytest.approx(0.6, rel=0.1)
     assert fitted.memory == pytest.approx(0.8, rel=0.1)
@@ -60,7 +60,7 @@ def test_the_grid_tells_the_longest_attention_programs_speed(name):
     without = replace(truth, attention_program=None)
     plain = np.array([CostModel(model, gpu, 1, without).step(o).total_s for o in outputs])
     assert num_program_bound(with_term, plain) >= MIN_PROGRAM_STEPS
-    fitted, error = fit_profile((model, gpu, 1), outputs, with_term)
+    fitted, error = fit_profile(CostArgs(model, gpu), outputs, with_term)
     assert fitted.attention_program == pytest.approx(0.35, rel=0.02)
     assert fitted.attention_program_serial == pytest.approx(0.0, abs=1e-3)
     assert error["median_abs_rel"] < 1e-3
@@ -77,11 +77,11 @@ def test_the_grid_tells_how_much_of_the_longest_program_the_work_does_not_hide(n
                        attention_program=0.35, attention_program_serial=0.5)
     outputs = [scheduler_output(s) for s in default_grid()]
     measured = np.array([CostModel(model, gpu, 1, truth).step(o).total_s for o in outputs])
-    fitted, error = fit_profile((model, gpu, 1), outputs, measured)
+    fitted, error = fit_profile(CostArgs(model, gpu), outputs, measured)
     assert fitted.attention_program == pytest.approx(0.35, rel=0.02)
     assert fitted.attention_program_serial == pytest.approx(0.5, abs=0.02)
     assert error["max_abs_rel"] < 1e-3
-    _, held = fit_profile((model, gpu, 1), outputs, measured,
+    _, held = fit_profile(CostArgs(model, gpu), outputs, measured,
                              hold=("attention_program_serial",))
     assert held["max_abs_rel"] > 0.02
 
@@ -96,14 +96,14 @@ def test_copy_bandwidth_pins_weight_streaming_and_the_step_overhead_takes_the_re
     outputs = [scheduler_output(s) for s in default_grid()]
     measured = np.array([CostModel(model, gpu, 1, truth).step(o).total_s for o in outputs])
     copy = 0.88 * gpu.memory_bandwidth_bytes_s
-    fitted, error = fit_profile((model, gpu, 1), outputs, measured,
+    fitted, error = fit_profile(CostArgs(model, gpu), outputs, measured,
                                    copy_bandwidth_bytes_s=copy)
     assert fitted.memory == pytest.approx(0.88, rel=1e-12)  # held, not fitted
     assert error["median_abs_rel"] < 0.01
     assert fitted.step_overhead_s == pytest.approx(4e-3, rel=0.1)
     assert fitted.linear_serial_fraction == pytest.approx(0.5, abs=0.1)
     # the same TP=1 grid, explained by a fit that is told the weights stream at 0.5
-    wrong, _ = fit_profile((model, gpu, 1), outputs, measured,
+    wrong, _ = fit_profile(CostArgs(model, gpu), outputs, measured,
                               copy_bandwidth_bytes_s=0.5 * gpu.memory_bandwidth_bytes_s)
     assert wrong.memory == pytest.approx(0.5) and wrong.step_overhead_s < fitted.step_overhead_s
 
@@ -332,13 +332,13 @@ def test_split_launch_is_fitted_where_the_grid_splits_and_held_where_it_barely_d
             o.num_prefill_tokens + o.num_decode_tokens, len(o.scheduled), *step_extents(o))]
         assert len(split) >= MIN_SPLIT_STEPS, name
         measured = np.array([cost.step(o).total_s for o in outputs])
-        fitted, error = fit_profile((model, gpu, 1), outputs, measured)
+        fitted, error = fit_profile(CostArgs(model, gpu), outputs, measured)
         assert fitted.split_launch_s == pytest.approx(1.2e-3, rel=0.05), name
         assert error["median_abs_rel"] < 0.01, name
         # one splitting step only: the term is held at its start (0), not fitted to it
         keep = [o for o in outputs if o not in split[1:]]
         times = np.array([cost.step(o).total_s for o in keep])
-        held, _ = fit_profile((model, gpu, 1), keep, times)
+        held, _ = fit_profile(CostArgs(model, gpu), keep, times)
         assert held.split_launch_s == 0.0, name
 
 
@@ -359,7 +359,7 @@ def test_a_capped_grid_fits_both_launch_terms_and_an_uncapped_one_holds_the_eage
     capped = piecewise_sizes_for(8192, 512)
     cost = CostModel(model, gpu, 1, truth, token_graph_sizes=capped)
     measured = np.array([cost.step(o).total_s for o in outputs])
-    fitted, error = fit_profile((model, gpu, 1), outputs, measured, token_graph_sizes=capped,
+    fitted, error = fit_profile(CostArgs(model, gpu), outputs, measured, token_graph_sizes=capped,
                                    **pinned)
     assert fitted.eager_launch_s == pytest.approx(15e-3, rel=0.05)
     assert fitted.piecewise_launch_s == pytest.approx(3e-3, rel=0.05)
@@ -368,14 +368,14 @@ def test_a_capped_grid_fits_both_launch_terms_and_an_uncapped_one_holds_the_eage
     full = piecewise_capture_sizes(8192)
     cost = CostModel(model, gpu, 1, truth, token_graph_sizes=full)
     measured = np.array([cost.step(o).total_s for o in outputs])
-    fitted, _ = fit_profile((model, gpu, 1), outputs, measured, token_graph_sizes=full,
+    fitted, _ = fit_profile(CostArgs(model, gpu), outputs, measured, token_graph_sizes=full,
                                **pinned)
     assert fitted.eager_launch_s == 0.0
     assert fitted.piecewise_launch_s == pytest.approx(3e-3, rel=0.05)
 
     cost = CostModel(model, gpu, 1, truth)
     measured = np.array([cost.step(o).total_s for o in outputs])
-    fitted, _ = fit_profile((model, gpu, 1), outputs, measured, **pinned)
+    fitted, _ = fit_profile(CostArgs(model, gpu), outputs, measured, **pinned)
     assert fitted.piecewise_launch_s is None
     assert fitted.eager_launch_s == pytest.approx(15e-3, rel=0.05)
 

@@ -100,7 +100,7 @@ def test_sdpa_causal_call_is_the_square_only():
 
 
 def test_padded_rows_follow_the_ladders():
-    from gpu_backend.kernels.split_shapes import SplitShapes
+    from sim.core.split_shapes import SplitShapes
 
     shapes = SplitShapes()
     squares = {n: shapes.square_rows(n) for n in (1, 1024, 1025, 1152, 1153, 1537, 2049, 4097,
@@ -113,7 +113,7 @@ def test_padded_rows_follow_the_ladders():
 
 
 def test_a_prefix_splits_into_power_of_two_segments_and_an_absorbed_tail():
-    from gpu_backend.kernels.split_shapes import SplitShapes
+    from sim.core.split_shapes import SplitShapes
 
     shapes = SplitShapes()
     assert shapes.split_prefix(0) == (0, ())
@@ -129,7 +129,7 @@ def test_every_step_meets_only_the_enumerated_shapes():
     within those limits plan only shapes among them, padded by at most the ladders' steps,
     their segments tiling the prefix up to the absorbed tail."""
     from gpu_backend.kernels.split_attention import plan_split
-    from gpu_backend.kernels.split_shapes import SdpaShape, SplitShapes
+    from sim.core.split_shapes import SdpaShape, SplitShapes
 
     shapes = SplitShapes()
     allowed = set(shapes.sdpa_shapes(8192, 32768))
@@ -275,7 +275,7 @@ def test_split_profile_shapes():
     """The chunk takes all the step's tokens over a prefix a block past one segment; where
     the context is too short for both, the longest chunk and a chunk that fits the prefix."""
     from gpu_backend.engine.memory import split_profile_shapes
-    from gpu_backend.kernels.split_shapes import SplitShapes
+    from sim.core.split_shapes import SplitShapes
 
     shapes = SplitShapes()  # the worst prefix: 8,192 + 1,024 + 1,008 absorbed = 10,224
     assert split_profile_shapes(2048, 131072, 16, shapes) == [(2048, 10224)]
@@ -336,27 +336,31 @@ def test_set_attention_backend_switches_triton_split_and_auto_only():
         set_attention_backend(tiny_model("torch"), "split")
 
 
-def test_replay_cli_chooses_the_attention_backend():
+def test_replay_and_profile_take_the_engine_configs_attention_backend():
     from gpu_backend.__main__ import build_parser
-    from sim.core.config_flags import UsageError
+    from sim.core.config_flags import UsageError, engine_config
 
     parser = build_parser()
+
+    def backend(*argv: str) -> str:
+        return engine_config(parser.parse_args(list(argv))).attention_backend
+
     base = ["replay", "--trace", "azure-conv"]
-    assert parser.parse_args(base).attention_backend == "triton"
-    assert parser.parse_args([*base, "--attention-backend", "split"]).attention_backend == "split"
-    assert parser.parse_args([*base, "--attention-backend", "auto"]).attention_backend == "auto"
-    with pytest.raises(UsageError, match="invalid choice: 'torch'"):
+    assert backend(*base) == "triton"
+    assert backend(*base, "--attention-backend", "split") == "split"
+    assert backend(*base, "--attention-backend", "auto") == "auto"
+    with pytest.raises(UsageError, match="torch"):
         parser.parse_args([*base, "--attention-backend", "torch"])
     profile = ["profile", "--model", "llama-3.1-8b"]
-    assert parser.parse_args(profile).attention_backend == "triton"
-    assert parser.parse_args([*profile, "--attention-backend", "auto"]).attention_backend == "auto"
+    assert backend(*profile) == "triton"
+    assert backend(*profile, "--attention-backend", "auto") == "auto"
 
 
 def test_cli_backend_choices_are_the_switchable_backends():
-    from gpu_backend.__main__ import ATTENTION_BACKEND_CHOICES
     from gpu_backend.layers import FUSED_BACKENDS
+    from sim.core.split_shapes import ATTENTION_BACKENDS
 
-    assert ATTENTION_BACKEND_CHOICES == FUSED_BACKENDS
+    assert ATTENTION_BACKENDS == FUSED_BACKENDS
 
 
 # ----------------------------------------------------------------------------- interpreter
@@ -378,7 +382,7 @@ def _reference(pb) -> torch.Tensor:
 
 
 def _case_shapes(name: str):
-    from gpu_backend.kernels.split_shapes import SplitShapes
+    from sim.core.split_shapes import SplitShapes
 
     sizes = SPLIT_CASES[name][8]
     return SplitShapes(*sizes) if sizes is not None else SplitShapes()
@@ -464,8 +468,8 @@ def _mixed_batch(pb, num_decodes: int, with_host: bool):
 def _run_layer_case() -> dict:
     """PagedAttention on the split backend, as Model and the piecewise graphs call it."""
     from gpu_backend.kernels import store_kvcache
-    from gpu_backend.kernels.split_shapes import SplitShapes
     from gpu_backend.layers import PagedAttention
+    from sim.core.split_shapes import SplitShapes
     from tests.kernel_cases import make_problem, rel_error
 
     pb = make_problem([1, 1, 1, 30, 12], [40, 77, 0, 90, 0], 8, 2, 32, 16, torch.float32,
@@ -519,7 +523,7 @@ def _run_model_case() -> dict:
     from test_model_cpu import BLOCK_SIZE, TINY, build_batch, tiny_model
 
     from gpu_backend.engine.piecewise import PiecewiseGraphs
-    from gpu_backend.kernels.split_shapes import SplitShapes
+    from sim.core.split_shapes import SplitShapes
 
     def caches():
         pool = torch.zeros(12, TINY.num_layers, 2, BLOCK_SIZE, TINY.num_kv_heads, TINY.head_dim)
@@ -556,7 +560,7 @@ def _run_profile_step_case() -> dict:
     from test_model_cpu import TINY, tiny_model
 
     from gpu_backend.engine.memory import dummy_prefix_batch
-    from gpu_backend.kernels.split_shapes import SplitShapes
+    from sim.core.split_shapes import SplitShapes
 
     model = tiny_model("split")
     for layer in model.layers:
@@ -614,7 +618,7 @@ def test_split_attention_matches_paged_reference(interp: dict, name: str) -> Non
     """Every case against the float32 paged reference (the pool's unused slots are NaN, so a
     padded key or row reaching a real row's result shows), and the SDPA ops it ran are the
     plan's padded shapes, each among those the shape rules enumerate for its lengths."""
-    from gpu_backend.kernels.split_shapes import SplitShapes
+    from sim.core.split_shapes import SplitShapes
 
     case = interp[name]
     tol = 1e-5 if SPLIT_CASES[name][6] == "float32" else 3e-3

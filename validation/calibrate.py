@@ -28,12 +28,14 @@ from sim.core.calibration import (
     launch_terms,
     num_program_bound,
     save_calibration,
+    split_run_terms_fixed,
     split_term_fixed,
 )
 from sim.core.catalog import GpuSpec, ModelSpec
 from sim.core.cost_model import FIT_PARAMETERS, CostModel, Efficiency
 from sim.core.elastic import VmmCosts
 from sim.core.memory_plan import ActivationProfile
+from sim.core.split_shapes import TRITON_ATTENTION
 from validation.runs import GpuRun, engine_config
 from validation.steps import (
     StepTable,
@@ -41,6 +43,7 @@ from validation.steps import (
     error_stats,
     predict_step_times,
     relative_errors,
+    split_attention,
 )
 
 DEFAULT_HOLDOUT_FRACTION = 0.5
@@ -84,7 +87,7 @@ def concat(tables: list[StepTable]) -> StepTable:
     arrays: dict[str, np.ndarray | None] = {name: np.concatenate([getattr(t, name) for t in tables])
               for name in ("num_prefill_tokens", "num_decode_tokens", "decode_context_tokens",
                            "num_seqs", "num_sampled_rows", "prefill_pairs", "duration_s")}
-    for name in ("max_query_len", "max_seq_len"):  # known only when every table knows them
+    for name in ("max_query_len", "max_seq_len", "prefill_chunks"):  # known where all know them
         parts = [getattr(t, name) for t in tables]
         arrays[name] = None if any(p is None for p in parts) else np.concatenate(parts)
     common = set.intersection(*(set(t.extra) for t in tables))
@@ -94,8 +97,9 @@ def concat(tables: list[StepTable]) -> StepTable:
 
 def step_errors(model: ModelSpec, gpu: GpuSpec, tp: int, eff: Efficiency,
                 table: StepTable, graph_sizes: Sequence[int] = (),
-                token_graph_sizes: Sequence[int] = ()) -> np.ndarray:
-    cost = CostModel(model, gpu, tp, eff, graph_sizes, token_graph_sizes)
+                token_graph_sizes: Sequence[int] = (),
+                attention_backend: str = TRITON_ATTENTION) -> np.ndarray:
+    cost = CostModel(model, gpu, tp, eff, graph_sizes, token_graph_sizes, attention_backend)
     return relative_errors(predict_step_times(cost, table), table.duration_s)
 
 
@@ -119,11 +123,12 @@ def fit_efficiency(model: ModelSpec, gpu: GpuSpec, tp: int, fit: StepTable,
                    initial: Efficiency | None = None,
                    free: Collection[str] | None = None,
                    graph_sizes: Sequence[int] = (),
-                   token_graph_sizes: Sequence[int] = ()) -> tuple[Efficiency, bool, str]:
+                   token_graph_sizes: Sequence[int] = (),
+                   attention_backend: str = TRITON_ATTENTION) -> tuple[Efficiency, bool, str]:
     """Least-squares efficiencies for the steps in `fit` (relative error, soft-L1 loss).
     `free`: the FIT_PARAMETERS to fit (default all); the others keep `initial`'s values.
-    `graph_sizes`, `token_graph_sizes`: the engine's decode and piecewise graph sizes
-    (CostModel)."""
+    `graph_sizes`, `token_graph_sizes`, `attention_backend`: the engine's decode and piecewise
+    graph sizes and its attention backend (CostModel)."""
     initial = initial or Efficiency()
     names = [name for name, _, _ in FIT_PARAMETERS]
     free = names if free is None else list(free)
@@ -135,7 +140,7 @@ def fit_efficiency(model: ModelSpec, gpu: GpuSpec, tp: int, fit: StepTable,
         raise ValueError(f"{len(fit)} usable steps cannot fit {len(free)} parameters")
     held = [n for n in names if n not in free]
     # steps that run no decode graph: piecewise graphs where a size holds them, else eager
-    cost = CostModel(model, gpu, tp, initial, graph_sizes, token_graph_sizes)
+    cost = CostModel(model, gpu, tp, initial, graph_sizes, token_graph_sizes, attention_backend)
     ran = fit.num_tokens > 0
     eager = ran & (fit.has_prefill | cost.decode_rows_array(fit.num_tokens)[1])
     piecewise = eager & cost.eager_step_array(fit.num_tokens)[1]
@@ -147,15 +152,18 @@ def fit_efficiency(model: ModelSpec, gpu: GpuSpec, tp: int, fit: StepTable,
     def num_bound(eff: Efficiency) -> int:  # steps whose longest attention program binds
         def times(e: Efficiency) -> np.ndarray:
             return predict_step_times(CostModel(model, gpu, tp, e, graph_sizes,
-                                                token_graph_sizes), fit)
+                                                token_graph_sizes, attention_backend), fit)
         return num_program_bound(times(eff), times(replace(eff, attention_program=None)))
 
     _, _, splits = attention_terms(cost, fit)  # splits need no efficiency
     if "split_launch_s" in free:  # held where too few steps split to fit it
         held += split_term_fixed(int((splits > 1).sum()))
+    split = split_attention(cost, fit)  # SPLIT's terms held where too few steps run it
+    held += [n for n in split_run_terms_fixed(0 if split is None else int(np.isfinite(split).sum()))
+             if n in free]
     fitted, solution = fit_with_program_term(
         initial, lambda eff: step_errors(model, gpu, tp, eff, fit, graph_sizes,
-                                         token_graph_sizes),
+                                         token_graph_sizes, attention_backend),
         num_bound, fixed=held,
         loss="soft_l1", f_scale=0.05, diff_step=1e-3, x_scale=1.0)
     return fitted, bool(solution.success), str(solution.message)
@@ -164,17 +172,18 @@ def fit_efficiency(model: ModelSpec, gpu: GpuSpec, tp: int, fit: StepTable,
 def calibrate(model: ModelSpec, gpu: GpuSpec, tp: int, fit: StepTable, holdout: StepTable,
               initial: Efficiency | None = None,
               free: Collection[str] | None = None, graph_sizes: Sequence[int] = (),
-              token_graph_sizes: Sequence[int] = ()) -> FitResult:
+              token_graph_sizes: Sequence[int] = (),
+              attention_backend: str = TRITON_ATTENTION) -> FitResult:
     """Fit on `fit` (the `free` parameters, default all), then report the error on
     `holdout` before and after."""
     initial = initial or Efficiency()
     fitted, success, message = fit_efficiency(model, gpu, tp, fit, initial, free, graph_sizes,
-                                              token_graph_sizes)
+                                              token_graph_sizes, attention_backend)
     fit, holdout = usable_steps(fit), usable_steps(holdout)
 
     def errors(eff: Efficiency, table: StepTable) -> dict:
         return error_stats(step_errors(model, gpu, tp, eff, table, graph_sizes,
-                                       token_graph_sizes))
+                                       token_graph_sizes, attention_backend))
 
     return FitResult(
         efficiency=fitted, initial=initial, num_fit_steps=len(fit),
@@ -222,4 +231,5 @@ def replay_calibration(choice: str | Path | None, runs: Sequence[GpuRun],
     if len({(c.model.name, c.gpu.name) for c in configs}) != 1:
         return None  # runs of several models or GPUs: no one shipped calibration prices them
     return choose_calibration(None, configs[0].model.name, configs[0].gpu.name,
-                              engine_kinds_of(configs))
+                              engine_kinds_of(configs),
+                              attention_backend=configs[0].attention_backend)

@@ -236,7 +236,7 @@ def fit(args: argparse.Namespace) -> int:
         None if args.free is None else [n.strip() for n in args.free.split(",") if n.strip()])
     result = calibrate(config.model, config.gpu, config.tensor_parallel_size, fit_table,
                        holdout_table, efficiency, free, config.cuda_graph_sizes,
-                       token_graph_sizes=token_sizes)
+                       token_graph_sizes=token_sizes, attention_backend=config.attention_backend)
     provenance = {"gpu_dir": str(args.gpu_dir), "test_dir": str(args.test_dir or ""),
                   "holdout_fraction": None if test_runs else args.holdout,
                   "model": config.model.name, "gpu": config.gpu.name,

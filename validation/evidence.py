@@ -223,6 +223,8 @@ def rebuild(folders: Sequence[Path], *, check: bool = False, plots: bool = True,
 ENGINES = {"eager": "eager prefill steps, decode CUDA graphs",
            "piecewise": "piecewise CUDA graphs",
            "piecewise512": "piecewise CUDA graphs up to 512 tokens",
+           "auto": "eager prefill steps on the auto attention backend (SPLIT from 2,048 new "
+                   "tokens), decode CUDA graphs",
            "tp2": "tensor parallel 2 on two GPUs (torch layers, even decode split)"}
 EVIDENCE_MARKERS = ("<!-- results:begin -->", "<!-- results:end -->")
 README_MARKERS = ("<!-- validation-results:begin -->", "<!-- validation-results:end -->")

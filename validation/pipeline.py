@@ -110,8 +110,7 @@ def compare_run(gpu: GpuRun, efficiency: Efficiency | None, profile: ActivationP
     result, recorder = simulate_logged(spec, trace)
     predicted = metric_values(result.summary)
     measured = metric_values(gpu.summary, gpu.measured_kv_capacity_tokens())
-    cost = CostModel(config.model, config.gpu, config.tensor_parallel_size, efficiency,
-                     config.cuda_graph_sizes, config.piecewise_graph_sizes)
+    cost = CostModel.for_engine(config, efficiency)
     step_predicted = predict_step_times(cost, gpu.steps)
     sim_steps = recorder.table()
     moved = host_moved = None
@@ -191,7 +190,8 @@ def fit_on_runs(runs: Sequence[RunComparison], initial: Efficiency,
     try:
         fitted = calibrate(engine.model, engine.gpu, engine.tensor_parallel_size, fit_table,
                            holdout_table, initial, free=HELD_OUT_FREE,
-                           graph_sizes=engine.cuda_graph_sizes, token_graph_sizes=token_sizes)
+                           graph_sizes=engine.cuda_graph_sizes, token_graph_sizes=token_sizes,
+                           attention_backend=engine.attention_backend)
     except ValueError as exc:
         return None, f"not fitted: {exc}"
     note = (f"fitted on the first {1 - holdout_fraction:.0%} of each run's steps "

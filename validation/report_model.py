@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+from sim.core.efficiency import SPLIT_PARAMETERS
 from validation.compare import median_steepness
 from validation.pipeline import (
     HOST_SENSITIVITY_FACTOR,
@@ -87,6 +88,8 @@ def fit_lines(v: Validation) -> list[str]:
         return "as eager_launch_s" if value is None else f"{value:.4g}"
 
     for name, value in asdict(f.efficiency).items():
+        if name in SPLIT_PARAMETERS and value == getattr(f.initial, name):
+            continue  # held: too few steps ran SPLIT (the triton backend's: none)
         lines.append(f"| {name} | {shown(getattr(f.initial, name))} | {shown(value)} |")
     b, a = f.holdout_before, f.holdout_after
     lines += ["", "| held-out steps | median \\|err\\| | p90 \\|err\\| | bias |", "|---|---|---|---|",

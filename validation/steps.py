@@ -31,6 +31,7 @@ from typing import TextIO
 import numpy as np
 
 from sim.core.cost_model import CostModel
+from sim.core.split_shapes import TRITON_ATTENTION
 
 REQUIRED_COLUMNS = ("num_prefill_tokens", "num_decode_tokens", "decode_context_tokens",
                     "num_seqs")
@@ -62,6 +63,9 @@ class StepTable:
     # unknown, no split priced
     max_query_len: np.ndarray | None = None
     max_seq_len: np.ndarray | None = None
+    # object [S]: each step's prefill chunks, a tuple of (new tokens, prefix tokens), where the
+    # steps recorded them: what a step running SPLIT is priced from (CostModel.split_chunks)
+    prefill_chunks: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.duration_s.shape[0])
@@ -161,10 +165,12 @@ def read_steps_csv(path: Path) -> StepTable:
                              longest_decode)
     rows_sampled = ints("num_sampled_rows") if "num_sampled_rows" in header else decode + num_chunks
     extra = {c: np.array([float(r[c]) for r in rows]) for c in OPTIONAL_COLUMNS if c in header}
+    recorded = np.empty(len(chunk_lists), dtype=object)
+    recorded[:] = [tuple(chunks) for chunks in chunk_lists]
     return StepTable(prefill, decode, decode_ctx, ints("num_seqs"),
                      rows_sampled, pairs.astype(np.float64),
                      np.array([float(r[duration]) for r in rows]), exact, extra,
-                     max_query, max_seq)
+                     max_query, max_seq, recorded if exact else None)
 
 
 def write_steps_csv(path: Path, table: StepTable, chunks: list[str] | None = None) -> None:
@@ -212,6 +218,23 @@ def attention_terms(cost: CostModel, table: StepTable
     return work, longest, splits
 
 
+def split_attention(cost: CostModel, table: StepTable) -> np.ndarray | None:
+    """Per step, the attention of the steps that run SPLIT as CostModel.step prices it (NaN on
+    the others), or None where no step does (the triton backend's)."""
+    if cost.attention_backend == TRITON_ATTENTION or not table.has_prefill.any():
+        return None
+    if table.prefill_chunks is None:
+        raise ValueError(f"steps priced on the {cost.attention_backend} attention backend need "
+                         "their prefill chunks (steps.csv's prefill_chunks column)")
+    seconds = np.full(len(table), np.nan)
+    for i in np.flatnonzero(table.has_prefill):
+        parts = cost.split_chunks(table.prefill_chunks[i])
+        if parts is not None:
+            seconds[i] = (cost.split_attention_s(parts[0]) + cost.prefill_attention_s(parts[1])
+                          + cost.decode_attention_s(int(table.decode_context_tokens[i])))
+    return seconds if np.isfinite(seconds).any() else None
+
+
 def predict_step_times(cost: CostModel, table: StepTable) -> np.ndarray:
     """Cost-model time of every step from its composition alone (no scheduling, no clock)."""
     if len(table) == 0:
@@ -230,6 +253,11 @@ def predict_step_times(cost: CostModel, table: StepTable) -> np.ndarray:
     # Prefill attention and decode KV reads are linear in pairs and context tokens.
     attention, longest, splits = attention_terms(cost, table)
     attention = cost.launch_attention_s(attention, longest)
+    split = split_attention(cost, table)  # steps running SPLIT: no Triton launch of their own
+    if split is not None:
+        runs_split = np.isfinite(split)
+        attention = np.where(runs_split, split, attention)
+        splits = np.where(runs_split, 1, splits)
     launch = np.where(eager & (tokens > 0),
                       np.where(piecewise, cost.eff.piecewise_launch, cost.eff.eager_launch_s), 0.0)
     launch = launch + np.where(splits > 1, cost.eff.split_launch_s, 0.0)  # CostModel.step's

@@ -20,7 +20,7 @@ import numpy as np
 
 from gpu_backend.engine.shapes import StepShape, scheduler_output
 from sim.core.calibration.attention_fit import ATTENTION_PARAMETERS, fit_attention_terms
-from sim.core.cost_model import Efficiency
+from sim.core.cost_model import CostArgs, Efficiency
 
 __all__ = ["ATTENTION_PARAMETERS", "PagedLayer", "attention_inputs", "attention_records",
            "attention_shapes", "device_ms", "fit_attention", "launch_ms", "time_attention"]
@@ -108,7 +108,7 @@ def time_attention(shape: StepShape, model, reps: int = 20) -> dict[str, float]:
     return {"measured_s": 1e-3 * ms * model.num_layers}
 
 
-def fit_attention(cost_args: tuple, shapes: Sequence[StepShape], measured_s: np.ndarray,
+def fit_attention(cost_args: CostArgs, shapes: Sequence[StepShape], measured_s: np.ndarray,
                   start: Efficiency | None = None,
                   hold: Sequence[str] = ()) -> tuple[Efficiency, dict]:
     """`sim.core.calibration.attention_fit.fit_attention_terms` of the launches of `shapes`

@@ -59,7 +59,7 @@ from sim.core.calibration import (
 from sim.core.calibration.attention_fit import attention_start
 from sim.core.calibration.merge import merge_profiles
 from sim.core.calibration.profile_fit import fit_profile, refit_profile
-from sim.core.cost_model import CostModel, Efficiency, piecewise_sizes_for
+from sim.core.cost_model import CostArgs, Efficiency, piecewise_sizes_for
 from sim.core.engine_config import EngineConfig
 
 # `python -m gpu_backend refit --merge` merges through this module
@@ -314,7 +314,8 @@ def fit_timed(engine: ProfileEngine, grid: list[StepShape], timed: list[dict],
     fits' errors (sim.core.calibration.profile_fit)."""
     token_sizes = engine.setup["piecewise_sizes"] or ()
     outputs = [scheduler_output(shape) for shape in grid]
-    cost_args = (engine.config.model, engine.config.gpu, 1)
+    cost_args = CostArgs(engine.config.model, engine.config.gpu, 1,
+                         engine.setup["attention_backend"])
     attention = attention_inputs({"attention_measurements": records})
     if attention is not None:
         attention = ([scheduler_output(s) for s in attention[0]], attention[1])
@@ -322,7 +323,7 @@ def fit_timed(engine: ProfileEngine, grid: list[StepShape], timed: list[dict],
     efficiency, fit_error = fit_profile(
         cost_args, outputs, np.array([t["measured_s"] for t in timed]), start=start,
         copy_bandwidth_bytes_s=bandwidth_bytes_s, token_graph_sizes=token_sizes, hold=hold)
-    cost = CostModel(*cost_args, efficiency=efficiency, token_graph_sizes=token_sizes)
+    cost = cost_args.cost_model(efficiency, token_sizes)
     measurements = [{**shape.describe(), **timing, "predicted_s": cost.step(out).total_s}
                     for shape, timing, out in zip(grid, timed, outputs)]
     return {"efficiency": asdict(efficiency),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
+from sim.core.calibration.merge import summarize_host_probe
 
 PROBE_ITERATIONS = 200_000
 
@@ -45,9 +45,4 @@ class HostProbe:
 
 
 def summarize(samples: list[float]) -> dict:
-    base = {"iterations": PROBE_ITERATIONS, "count": len(samples)}
-    if not samples:
-        return {**base, "median_s": None, "p10_s": None, "p90_s": None}
-    a = np.asarray(samples)
-    return {**base, "median_s": float(np.median(a)), "p10_s": float(np.percentile(a, 10)),
-            "p90_s": float(np.percentile(a, 90))}
+    return summarize_host_probe(samples, PROBE_ITERATIONS)

@@ -24,12 +24,12 @@ import torch
 
 from gpu_backend.batch import ForwardBatch, HostLens
 from gpu_backend.engine.kv_store import PlainKVStore
-from gpu_backend.kernels.split_shapes import SplitShapes
 from gpu_backend.layers import SPLIT_BACKENDS
 from gpu_backend.vmm.layout import KVLayout, base_block_quantum
 from sim.core.catalog import ModelSpec
 from sim.core.engine_config import EngineConfig
 from sim.core.memory_plan import ActivationProfile, MemoryPlan, plan_memory
+from sim.core.split_shapes import SplitShapes
 
 NUM_SCRATCH_BLOCKS = 1  # device block 0: padded graph rows write there; never scheduled
 

@@ -41,7 +41,6 @@ from gpu_backend.engine.piecewise import PiecewiseGraphs
 from gpu_backend.engine.runner import DecodeGraphs, ModelRunner
 from gpu_backend.engine.support import check_supported
 from gpu_backend.kernels.split_attention import warm_plans
-from gpu_backend.kernels.split_shapes import SdpaShape
 from gpu_backend.layers import SPLIT_BACKENDS
 from gpu_backend.model import build_model
 from gpu_backend.vmm import ElasticKVPool
@@ -49,6 +48,7 @@ from sim.core.cost_model import piecewise_sizes_for
 from sim.core.elastic import Policy
 from sim.core.engine_config import EngineConfig, EngineCore, build_core
 from sim.core.memory_plan import ActivationProfile
+from sim.core.split_shapes import SdpaShape
 from sim.recording.metrics import ReplicaRecorder
 
 TORCH_CAP_SLACK_BYTES = 256 * 2**20  # allocator rounding and fragmentation above the peak

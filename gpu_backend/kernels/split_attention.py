@@ -64,16 +64,12 @@ from torch import Tensor
 from gpu_backend.kernels.attention import DecodePlan, paged_attention
 from gpu_backend.kernels.checks import check_cache_pair, check_same_device
 from gpu_backend.kernels.lse_merge import merge_partials
-from gpu_backend.kernels.split_shapes import SEGMENT_TOKENS, SdpaShape, SplitShapes
+from sim.core.split_shapes import SEGMENT_TOKENS, SPLIT_MIN_QUERY, SdpaShape, SplitShapes
 
 __all__ = ["SEGMENT_TOKENS", "SPLIT_MIN_QUERY", "PagedRun", "PrefillSeq", "SplitBuffers",
            "SplitPlan", "SplitShapes", "gather_tokens", "plan_split", "prepare_plan",
            "sdpa_with_lse", "split_attention", "warm_plans"]
 
-# auto backend: fewer new tokens run the Triton paged kernel. On an H200 (Llama-3.1-8B, 16k
-# prompt, benchmarks/engine_bench.py) SPLIT beside 64 decodes took 1.46x / 1.18x / 1.17x
-# the Triton path's TTFT at chunks of 1,280 / 1,536 / 1,792 and 0.92x from 2,048 up.
-SPLIT_MIN_QUERY = 2048
 CUDNN_DTYPES = (torch.float16, torch.bfloat16)
 CUDNN_ALIGN_BYTES = 16  # cuDNN faults (a sticky CUDA error) on operands aligned below this
 

@@ -30,8 +30,8 @@ def to_json(config: DataclassInstance) -> str:
 
 
 def from_dict(cls: type[Config], data: object, source: object) -> Config:
-    """The inverse of `to_dict`; a missing key takes its default. Errors name `source` and
-    the key."""
+    """The inverse of `to_dict`; a missing key takes its Setting's `absent` value where it
+    has one, else the field's default. Errors name `source` and the key."""
     if not isinstance(data, dict):
         raise ValueError(f"{source}: expected an object of engine settings, got "
                          f"{type(data).__name__}")
@@ -39,7 +39,8 @@ def from_dict(cls: type[Config], data: object, source: object) -> Config:
     unknown = sorted(set(data) - set(known))
     if unknown:
         raise ValueError(f"{source}: unknown setting(s) {unknown}; known: {list(known)}")
-    values = {}
+    values = {name: setting_of(f).absent for name, f in known.items()
+              if name not in data and setting_of(f).absent is not None}
     for name, value in data.items():
         try:
             values[name] = setting_of(known[name]).codec.decode(value)

@@ -7,7 +7,10 @@ with achieved rates = peak x an efficiency. Operators:
                once per step (small steps are weight-bandwidth bound, large ones compute bound)
     attention  prefill chunks: causal FLOPs of a chunk of c tokens on a prefix of p,
                4 x c x (p + c/2) x heads x head_dim per layer; decode: KV bytes read; a
-               decode row beside a chunk: its 128-row tile's FLOPs over its keys (below)
+               decode row beside a chunk: its 128-row tile's FLOPs over its keys (below).
+               A step that runs SPLIT (attention backends split, auto): its SPLIT
+               sequences' padded SDPA products and calls, the rest as the Triton paged
+               kernel's prefill, the decode rows as reads (OperatorCosts.split_chunks)
     allreduce  two per layer under TP (after attention and after the MLP), ring algorithm:
                2 (tp-1)/tp x bytes / link bandwidth + a latency per call
     logits     lm_head for the rows that sample (weights read once, 2 x hidden x vocab FLOPs)
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -50,6 +54,9 @@ from sim.core.launch_shapes import (
 )
 from sim.core.operator_costs import OperatorCosts
 from sim.core.step import SchedulerOutput
+
+if TYPE_CHECKING:
+    from sim.core.engine_config import EngineConfig
 
 __all__ = [
     "ATTENTION_TILE_ROWS", "FIT_PARAMETERS", "HOST_TERMS", "MAX_NUM_SPLITS",
@@ -81,8 +88,19 @@ class StepCost:
         return max(device, self.launch_s) + overlap + self.overhead_s
 
 
-# CostModel's leading arguments (model, GPU, tensor-parallel size), as a fit passes them on
-CostArgs = tuple[ModelSpec, GpuSpec, int]
+class CostArgs(NamedTuple):
+    """What a fit prices every candidate efficiency with: model, GPU, tensor-parallel size
+    and the engine's attention backend."""
+    model: ModelSpec
+    gpu: GpuSpec
+    tp: int = 1
+    attention_backend: str = "triton"
+
+    def cost_model(self, efficiency: Efficiency,
+                   token_graph_sizes: Sequence[int] = ()) -> CostModel:
+        return CostModel(self.model, self.gpu, self.tp, efficiency,
+                         token_graph_sizes=token_graph_sizes,
+                         attention_backend=self.attention_backend)
 
 
 class CostModel(OperatorCosts):
@@ -106,11 +124,19 @@ class CostModel(OperatorCosts):
 
     def __init__(self, model: ModelSpec, gpu: GpuSpec, tp: int = 1,
                  efficiency: Efficiency | None = None, graph_sizes: Sequence[int] = (),
-                 token_graph_sizes: Sequence[int] = ()) -> None:
-        super().__init__(model, gpu, tp, efficiency)
+                 token_graph_sizes: Sequence[int] = (), attention_backend: str = "triton") -> None:
+        super().__init__(model, gpu, tp, efficiency, attention_backend)
         self.graph_sizes = tuple(sorted(graph_sizes))
         self.token_graph_sizes = tuple(sorted(token_graph_sizes))
         self._decode_terms: dict[int, tuple[float, float, float, float, float]] = {}
+
+    @classmethod
+    def for_engine(cls, engine: EngineConfig, efficiency: Efficiency | None = None) -> CostModel:
+        """The cost model of an engine configuration: its model, GPU and TP size, its CUDA
+        graph sizes and its attention backend."""
+        return cls(engine.model, engine.gpu, engine.tensor_parallel_size, efficiency,
+                   engine.cuda_graph_sizes, engine.piecewise_graph_sizes,
+                   engine.attention_backend)
 
     def decode_rows(self, num_rows: int) -> tuple[int, bool]:
         """(rows computed, eager?) of a decode-only step of `num_rows` rows."""
@@ -159,10 +185,16 @@ class CostModel(OperatorCosts):
         launch = 0.0
         if eager:  # no decode graph: piecewise graphs where a size holds the step, else eager
             rows, launch = self.eager_step(num_tokens)
-        attention = self.prefill_attention_s(out.prefill_chunks) + (
-            self.mixed_decode_attention_s(out.decode_context_tokens) if out.num_prefill_tokens
-            else self.decode_attention_s(out.decode_context_tokens))
-        if out.num_prefill_tokens and (self.eff.split_launch_s or self._program_flops_s):
+        split = self.split_chunks(out.prefill_chunks) if out.num_prefill_tokens else None
+        if split is not None:  # SPLIT's sequences, the rest on the Triton paths
+            attention = (self.split_attention_s(split[0]) + self.prefill_attention_s(split[1])
+                         + self.decode_attention_s(out.decode_context_tokens))
+        else:
+            attention = self.prefill_attention_s(out.prefill_chunks) + (
+                self.mixed_decode_attention_s(out.decode_context_tokens)
+                if out.num_prefill_tokens else self.decode_attention_s(out.decode_context_tokens))
+        if split is None and out.num_prefill_tokens and (self.eff.split_launch_s
+                                                         or self._program_flops_s):
             max_query, max_seq = step_extents(out)
             splits = self.num_splits(num_tokens, len(out.scheduled), max_query, max_seq)
             if splits > 1:

@@ -75,6 +75,15 @@ class Efficiency:
     # chunk-2,048 steps (18 decode rows, five of ~27k keys), their attention timed alone, ran
     # 1.3-1.7x the longer of the two (benchmarks/replay_attention.py); 0 is max(work, longest).
     attention_program_serial: float = 0.0
+    # Of peak bf16 FLOP/s: what cuDNN's SDPA achieves on SPLIT's products, padding included
+    # (attention backends split and auto; sim.core.split_shapes.SplitShapes.work). One H200,
+    # Llama-3.1-8B heads, a 16,384-token causal pass: 3.29 ms a layer, 0.67 of the peak
+    # (benchmarks/results/attention_options_nvidia-h200.json).
+    split_attention_compute: float = 0.67
+    # Device time of one SPLIT SDPA call in one layer besides its products: the call's first
+    # and last waves, its share of the gathers and the log-sum-exp merge. A fit tells it from
+    # SPLIT steps of several sizes only.
+    split_call_s: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -83,7 +92,7 @@ class Efficiency:
                 continue
             if value < 0 or (f.name in ("linear_compute", "memory", "kv_memory",
                                         "attention_compute", "interconnect",
-                                        "attention_program")
+                                        "attention_program", "split_attention_compute")
                              and not 0 < value <= 1) or (f.name in SERIAL_FRACTIONS and value > 1):
                 raise ValueError(f"efficiency {f.name}={value} is out of range")
 
@@ -110,7 +119,11 @@ FIT_PARAMETERS = (
     ("launch_serial_fraction", (0.0, 1.0), 1.0),
     ("attention_program", (0.02, 1.0), 1.0),
     ("attention_program_serial", (0.0, 1.0), 1.0),
+    ("split_attention_compute", (0.05, 1.0), 1.0),
+    ("split_call_s", (0.0, 1e-3), 1e-5),
 )
+# SPLIT's terms: fitted only where enough steps run SPLIT (sim.core.calibration.fit)
+SPLIT_PARAMETERS = ("split_attention_compute", "split_call_s")
 
 
 def slower(eff: Efficiency, factor: float) -> Efficiency:
@@ -120,9 +133,10 @@ def slower(eff: Efficiency, factor: float) -> Efficiency:
         raise ValueError(f"slower() needs a factor >= 1 (efficiencies stay <= 1), got {factor}")
     return replace(eff, **{name: getattr(eff, name) / factor for name in (
         "linear_compute", "memory", "kv_memory", "attention_compute", "interconnect",
-        "attention_program") if getattr(eff, name) is not None},
+        "attention_program", "split_attention_compute") if getattr(eff, name) is not None},
         **_times(eff, ("allreduce_latency_s", "step_overhead_s", "per_seq_overhead_s",
-                       "eager_launch_s", "piecewise_launch_s", "split_launch_s"), factor))
+                       "eager_launch_s", "piecewise_launch_s", "split_launch_s",
+                       "split_call_s"), factor))
 
 
 def _times(eff: Efficiency, names: Sequence[str], factor: float) -> dict[str, float]:

@@ -66,6 +66,7 @@ from sim.core.settings import (
     setting,
     spec_codec,
 )
+from sim.core.split_shapes import ATTENTION_BACKENDS
 from sim.core.vllm_defaults import (
     DEFAULT_GPU,
     DEFAULT_MODEL,
@@ -174,6 +175,18 @@ class EngineConfig:
         "split a prompt over steps to fit max_num_batched_tokens; off, a prompt is never "
         "split (the memory plan takes it; the simulator's scheduler does not model it)",
         "--enable-chunked-prefill", codec=BOOL))
+
+    # The attention of steps with prefill tokens (decode-only steps run the Triton kernel on
+    # every backend): what the GPU engine runs and the cost model prices (sim.core.split_shapes).
+    attention_backend: str = field(default="triton", metadata=setting(
+        "attention of steps with prefill tokens. triton: the Triton paged kernel over the "
+        "whole batch. split: decode rows through the Triton decode path, each prefill "
+        "sequence through SPLIT (cuDNN's SDPA over the chunk's own keys, causal, and over its "
+        "cached prefix in segments, merged by log-sum-exp, every call padded to one of a few "
+        "shapes). auto: SPLIT for prefill sequences of at least 2,048 new tokens, the Triton "
+        "kernel for the rest. The GPU engine runs split and auto on one GPU only",
+        "--attention-backend", codec=choice(ATTENTION_BACKENDS), choices=ATTENTION_BACKENDS,
+        absent="triton"))
 
     def __post_init__(self) -> None:
         # The model as served: dtype, KV cache dtype and quantization applied. apply_dtypes

@@ -3,7 +3,8 @@
 `OperatorCosts` turns the model's shape, the GPU's peak rates and the fitted `Efficiency` into
 the rates each operator achieves, once per model, and prices the linear layers, the attention
 of prefill chunks and of decode rows (read, or computed beside a chunk), a launch's longest
-attention program, the TP all-reduces, the logits and a KV migration. `CostModel`
+attention program, SPLIT's padded SDPA calls (the split and auto attention backends), the TP
+all-reduces, the logits and a KV migration. `CostModel`
 (sim.core.cost_model) builds on it to price whole steps as the engine runs them: CUDA graph
 padding, launch time and overlap, per-step overhead.
 """
@@ -19,16 +20,30 @@ from sim.core.launch_shapes import (
     attention_num_splits,
     attention_num_splits_array,
 )
+from sim.core.split_shapes import ATTENTION_BACKENDS, SPLIT_MIN_QUERY, SplitShapes
+
+Chunks = tuple[tuple[int, int], ...]  # (new tokens, cached prefix tokens) per prefill sequence
 
 
 class OperatorCosts:
     """Seconds per operator from the model's shape, the GPU's peak rates and the efficiencies
-    (the module docstring of sim.core.cost_model gives each operator's roofline)."""
+    (the module docstring of sim.core.cost_model gives each operator's roofline).
+
+    `attention_backend` (EngineConfig.attention_backend): which prefill sequences run SPLIT,
+    `split_chunks`. Such a step's decode rows run the Triton decode path (KV reads) and its
+    other prefill sequences the Triton prefill path."""
 
     def __init__(self, model: ModelSpec, gpu: GpuSpec, tp: int = 1,
-                 efficiency: Efficiency | None = None) -> None:
+                 efficiency: Efficiency | None = None, attention_backend: str = "triton") -> None:
+        if attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention backend {attention_backend!r}: choose from "
+                             f"{', '.join(ATTENTION_BACKENDS)}")
         self.model, self.gpu, self.tp = model, gpu, tp
         self.eff = efficiency or Efficiency()
+        self.attention_backend = attention_backend
+        # SPLIT runs prefill sequences of at least this many new tokens (0: none does)
+        self._split_min_query = {"triton": 0, "split": 1, "auto": SPLIT_MIN_QUERY}[attention_backend]
+        self._split_shapes = SplitShapes()
         h, vocab = model.hidden_size, model.padded_vocab_size(tp)
         self._lm_head_flops_per_row = 2.0 * h * vocab
         self._layer_flops_per_token = model.linear_flops_per_token(tp) - 2.0 * h * model.vocab_size / tp
@@ -38,6 +53,7 @@ class OperatorCosts:
         self._lm_head_bytes = float(h * vocab * model.dtype_bytes)
         self._flops_s = gpu.peak_bf16_flops * self.eff.linear_compute
         self._attn_flops_s = gpu.peak_bf16_flops * self.eff.attention_compute
+        self._split_flops_s = gpu.peak_bf16_flops * self.eff.split_attention_compute
         self._bytes_s = gpu.memory_bandwidth_bytes_s * self.eff.memory
         self._kv_bytes_s = gpu.memory_bandwidth_bytes_s * self.eff.kv_memory
         heads = model.num_attention_heads // tp
@@ -61,6 +77,30 @@ class OperatorCosts:
     def prefill_attention_s(self, chunks: tuple[tuple[int, int], ...]) -> float:
         pairs = sum(c * (p + c / 2.0) for c, p in chunks)
         return pairs * self._attn_flops_per_pair / self._attn_flops_s
+
+    def split_chunks(self, chunks: Chunks) -> tuple[Chunks, Chunks] | None:
+        """(sequences SPLIT runs, the rest) of a step's prefill chunks, or None where the
+        step runs no SPLIT (the Triton kernel takes the whole batch). On auto a step runs
+        SPLIT where one sequence has SPLIT_MIN_QUERY new tokens or more."""
+        least = self._split_min_query
+        if not least or not chunks or max(c for c, _ in chunks) < least:
+            return None
+        return (tuple(ch for ch in chunks if ch[0] >= least),
+                tuple(ch for ch in chunks if ch[0] < least))
+
+    def split_attention_s(self, chunks: Chunks) -> float:
+        """SPLIT's attention of prefill sequences `chunks`: each one's padded products
+        (SplitShapes.work) at `split_attention_compute`, a `split_call_s` per SDPA call and
+        layer, and its keys gathered out of the paged pool (read and written once)."""
+        pairs, calls, keys = 0.0, 0, 0
+        for query_len, prefix_len in chunks:
+            work = self._split_shapes.work(query_len, prefix_len)
+            pairs += work.pairs
+            calls += work.calls
+            keys += query_len + prefix_len
+        return (pairs * self._attn_flops_per_pair / self._split_flops_s
+                + calls * self.model.num_layers * self.eff.split_call_s
+                + 2.0 * keys * self._kv_bytes_per_token / self._bytes_s)
 
     def decode_attention_s(self, context_tokens: int) -> float:
         return context_tokens * self._kv_bytes_per_token / self._kv_bytes_s

@@ -43,6 +43,9 @@ class Setting:
     # the default as help shows it, where it is a rule rather than the field's value
     default_text: str | None = None
     choices: tuple[str, ...] = ()
+    # what a configuration file without this key ran, where that is not the default: the
+    # setting came after files that were written by engines with one fixed behaviour
+    absent: Any = None
 
     @property
     def flag(self) -> str:
@@ -50,9 +53,9 @@ class Setting:
 
 
 def setting(help: str, *flags: str, codec: Codec, default_text: str | None = None,
-            choices: tuple[str, ...] = ()) -> dict:
+            choices: tuple[str, ...] = (), absent: Any = None) -> dict:
     """Field metadata: `field(default=..., metadata=setting("...", "--name", codec=INT))`."""
-    return {"setting": Setting(help, flags, codec, default_text, choices)}
+    return {"setting": Setting(help, flags, codec, default_text, choices, absent)}
 
 
 def setting_of(field: dataclasses.Field) -> Setting:

@@ -79,8 +79,7 @@ class Rates:
 
 def cost_model(case: Case) -> CostModel:
     engine = case.engine()
-    return CostModel(engine.model, engine.gpu, engine.tensor_parallel_size, case.efficiency,
-                     engine.cuda_graph_sizes, engine.piecewise_graph_sizes)
+    return CostModel.for_engine(engine, case.efficiency)
 
 
 def cacheable_tokens(trace: Trace, block_size: int, hash_block_tokens: int) -> np.ndarray:

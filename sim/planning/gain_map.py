@@ -117,9 +117,7 @@ def stress_rate(case: Case, prompt_tokens: int, load: float) -> float:
     """
     engine = case.engine()
     plan = plan_memory(engine.memory_config())
-    cost = CostModel(engine.model, engine.gpu, engine.tensor_parallel_size,
-                     graph_sizes=engine.cuda_graph_sizes,
-                     token_graph_sizes=engine.piecewise_graph_sizes)
+    cost = CostModel.for_engine(engine)
     output_mean = sum(OUTPUT_TOKENS) / 2
     held = prompt_tokens + output_mean / 2
     concurrency = max(1, min(engine.num_seqs, int(plan.kv_capacity_tokens // held)))

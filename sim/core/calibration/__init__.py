@@ -22,6 +22,7 @@ from sim.core.calibration.fit import (
     fit_with_program_term,
     launch_terms,
     num_program_bound,
+    split_run_terms_fixed,
     split_term_fixed,
 )
 from sim.core.calibration.provenance import (
@@ -45,6 +46,7 @@ from sim.core.calibration.select import (
     ROOFLINE,
     SHIPPED_DIR,
     UNCALIBRATED,
+    attention_mismatch,
     choose_calibration,
     describe,
     given_calibration,
@@ -63,8 +65,8 @@ __all__ = [
     "UNCALIBRATED", "Calibration", "EngineKind", "Provenance", "choose_calibration", "describe",
     "engine_kinds_of", "fit_efficiency", "fit_with_program_term", "given_calibration",
     "invoked_command", "launch_terms", "load_calibration", "load_efficiency",
-    "num_program_bound", "parse_calibration", "parts_of", "piecewise_mismatch", "pricing",
+    "num_program_bound", "parse_calibration", "parts_of", "piecewise_mismatch", "attention_mismatch", "pricing",
     "pricing_line", "profile_provenance", "read_json", "save_calibration", "select_calibration",
-    "shipped_path", "split_term_fixed", "timed_launch_kinds", "transfer",
+    "shipped_path", "split_run_terms_fixed", "split_term_fixed", "timed_launch_kinds", "transfer",
     "uncalibrated_warning", "vmm_costs_of",
 ]

@@ -18,14 +18,22 @@ from dataclasses import replace
 import numpy as np
 from scipy.optimize import minimize_scalar
 
-from sim.core.calibration.fit import fit_with_program_term, num_program_bound
-from sim.core.cost_model import FIT_PARAMETERS, CostArgs, CostModel, Efficiency
+from sim.core.calibration.fit import (
+    fit_with_program_term,
+    num_program_bound,
+    split_run_terms_fixed,
+)
+from sim.core.cost_model import FIT_PARAMETERS, CostArgs, Efficiency
+from sim.core.efficiency import SPLIT_PARAMETERS
 from sim.core.step import SchedulerOutput
 
 # What one launch's attention time tells: its work rate, the speed of one program (the
 # longest binds a chunk beside long decode rows) and how much of the shorter of the two the
-# longer does not hide (CostModel.launch_attention_s).
-ATTENTION_PARAMETERS = ("attention_compute", "attention_program", "attention_program_serial")
+# longer does not hide (CostModel.launch_attention_s); on the split and auto backends also
+# SPLIT's rate and its cost per call.
+TRITON_ATTENTION_PARAMETERS = ("attention_compute", "attention_program",
+                               "attention_program_serial")
+ATTENTION_PARAMETERS = (*TRITON_ATTENTION_PARAMETERS, *SPLIT_PARAMETERS)
 
 
 def fit_attention_terms(cost_args: CostArgs, outputs: Sequence[SchedulerOutput],
@@ -43,14 +51,14 @@ def fit_attention_terms(cost_args: CostArgs, outputs: Sequence[SchedulerOutput],
         raise ValueError(f"{len(measured_s)} attention times for {len(outputs)} shapes")
 
     def times(eff: Efficiency) -> np.ndarray:
-        cost = CostModel(*cost_args, efficiency=eff)
+        cost = cost_args.cost_model(eff)
         return np.array([cost.step(o).attention_s for o in outputs])
 
     def num_bound(eff: Efficiency) -> int:
         return num_program_bound(times(eff), times(replace(eff, attention_program=None)))
 
     fixed = (*(name for name, _, _ in FIT_PARAMETERS if name not in ATTENTION_PARAMETERS),
-             *hold)
+             *hold, *held_attention_terms(cost_args, outputs))
 
     def fit_at(floor: float) -> tuple[Efficiency, np.ndarray]:
         fitted, _ = fit_with_program_term(
@@ -69,6 +77,17 @@ def fit_attention_terms(cost_args: CostArgs, outputs: Sequence[SchedulerOutput],
     return fitted, {"median_abs_rel": float(np.median(np.abs(after))),
                     "max_abs_rel": float(np.max(np.abs(after))),
                     "launch_floor_s": floor, "per_point_rel": [float(r) for r in after]}
+
+
+def held_attention_terms(cost_args: CostArgs, outputs: Sequence[SchedulerOutput]
+                         ) -> tuple[str, ...]:
+    """The attention terms `outputs` cannot tell: SPLIT's where too few steps run SPLIT, the
+    Triton kernel's where no step with prefill tokens runs it (the split backend's)."""
+    cost = cost_args.cost_model(Efficiency())
+    split = [cost.split_chunks(o.prefill_chunks) for o in outputs if o.num_prefill_tokens]
+    triton = sum(1 for parts in split if parts is None or parts[1])
+    return (*split_run_terms_fixed(sum(1 for parts in split if parts is not None)),
+            *(TRITON_ATTENTION_PARAMETERS if not triton else ()))
 
 
 def attention_start(cost_args: CostArgs,

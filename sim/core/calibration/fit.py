@@ -14,6 +14,7 @@ import numpy as np
 from scipy.optimize import OptimizeResult, least_squares
 
 from sim.core.cost_model import FIT_PARAMETERS, Efficiency
+from sim.core.efficiency import SPLIT_PARAMETERS
 
 # Fewer steps than this that launch one way (fully eager, or through piecewise graphs): a
 # fit holds that launch term at its start. A profile without a cap still runs its largest
@@ -61,6 +62,16 @@ MIN_SPLIT_STEPS = 3
 def split_term_fixed(num_split_steps: int) -> tuple[str, ...]:
     """("split_launch_s",) when too few steps split their attention to fit it, else ()."""
     return ("split_launch_s",) if num_split_steps < MIN_SPLIT_STEPS else ()
+
+
+# Fewer steps than this that run SPLIT (OperatorCosts.split_chunks): SPLIT's terms are held
+# at their start (defaults from one H200's measurement), not fitted.
+MIN_SPLIT_RUN_STEPS = 3
+
+
+def split_run_terms_fixed(num_split_run_steps: int) -> tuple[str, ...]:
+    """SPLIT_PARAMETERS when too few steps run SPLIT to fit them, else ()."""
+    return SPLIT_PARAMETERS if num_split_run_steps < MIN_SPLIT_RUN_STEPS else ()
 
 
 def launch_terms(start: Efficiency, eager_s: np.ndarray,

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import statistics
 
+import numpy as np
+
 TIMING_KEYS = ("measured_s", "build_s", "enqueue_s", "device_s", "host_probe_s")
 # a profile's timed records: whole steps, and the attention of those with prefill tokens
 MERGED_RECORDS = ("measurements", "attention_measurements")
@@ -22,7 +24,7 @@ def merge_profiles(base: dict, others: list[dict], sources: list[str]) -> dict:
     provenance) stays `base`'s. `sources` names the others in errors and in "merged_from"."""
     for other, source in zip(others, sources, strict=True):
         _check_same_grid(base, other, source)
-    merged = {}
+    merged: dict[str, list[dict]] = {}
     for records in MERGED_RECORDS:
         if not base.get(records):
             continue
@@ -34,7 +36,23 @@ def merge_profiles(base: dict, others: list[dict], sources: list[str]) -> dict:
             point["profiles_measured_s"] = [p["measured_s"] for p in profiles]
             points.append(point)
         merged[records] = points
-    return {**base, **merged, "merged_from": list(sources)}
+    probe = base.get("host_probe")
+    samples = [p["host_probe_s"] for p in merged.get("measurements", ()) if "host_probe_s" in p]
+    if isinstance(probe, dict) and samples:  # the host's speed over the merged timings
+        probe = summarize_host_probe(samples, probe.get("iterations"))
+    extra = {"host_probe": probe} if probe is not None else {}
+    return {**base, **merged, **extra, "merged_from": list(sources)}
+
+
+def summarize_host_probe(samples: list[float], iterations: object) -> dict:
+    """A profile's "host_probe": how long the fixed Python loop of `iterations` took beside
+    its grid points (seconds: median, 10th and 90th percentiles)."""
+    base = {"iterations": iterations, "count": len(samples)}
+    if not samples:
+        return {**base, "median_s": None, "p10_s": None, "p90_s": None}
+    a = np.asarray(samples, dtype=np.float64)
+    return {**base, "median_s": float(np.median(a)), "p10_s": float(np.percentile(a, 10)),
+            "p90_s": float(np.percentile(a, 90))}
 
 
 def _shape_keys(data: dict, records: str) -> list[tuple]:

@@ -28,10 +28,12 @@ from sim.core.calibration.fit import (
     fit_with_program_term,
     launch_terms,
     num_program_bound,
+    split_run_terms_fixed,
     split_term_fixed,
 )
 from sim.core.catalog import get_gpu, get_model
-from sim.core.cost_model import CostArgs, CostModel, Efficiency, step_extents
+from sim.core.cost_model import CostArgs, Efficiency, step_extents
+from sim.core.split_shapes import TRITON_ATTENTION
 from sim.core.step import SchedulerOutput
 
 
@@ -56,7 +58,7 @@ def fit_profile(cost_args: CostArgs, outputs: Sequence[SchedulerOutput], measure
         fixed = (*fixed, "memory")
 
     def times(eff: Efficiency) -> np.ndarray:
-        cost = CostModel(*cost_args, efficiency=eff, token_graph_sizes=token_graph_sizes)
+        cost = cost_args.cost_model(eff, token_graph_sizes)
         return np.array([cost.step(o).total_s for o in outputs])
 
     start, held = held_terms(cost_args, outputs, measured_s, start, token_graph_sizes)
@@ -83,14 +85,16 @@ def held_terms(cost_args: CostArgs, outputs: Sequence[SchedulerOutput], measured
     prefill tokens runs the piecewise graphs where one holds it, else fully eager
     (CostModel.eager_step)."""
     eager = np.array([o.num_prefill_tokens > 0 for o in outputs], dtype=bool)
-    cost = CostModel(*cost_args, efficiency=start, token_graph_sizes=token_graph_sizes)
+    cost = cost_args.cost_model(start, token_graph_sizes)
     _, piecewise = cost.eager_step_array(
         np.array([o.num_prefill_tokens + o.num_decode_tokens for o in outputs], dtype=np.int64))
     start, held = launch_terms(start, measured_s[eager & ~piecewise],
                                measured_s[eager & piecewise])
     num_split = sum(cost.splits(o.num_prefill_tokens + o.num_decode_tokens, len(o.scheduled),
                                 *step_extents(o)) for o in outputs if o.num_prefill_tokens)
-    return start, (*held, *split_term_fixed(num_split))
+    num_split_run = sum(1 for o in outputs
+                        if o.num_prefill_tokens and cost.split_chunks(o.prefill_chunks))
+    return start, (*held, *split_term_fixed(num_split), *split_run_terms_fixed(num_split_run))
 
 
 def refit_profile(data: dict, outputs: Sequence[SchedulerOutput],
@@ -109,7 +113,8 @@ def refit_profile(data: dict, outputs: Sequence[SchedulerOutput],
     """
     bandwidth = copy_bandwidth_bytes_s or data.get("copy_bandwidth_bytes_s")
     times = np.array([m["measured_s"] for m in data["measurements"]])
-    cost_args = (get_model(data["model"]), get_gpu(data["gpu_preset"]), 1)
+    cost_args = CostArgs(get_model(data["model"]), get_gpu(data["gpu_preset"]), 1,
+                         data.get("attention_backend", TRITON_ATTENTION))
     token_sizes = data.get("piecewise_sizes") or ()
     start, provenance = Efficiency(), {}
     hold: tuple[str, ...] = ()
@@ -123,7 +128,7 @@ def refit_profile(data: dict, outputs: Sequence[SchedulerOutput],
     efficiency, fit_error = fit_profile(cost_args, outputs, times, start=start,
                                         copy_bandwidth_bytes_s=bandwidth,
                                         token_graph_sizes=token_sizes, hold=hold)
-    cost = CostModel(*cost_args, efficiency=efficiency, token_graph_sizes=token_sizes)
+    cost = cost_args.cost_model(efficiency, token_sizes)
     measurements = [{**m, "predicted_s": cost.step(out).total_s}
                     for m, out in zip(data["measurements"], outputs)]
     errors = {"attention_fit_error": attention_error} if attention_error is not None else {}

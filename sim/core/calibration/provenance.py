@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sim.core.split_shapes import TRITON_ATTENTION
+
 if TYPE_CHECKING:
     from sim.core.engine_config import EngineConfig
 
@@ -104,6 +106,8 @@ class Provenance:
     cuda: str | None = None
     cuda_bindings: str | None = None
     derived_from: str | None = None  # merged or transferred from this calibration
+    # the attention backend the profile's steps ran (the file's "attention_backend")
+    attention_backend: str = TRITON_ATTENTION
 
     def to_dict(self) -> dict:
         """The JSON object (keys of JSON_KEYS and "engine"), unset fields left out."""

@@ -28,11 +28,11 @@ from sim.core.calibration.provenance import ENGINE_LABEL, JSON_KEYS, EngineKind,
 from sim.core.cost_model import Efficiency
 from sim.core.elastic import VmmCosts
 from sim.core.memory_plan import ActivationProfile
+from sim.core.split_shapes import ATTENTION_BACKENDS, TRITON_ATTENTION
 
 OPTIONAL_EFFICIENCIES = ("piecewise_launch_s", "attention_program")  # None: not priced
-# the attention backend the cost model's attention terms are shaped on (a profile records its
-# engine's as "attention_backend"; files without the key were profiled on it)
-TRITON_ATTENTION = "triton"
+# a profile records its engine's attention backend as "attention_backend"; files without the
+# key were profiled on the Triton kernel
 
 
 @dataclass(frozen=True)
@@ -224,20 +224,14 @@ def provenance_of(data: Mapping, source: str, sizes: tuple[int, ...],
         values["engine_variant"] = values["engine_variant"] or named  # words, not a kind
         named = None
     backend = data.get("attention_backend", TRITON_ATTENTION)
-    if backend != TRITON_ATTENTION:
-        if not isinstance(backend, str):
-            raise ValueError(f"{source}: attention_backend is {backend!r}; expected the "
-                             "name the engine's --attention-backend took (a string)")
-        # every output this prices names it (select.describe): the attention terms are shaped
-        # on the Triton kernel's, fitted here to another backend's steps
-        said = f"{backend} attention, priced as the Triton kernel's"
-        values["engine_variant"] = f"{values['engine_variant']}; {said}" \
-            if values["engine_variant"] else said
+    if backend not in ATTENTION_BACKENDS:
+        raise ValueError(f"{source}: attention_backend is {backend!r}; expected one of "
+                         f"{', '.join(ATTENTION_BACKENDS)} (the engine's --attention-backend)")
     if named is not None:
         engine = _named_engine(named, sizes, source)
     else:  # capped where the grid timed enough steps past the sizes fully eager
         engine = EngineKind(bool(sizes), max(sizes) if sizes and kinds and kinds[0] else None)
-    return Provenance(**values, engine=engine)
+    return Provenance(**values, engine=engine, attention_backend=str(backend))
 
 
 def _named_engine(named: str, sizes: tuple[int, ...], source: str) -> EngineKind:

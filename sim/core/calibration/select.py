@@ -5,10 +5,13 @@ The project ships calibrations measured on its GPUs as
     calibration/<gpu>/<model>.json              an eager engine (decode graphs only)
     calibration/<gpu>/<model>-piecewise.json    piecewise CUDA graphs up to the chunk
     calibration/<gpu>/<model>-piecewise<N>.json piecewise graphs capped at N tokens
+    calibration/<gpu>/<model>[-<engine>]-<backend>.json   profiled on another attention backend
 
 where <gpu> is any name the GPU catalog knows the GPU by (h200). A run given no calibration
-takes the shipped one of its model, GPU and engine kind; `--calibration none` (or no shipped
-match) prices with the datasheet roofline and default efficiencies, and says so.
+takes the shipped one of its model, GPU, engine kind and attention backend (where none was
+profiled on its backend, the Triton kernel's, and `attention_mismatch` says so);
+`--calibration none` (or no shipped match) prices with the datasheet roofline and default
+efficiencies, and says so.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from pathlib import Path
 from sim.core.calibration.provenance import EngineKind
 from sim.core.calibration.schema import Calibration, load_calibration, timed_launch_kinds
 from sim.core.catalog import get_gpu, get_model
+from sim.core.split_shapes import TRITON_ATTENTION
 
 SHIPPED_DIR = Path(__file__).resolve().parents[3] / "calibration"
 ROOFLINE = "none"  # --calibration none: the datasheet roofline, default efficiencies
@@ -26,25 +30,31 @@ UNCALIBRATED = "uncalibrated: datasheet roofline, default efficiencies"
 
 
 def shipped_path(model_name: str, gpu_name: str, engine_kind: EngineKind | str,
-                 root: Path = SHIPPED_DIR) -> Path | None:
-    """The shipped calibration file for this model, GPU and engine kind, or None. A capped
-    piecewise engine falls back to the uncapped piecewise calibration (EngineKind.fallbacks)."""
+                 root: Path = SHIPPED_DIR,
+                 attention_backend: str = TRITON_ATTENTION) -> Path | None:
+    """The shipped calibration file for this model, GPU, engine kind and attention backend,
+    or None. A capped piecewise engine falls back to the uncapped piecewise calibration
+    (EngineKind.fallbacks), another attention backend to the Triton kernel's."""
     kind = EngineKind.parse(engine_kind) if isinstance(engine_kind, str) else engine_kind
     model, gpu = get_model(model_name).name, get_gpu(gpu_name).name
+    backends = dict.fromkeys((attention_backend, TRITON_ATTENTION))
     for folder in _gpu_folders(gpu, root):
-        for candidate in kind.fallbacks():
-            suffix = "" if not candidate.piecewise else f"-{candidate.label}"
-            path = folder / f"{model}{suffix}.json"
-            if path.is_file():
-                return path
+        for backend in backends:
+            for candidate in kind.fallbacks():
+                suffix = "" if not candidate.piecewise else f"-{candidate.label}"
+                tail = "" if backend == TRITON_ATTENTION else f"-{backend}"
+                path = folder / f"{model}{suffix}{tail}.json"
+                if path.is_file():
+                    return path
     return None
 
 
 def select_calibration(model_name: str, gpu_name: str, engine_kind: EngineKind | str,
-                       root: Path = SHIPPED_DIR) -> Calibration | None:
-    """The shipped calibration of this model, GPU and engine kind (`shipped_path`), checked to
-    be what its place says; None where none is shipped."""
-    path = shipped_path(model_name, gpu_name, engine_kind, root)
+                       root: Path = SHIPPED_DIR,
+                       attention_backend: str = TRITON_ATTENTION) -> Calibration | None:
+    """The shipped calibration of this model, GPU, engine kind and attention backend
+    (`shipped_path`), checked to be what its place says; None where none is shipped."""
+    path = shipped_path(model_name, gpu_name, engine_kind, root, attention_backend)
     if path is None:
         return None
     calibration = replace(load_calibration(path), source=str(_shown(path, root)))
@@ -57,12 +67,12 @@ def select_calibration(model_name: str, gpu_name: str, engine_kind: EngineKind |
 
 
 def choose_calibration(choice: str | Path | None, model_name: str, gpu_name: str,
-                       engine_kind: EngineKind | str,
-                       root: Path = SHIPPED_DIR) -> Calibration | None:
+                       engine_kind: EngineKind | str, root: Path = SHIPPED_DIR,
+                       attention_backend: str = TRITON_ATTENTION) -> Calibration | None:
     """What prices a run given `--calibration choice`: None, the shipped one of the run's
-    model, GPU and engine (if any); else `given_calibration(choice)`."""
+    model, GPU, engine and attention backend (if any); else `given_calibration(choice)`."""
     if choice is None:
-        return select_calibration(model_name, gpu_name, engine_kind, root)
+        return select_calibration(model_name, gpu_name, engine_kind, root, attention_backend)
     return given_calibration(choice)
 
 
@@ -115,7 +125,10 @@ def describe(calibration: Calibration | None) -> str:
         return UNCALIBRATED
     p = calibration.provenance
     date = f"measured {p.measured_on}" if p.measured_on else "date measured not recorded"
-    variant = f" ({p.engine_variant})" if p.engine_variant else ""
+    said = [p.engine_variant] if p.engine_variant else []
+    if p.attention_backend != TRITON_ATTENTION:  # every output says what the steps ran
+        said.append(f"{p.attention_backend} attention")
+    variant = f" ({'; '.join(said)})" if said else ""
     derived = f"; {p.derived_from}" if p.derived_from else ""
     return (f"{calibration.source} ({p.gpu}, {p.model or 'an unrecorded model'}, "
             f"{p.engine.label} engine{variant}, {date}{derived})")
@@ -161,3 +174,24 @@ def _shown(path: Path, root: Path) -> Path:
         return path.relative_to(root.parent)
     except ValueError:
         return path
+
+
+def attention_mismatch(calibration: Calibration | None, backends: set[str]) -> str | None:
+    """What to say when runs on the attention `backends` are priced by a calibration whose
+    profile ran no step the way they run theirs: SPLIT's terms then keep their defaults (one
+    H200's cuDNN measurement), or the Triton prefill path's its fit from whole steps; None
+    when the profile timed what the runs use, or there is no calibration."""
+    if calibration is None:
+        return None
+    profiled = calibration.provenance.attention_backend
+    if profiled == TRITON_ATTENTION and backends - {TRITON_ATTENTION}:
+        return (f"{calibration.source} was profiled on the triton attention backend, which "
+                "runs no SPLIT step: SPLIT is priced at its default cuDNN rate (one H200's "
+                "measurement); profile with --attention-backend "
+                f"{sorted(backends - {TRITON_ATTENTION})[0]} to fit it")
+    if profiled == "split" and backends - {"split"}:
+        return (f"{calibration.source} was profiled on the split attention backend, whose "
+                "prefill steps never run the Triton kernel: its Triton prefill terms are "
+                "defaults; profile with --attention-backend auto")
+    return None
+

@@ -1,4 +1,5 @@
-"""The few SDPA shapes SPLIT attention (split_attention.py) runs.
+"""The few SDPA shapes SPLIT attention runs (gpu_backend.kernels.split_attention), and the work
+they hold, which the cost model prices (sim.core.operator_costs).
 
 torch's cuDNN attention builds an execution plan (50-190 ms on an H200) the first time it
 meets an operand shape, and keeps it (per thread) for the process's life. A trace's prompt
@@ -43,12 +44,27 @@ split_attention.warm_plans builds them).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
+# auto backend: fewer new tokens run the Triton paged kernel. On an H200 (Llama-3.1-8B, 16k
+# prompt, benchmarks/engine_bench.py) SPLIT beside 64 decodes took 1.46x / 1.18x / 1.17x
+# the Triton path's TTFT at chunks of 1,280 / 1,536 / 1,792 and 0.92x from 2,048 up.
+SPLIT_MIN_QUERY = 2048
+# the engine's attention backends for steps with prefill tokens (EngineConfig.attention_backend)
+ATTENTION_BACKENDS = ("triton", "split", "auto")
+TRITON_ATTENTION = "triton"
 SEGMENT_TOKENS = 8192  # most prefix keys per SDPA call
 MIN_SEGMENT_TOKENS = 1024  # fewest; a prefix's remainder below it goes into the square
 MIN_QUERY_ROWS = 1024  # the smallest padded query count of any call
 SQUARE_STEPS = (8, 9, 12)  # square rows: min_rows x 2^k x these / 8
 SEGMENT_STEPS = (8, 12)  # segment rows: min_rows x 2^k x these / 8
+
+
+class SplitWork(NamedTuple):
+    """What SPLIT computes for one prefill sequence, padding included, over every layer's
+    worth of one layer (the cost model multiplies by the layers)."""
+    pairs: float  # query-key products: the causal square's half and every segment in full
+    calls: int  # SDPA calls: the square and one per segment
 
 
 @dataclass(frozen=True, order=True)
@@ -127,3 +143,13 @@ class SplitShapes:
             shapes += [SdpaShape(rows, n, False) for rows in
                        self._ladder_upto(chunk, SEGMENT_STEPS) for n in keys]
         return sorted(shapes)
+
+    def work(self, query_len: int, prefix_len: int) -> SplitWork:
+        """The padded work of a chunk of `query_len` new tokens over `prefix_len` cached keys:
+        the square of square_rows(a + c) rows computes half its products (cuDNN skips the
+        tiles above the diagonal), each segment its padded rows times its keys."""
+        absorbed, segments = self.split_prefix(prefix_len)
+        square = self.square_rows(absorbed + query_len)
+        rows = self.segment_rows(query_len) if segments else 0
+        return SplitWork(square * square / 2.0 + rows * (prefix_len - absorbed),
+                         1 + len(segments))
