@@ -23,6 +23,7 @@ from sim.recording.metrics import Slo
 from sim.runner import RunSpec
 from traces import LengthDist, Trace, load_trace, synthetic
 from traces.lengths import FixedLength, LognormalLength, UniformLength
+from traces.loader import cut_trace
 
 
 @dataclass(frozen=True)
@@ -86,8 +87,9 @@ def build_trace(spec: TraceSpec) -> Trace:
         return whole.select(np.arange(first, last))
     if spec.synthetic is not None:
         s = spec.synthetic
-        return synthetic(s.num_requests, s.rate_per_s, arrival=s.arrival, cv=s.cv,
-                         prompt=s.prompt, output=s.output, seed=s.seed)
+        return cut_trace(synthetic(s.num_requests, s.rate_per_s, arrival=s.arrival, cv=s.cv,
+                                   prompt=s.prompt, output=s.output, seed=s.seed),
+                         window_s=spec.window_s, limit=spec.limit)
     assert spec.source is not None
     return load_trace(spec.source, spec.format, sort=spec.sort, window_s=spec.window_s,
                       limit=spec.limit)
@@ -187,6 +189,7 @@ class EngineOptions:
     cuda_graph_sizes: tuple[int, ...] = ()  # EngineConfig.cuda_graph_sizes
     piecewise_graphs: bool = False  # EngineConfig.piecewise_graph_sizes, at the case's chunk
     piecewise_max_tokens: int | None = None  # ... or up to this cap (sim.core.cost_model.piecewise_sizes_for)
+    attention_backend: str = setting_default("attention_backend")
 
 
 @dataclass(frozen=True)
@@ -221,7 +224,7 @@ class Case:
             block_size=o.block_size, policy=Policy.parse(self.policy),
             drain=DrainStrategy.parse(o.drain), vmm_handle_bytes=o.vmm_handle_mib * MIB,
             reclaim=o.reclaim, enable_prefix_caching=o.enable_prefix_caching,
-            cuda_graph_sizes=o.cuda_graph_sizes,
+            cuda_graph_sizes=o.cuda_graph_sizes, attention_backend=o.attention_backend,
         )
         if not o.piecewise_graphs:
             return config

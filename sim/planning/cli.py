@@ -194,7 +194,8 @@ def plan_main(argv: list[str]) -> int:
     args = _plan_parser().parse_args(argv)
     model, gpu = getattr(args, "model", DEFAULT_MODEL), getattr(args, "gpu", DEFAULT_GPU)
     options = options_from(args)
-    calibration = choose_calibration(args.calibration, model, gpu, options_engine(options))
+    calibration = choose_calibration(args.calibration, model, gpu, options_engine(options),
+                                     attention_backend=options.attention_backend)
     efficiency, profile, vmm_costs = parts_of(calibration)
     query = plan.PlanQuery(
         model=model, gpu=gpu,

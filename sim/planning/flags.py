@@ -9,10 +9,11 @@ import argparse
 from pathlib import Path
 
 from sim.core.config_flags import positive_float, positive_int
-from sim.planning.cases import EngineOptions, TraceSpec
+from sim.planning.cases import EngineOptions, SyntheticSpec, TraceSpec
 from sim.planning.parallel import Executor
 from sim.planning.spec import OPTION_SETTINGS, engine_options
 from sim.recording.folder import OutputFolder
+from traces.synthetic_options import SYNTHETIC, parse_length
 
 
 def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,6 +33,15 @@ def executor_from(args: argparse.Namespace, workers: int | None = None) -> Execu
 
 
 def trace_spec_from(args: argparse.Namespace) -> TraceSpec:
+    """The trace flags' TraceSpec: a file or bundled name, or `--trace synthetic` and the
+    synthetic flags."""
+    if args.trace == SYNTHETIC:
+        return TraceSpec(synthetic=SyntheticSpec(
+            args.synthetic_requests, args.synthetic_rate,
+            parse_length(args.prompt_dist, "prompt_tokens", "--prompt-dist"),
+            parse_length(args.output_dist, "output_tokens", "--output-dist"),
+            arrival=args.arrival, cv=args.cv, seed=args.seed),
+            window_s=args.window, limit=args.limit)
     return TraceSpec(source=args.trace, format=args.format, window_s=args.window,
                      limit=args.limit, sort=args.sort)
 

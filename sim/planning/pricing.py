@@ -14,8 +14,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from sim.core.calibration import (
+    SHIPPED_DIR,
     Calibration,
     EngineKind,
+    attention_mismatch,
     choose_calibration,
     describe,
     parts_of,
@@ -45,7 +47,8 @@ def price_cases(cases: Sequence[Case], choice: str | Path | None
     calibrations: list[Calibration | None] = []
     for case in cases:
         try:
-            key = (get_model(case.model).name, get_gpu(case.gpu).name, case_engine(case))
+            key = (get_model(case.model).name, get_gpu(case.gpu).name, case_engine(case),
+                   SHIPPED_DIR, case.options.attention_backend)
         except ValueError:
             priced.append(case)
             calibrations.append(None)
@@ -67,6 +70,9 @@ def pricing_lines(cases: Sequence[Case], calibrations: Sequence[Calibration | No
     warnings: dict[str, None] = {}
     for case, calibration in zip(cases, calibrations, strict=True):
         lines.setdefault(f"pricing: {describe(calibration)}", None)
+        mismatch = attention_mismatch(calibration, {case.options.attention_backend})
+        if mismatch:
+            warnings.setdefault(mismatch, None)
         if calibration is None:
             try:
                 warning = uncalibrated_warning(case.model, case.gpu, case_engine(case), forced)

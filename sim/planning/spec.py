@@ -37,7 +37,8 @@ OPTION_SETTINGS = {"max_num_seqs": "max_num_seqs",
                    "block_size": "block_size",
                    "drain": "drain", "vmm_handle_mib": "vmm_handle_bytes", "reclaim": "reclaim",
                    "enable_prefix_caching": "enable_prefix_caching",
-                   "cuda_graph_sizes": "cuda_graph_sizes"}
+                   "cuda_graph_sizes": "cuda_graph_sizes",
+                   "attention_backend": "attention_backend"}
 PIECEWISE_KEYS = {"piecewise_graphs": BOOL, "piecewise_max_tokens": optional(INT)}
 _SETTINGS = {f.name: setting_of(f) for f in fields(EngineConfig)}
 
@@ -92,7 +93,8 @@ def engine_options(settings: Mapping[str, Any], piecewise_graphs: bool = False,
         drain=get("drain").value, vmm_handle_mib=get("vmm_handle_bytes") // MIB,
         reclaim=get("reclaim"), enable_prefix_caching=get("enable_prefix_caching"),
         cuda_graph_sizes=get("cuda_graph_sizes"), piecewise_graphs=piecewise_graphs,
-        piecewise_max_tokens=piecewise_max_tokens)
+        piecewise_max_tokens=piecewise_max_tokens,
+        attention_backend=get("attention_backend"))
 
 
 def load_sweep(path: Path) -> SweepSpec:
