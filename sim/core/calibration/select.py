@@ -187,7 +187,8 @@ def attention_mismatch(calibration: Calibration | None, backends: set[str]) -> s
     if profiled == TRITON_ATTENTION and backends - {TRITON_ATTENTION}:
         return (f"{calibration.source} was profiled on the triton attention backend, which "
                 "runs no SPLIT step: SPLIT is priced at its default cuDNN rate (one H200's "
-                "measurement); profile with --attention-backend "
+                "measurement) and the activation reserve at the Triton kernel's (SPLIT's "
+                "buffers add to it); profile with --attention-backend "
                 f"{sorted(backends - {TRITON_ATTENTION})[0]} to fit it")
     if profiled == "split" and backends - {"split"}:
         return (f"{calibration.source} was profiled on the split attention backend, whose "
