@@ -367,6 +367,8 @@ def test_an_engine_config_file_names_its_attention_backend_or_ran_triton():
     assert EngineConfig.from_json(config.to_json()) == config
     with pytest.raises(ValueError, match="attention_backend.*flash"):
         EngineConfig.from_dict({"attention_backend": "flash"}, "run/config.json")
+    with pytest.raises(ValueError, match="--attention-backend 'flash': give one of triton"):
+        EngineConfig(attention_backend="flash")
 
 
 # ------------------------------------------------------------------------------ selection

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from sim.core.memory_plan import BLOCK_SIZES
+from sim.core.split_shapes import ATTENTION_BACKENDS
 
 RECLAIM_MODES = ("remap", "release")
 _INTS = ("tensor_parallel_size", "max_num_batched_tokens", "max_num_seqs", "max_model_len",
@@ -54,6 +55,9 @@ def _check_ranges(config: Any) -> None:
                          f"({granularity // 2**20} MiB)")
     if config.reclaim not in RECLAIM_MODES:
         raise ValueError(f"--reclaim {config.reclaim!r}: give one of {', '.join(RECLAIM_MODES)}")
+    if config.attention_backend not in ATTENTION_BACKENDS:
+        raise ValueError(f"--attention-backend {config.attention_backend!r}: give one of "
+                         f"{', '.join(ATTENTION_BACKENDS)}")
     if config.hash_block_tokens < 1 or config.hash_block_tokens % config.block_size:
         raise ValueError(f"--hash-block-tokens {config.hash_block_tokens}: give a positive "
                          f"multiple of --block-size {config.block_size}")
