@@ -159,6 +159,7 @@ operation = st.one_of(
     st.tuples(st.just("prompt"), st.integers(1, 4), st.integers(0, NUM_KEYS - 1)),
     st.tuples(st.just("grow"), st.integers(0, 50), st.integers(0, 3)),
     st.tuples(st.just("allocate"), st.integers(0, 30)),
+    st.tuples(st.just("chunk"), st.integers(0, 30)),
     st.tuples(st.just("free"), st.integers(0, 50)),
     st.tuples(st.just("free"), st.integers(0, 50)),
     st.tuples(st.just("register"), st.integers(0, 50), st.integers(0, NUM_KEYS - 1)),
@@ -174,6 +175,8 @@ def replay(num_base: int, num_elastic: int, ops: list[tuple]) -> None:
     """Apply `ops` to a pool and the model; everything observable must agree after each."""
     pool, model = BlockPool(num_base, num_elastic), ModelPool(num_base, num_elastic)
     held: list[list[int]] = []  # blocks of live holders ("requests"), in table order
+    chunks: list = []  # arrays allocate_blocks gave, with the lists they were then
+    chunk_lists: list[list[int]] = []
     covered = 0
     for op in ops:
         kind = op[0]
@@ -200,6 +203,12 @@ def replay(num_base: int, num_elastic: int, ops: list[tuple]) -> None:
             assert got == want, op
             if got:
                 held.append(got)
+        elif kind == "chunk":  # as a prompt's chunk is allocated under prefix caching
+            array, want = pool.allocate_blocks(op[1]), model.allocate(op[1])
+            assert (None if array is None else array.tolist()) == want, op
+            if want:
+                chunks.append(array)  # kept as the array: it must not change under the pool
+                held.append(want)
         elif kind == "free" and held:
             blocks = held.pop(op[1] % len(held))
             pool.free(blocks[::-1])
@@ -227,6 +236,8 @@ def replay(num_base: int, num_elastic: int, ops: list[tuple]) -> None:
             _elastic(pool, model, op[1], min(op[2], num_elastic))
         assert pool_counts(pool) == model.counts(), op
         assert pool.can_allocate(3) == (3 <= model.counts()[0])
+        chunk_lists += [array.tolist() for array in chunks[len(chunk_lists):]]
+        assert [array.tolist() for array in chunks] == chunk_lists, op
         pool.check_invariants()
 
 

@@ -73,6 +73,55 @@ def test_vmm_cost_is_per_handle():
         VmmCostModel(handle_bytes=3 * 1024**2)
 
 
+@settings(max_examples=200, deadline=None)
+@given(num_bytes=st.integers(1, 64 * GIB), cached_bytes=st.integers(0, 8 * GIB),
+       reclaim=st.sampled_from(["remap", "release"]),
+       handle_mib=st.sampled_from([2, 64, 512, 2048]))
+def test_vmm_attach_time_is_its_terms_added_in_order(num_bytes, cached_bytes, reclaim,
+                                                     handle_mib):
+    """attach_s: fixed cost, handles, bytes, then the cache handed back, added left to
+    right (the controller adds the cached mapping time and the cache term apart: the same
+    float only in this order)."""
+    model = VmmCostModel(handle_bytes=handle_mib * 1024**2, reclaim=reclaim)
+    c = model.measured
+    handles = -(-num_bytes // (handle_mib * 1024**2))
+    expected = (c.attach_fixed_s + handles * c.attach_handle_s + num_bytes / GIB * c.attach_gib_s
+                + cached_bytes / GIB * c.attach_cache_gib_s)
+    assert model.attach_s(num_bytes, cached_bytes) == expected
+    assert model.map_s(num_bytes) + model.cache_release_s(cached_bytes) == expected
+
+
+def test_each_attach_and_detach_takes_what_the_vmm_model_says():
+    """Attaches lend what each decode batch leaves (sizes repeat and differ): every action's
+    time is the VMM model's for the bytes it maps or unmaps, to the bit."""
+    costs = VmmCosts(attach_handle_s=59.0e-6, attach_gib_s=0.055e-3, detach_handle_s=58.7e-6,
+                     detach_gib_s=0.057e-3, attach_fixed_s=1e-4, detach_fixed_s=2e-4)
+    vmm = VmmCostModel(handle_bytes=2 * 1024**2, costs=costs)
+    sched = make_scheduler(64, policy=Policy.ELASTIC, num_elastic_blocks=10, block_bytes=63,
+                           block_size=4, max_num_batched_tokens=64, max_num_seqs=4, vmm=vmm)
+    for i in range(12):  # arrivals every few steps: batches of 1-4 decodes between prefills
+        sched.add_request(request(i, prompt=4 + i % 3, output=6 + 3 * (i % 4),
+                                  arrival_s=2.0 * i))
+    lent_bytes, sizes, num_detaches, now = 0, set(), 0, 0.0
+    pending = sorted(sched.waiting, key=lambda r: r.arrival_s)
+    sched.waiting.clear()
+    while pending or sched.has_unfinished():
+        while pending and pending[0].arrival_s <= now:
+            sched.add_request(pending.pop(0))
+        out = sched.schedule()
+        if out.elastic is not None and out.elastic.kind is ElasticActionKind.ATTACH:
+            lent_bytes = out.elastic.num_blocks * 63
+            sizes.add(lent_bytes)
+            assert out.elastic.duration_s == vmm.attach_s(lent_bytes)  # nothing cached priced
+        elif out.elastic is not None and out.elastic.kind is ElasticActionKind.DETACH:
+            assert out.elastic.duration_s == vmm.detach_s(lent_bytes)
+            assert out.elastic.num_handles == vmm.num_handles(lent_bytes)
+            num_detaches += 1
+        now += 1.0
+        sched.update(out, now)
+    assert len(sizes) > 1 and num_detaches > 1
+
+
 def run_with_stats(sched, max_steps: int = 100_000):
     """Drive the scheduler to completion (every step 1 s); (output, stats) per step."""
     steps = []

@@ -7,11 +7,13 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import numpy as np
+import pytest
 from core_helpers import make_scheduler, request
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.core import block_cache, block_pool
+from sim.core.elastic import DrainStrategy, Policy
 from sim.core.prefix_cache import ChainIds, PrefixCache
 from sim.core.request import RequestState
 
@@ -38,9 +40,13 @@ class FromScratch(PrefixCache):
         return False
 
 
-def build(from_scratch: bool):
+def build(from_scratch: bool, elastic: bool = False):
+    """A 24-block pool; `elastic`: beside 3 elastic blocks, lent while all decode and
+    drained by migration before a prefill."""
+    more = dict(policy=Policy.ELASTIC, num_elastic_blocks=3,
+                drain=DrainStrategy.MIGRATE) if elastic else {}
     sched = make_scheduler(24, block_size=4, max_num_batched_tokens=16, max_num_seqs=4,
-                           enable_prefix_caching=True, hash_block_tokens=8)
+                           enable_prefix_caching=True, hash_block_tokens=8, **more)
     if from_scratch:
         sched.prefix = FromScratch(sched.pool, 4, 8)
     return sched
@@ -129,6 +135,24 @@ def test_a_waiting_request_is_refused_while_nothing_frees_and_admitted_after():
     assert sched.requests[2].num_cached_tokens > 0  # it hit request 0's blocks
 
 
+def test_a_table_rewritten_in_place_is_given_back_as_it_is_now():
+    """A migration moves a request's blocks within its table: what the prefix cache kept of
+    the table as arrays is dropped, and the request's blocks are freed from its list."""
+    sched = build(False)
+    sched.add_request(request(0, 16, 8, hashes=(1, 2)))
+    sched.update(sched.schedule(), 1.0)  # the prompt in one chunk: its 4 blocks named
+    req = sched.running[0]
+    before = list(req.block_ids)
+    assert sched.prefix.blocks_tail_first(req).tolist() == before[::-1]
+    moved = sched.pool.allocate(len(before))
+    req.block_ids[:] = moved  # as the elastic controller migrates blocks, in place
+    sched.pool.free(before[::-1])
+    sched.table_changed(req)
+    assert sched.prefix.blocks_tail_first(req).tolist() == moved[::-1]
+    sched.update(sched.schedule(), 2.0)
+    sched.pool.check_invariants()
+
+
 def interned_by_pair(rows: list[tuple[int, ...]]) -> list[list[int]]:
     """The reference: every chain (parent id, hash) looked up as a pair, ids in first-seen order."""
     interned: dict[tuple[int, int], int] = {}
@@ -160,14 +184,15 @@ def test_chain_ids_tell_a_hash_under_another_parent_apart():
     assert chain_ids.of((9, 8, 8, 7)) == [3, 4, 5, 7]
 
 
+@pytest.mark.parametrize("elastic", [False, True])
 @settings(max_examples=60, deadline=None)
 @given(trace=st.lists(request_strategy, min_size=1, max_size=20)
        .map(lambda rows: sorted(rows, key=lambda r: r[3])))
-def test_blocks_tail_first_are_each_running_tables_blocks_reversed(trace):
-    """Hits and named blocks kept as arrays, the rest from the table: once a step is
-    scheduled (new blocks) and once it is closed (blocks named), for every running request,
-    exactly its table, last block first."""
-    sched = build(False)
+def test_blocks_tail_first_are_each_running_tables_blocks_reversed(elastic, trace):
+    """Hits, named blocks and the prompt's chunks kept as arrays, the rest from the table:
+    once a step is scheduled (new blocks) and once it is closed (blocks named), for every
+    running request, exactly its table, last block first."""
+    sched = build(False, elastic)
     checked = []
 
     def check() -> None:

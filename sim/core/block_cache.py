@@ -61,15 +61,17 @@ def as_blocks(block_ids: list[int] | Blocks) -> Blocks:
 @dataclass
 class _Pushed:
     """One push's entries; those before `start` were consumed by evictions. `ahead`: the
-    entries from `ahead_start` on, FEW_SCAN at most, as a list, made when single evictions
-    reach them (a decode step's block at a time: one small conversion per run of them, not
-    one numpy read per eviction, nor a conversion of the whole push that bulk evictions
-    would consume anyway)."""
+    entries from `ahead_start` on, FEW_SCAN at most, as a list, and `ahead_live` which of
+    them were live when it was made, made when small evictions reach them (a decode step's
+    block at a time: one small conversion per run of them, not one numpy read per entry,
+    nor a conversion of the whole push that bulk evictions would consume anyway). Only a
+    `take` kills an entry, so it drops the window."""
 
     blocks: Blocks
     stamp: int
     start: int = 0
     ahead: list[int] | None = None
+    ahead_live: list[bool] | None = None
     ahead_start: int = 0
 
 
@@ -145,6 +147,8 @@ class BlockCache:
     def take(self, block_ids: Blocks, num_base: int) -> None:
         """Cached free blocks are referenced again (prefix hits): out of the LRU."""
         self.taken_at[block_ids] = self._last_stamp  # every entry so far is dead
+        if self._queue:
+            self._queue[0].ahead = None  # its liveness may be out of date
         self.num_free_base -= num_base
         self.num_free_elastic -= len(block_ids) - num_base
 
@@ -177,25 +181,16 @@ class BlockCache:
 
     def evict_one(self) -> int | None:
         """`evict_oldest(1)` for a decode step's block: the front push's first live entry
-        in the rest of its `ahead` list, or None (and no change) if all of those are dead."""
-        if not self._queue:
-            raise AssertionError("the LRU ran out of cached blocks")
-        front = self._queue[0]
-        start, ahead = front.start, front.ahead
-        if ahead is None or start - front.ahead_start >= len(ahead):
-            ahead = front.ahead = front.blocks[start:start + FEW_SCAN].tolist()
-            front.ahead_start = start
-        offset, taken_at, stamp = front.ahead_start, self.taken_at, front.stamp
+        in the rest of its `ahead` window, or None (and no change) if all of those are dead."""
+        front, ahead, live = self._ahead()
+        offset, start = front.ahead_start, front.start
         for i in range(start - offset, len(ahead)):
-            block_id = ahead[i]
-            if taken_at[block_id] < stamp:
+            if live[i]:
                 break
         else:
             return None
-        front.start = offset + i + 1
-        self._num_entries -= front.start - start
-        if front.start == len(front.blocks):
-            self._queue.popleft()
+        block_id = ahead[i]
+        self._consume_front(front, offset + i + 1)
         self.key_of[block_id] = NONE
         if block_id < self.num_base_blocks:
             self.num_free_base -= 1
@@ -204,27 +199,19 @@ class BlockCache:
         return block_id
 
     def evict_few(self, num_blocks: int) -> list[int] | None:
-        """`evict_oldest` by a loop over the front's entries, or None (and no change) when
-        the first FEW_SCAN entries of the front array do not hold enough live ones."""
-        if not self._queue:
-            raise AssertionError("the LRU ran out of cached blocks")
-        front = self._queue[0]
-        start = front.start
-        blocks = front.blocks[start:start + FEW_SCAN].tolist()
-        taken_at, stamp = self.taken_at, front.stamp
+        """`evict_oldest` by a loop over the front's `ahead` window, or None (and no change)
+        when the rest of the window does not hold enough live entries."""
+        front, ahead, live = self._ahead()
+        offset, start = front.ahead_start, front.start
         evicted = []
-        for i in range(len(blocks)):
-            block_id = blocks[i]
-            if taken_at[block_id] < stamp:
-                evicted.append(block_id)
+        for i in range(start - offset, len(ahead)):
+            if live[i]:
+                evicted.append(ahead[i])
                 if len(evicted) == num_blocks:
                     break
         else:
             return None
-        front.start = start + i + 1
-        self._num_entries -= i + 1
-        if front.start == len(front.blocks):
-            self._queue.popleft()
+        self._consume_front(front, offset + i + 1)
         key_of, num_base = self.key_of, self.num_base_blocks
         for block_id in evicted:
             key_of[block_id] = NONE
@@ -233,6 +220,27 @@ class BlockCache:
             else:
                 self.num_free_elastic -= 1
         return evicted
+
+    def _ahead(self) -> tuple[_Pushed, list[int], list[bool]]:
+        """The front push with its `ahead` window and the window's liveness, made anew
+        when dropped or used up."""
+        if not self._queue:
+            raise AssertionError("the LRU ran out of cached blocks")
+        front = self._queue[0]
+        ahead, live, start = front.ahead, front.ahead_live, front.start
+        if ahead is None or live is None or start - front.ahead_start >= len(ahead):
+            window = front.blocks[start:start + FEW_SCAN]
+            ahead = front.ahead = window.tolist()
+            live = front.ahead_live = (self.taken_at[window] < front.stamp).tolist()
+            front.ahead_start = start
+        return front, ahead, live
+
+    def _consume_front(self, front: _Pushed, start: int) -> None:
+        """The front push's entries before `start` are consumed."""
+        self._num_entries -= start - front.start
+        front.start = start
+        if start == len(front.blocks):
+            self._queue.popleft()
 
     def _pop_front(self, need: int) -> Blocks:
         """Up to `need` live entries from the oldest pushed array, consumed from the queue.

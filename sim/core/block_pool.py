@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from sim.core.block_cache import NONE, BlockCache, Blocks, as_blocks
+from sim.core.block_cache import EMPTY, NONE, BlockCache, Blocks, as_blocks
 from sim.core.elastic_region import ElasticBusyError, ElasticRegion, ElasticState
 
 __all__ = ["BlockPool", "ElasticBusyError", "ElasticState"]
@@ -119,71 +119,75 @@ class BlockPool:
             ref_count[taken] = 1
             self.num_used_base += num_blocks
             return taken.tolist()
-        cache = self._cache
-        if not self.num_elastic_blocks or not cache.num_free_elastic \
-                and self.elastic_state is not ElasticState.ATTACHED:
-            # every free block is on the stack or a cached base block (no elastic one is
-            # free or reachable)
-            if num_blocks - stacked > cache.num_free_base:
-                return None
-            oldest = cache.evict_one() if num_blocks == 1 else None  # a decode step's
+        if num_blocks == 1 and self._only_base_free():  # a decode step's, from the cache
+            oldest = self._cache.evict_one() if self._cache.num_free_base else None
             if oldest is not None:
                 ref_count[oldest] = 1
                 self.num_used_base += 1
                 self.num_evicted += 1
                 return [oldest]
+        blocks = self.allocate_blocks(num_blocks)
+        return None if blocks is None else blocks.tolist()
+
+    def allocate_blocks(self, num_blocks: int) -> Blocks | None:
+        """`allocate` as an array, the same blocks in the same order: for a prompt's chunk,
+        which the prefix cache names as it is once computed."""
+        stacked = self._num_stacked
+        if num_blocks <= stacked:
+            if num_blocks <= 0:
+                return EMPTY
+            left = stacked - num_blocks
+            taken = self._stack[left:stacked].copy()  # the stack's slots are reused
+            self._num_stacked = left
+            self._ref_count[taken] = 1
+            self.num_used_base += num_blocks
+            return taken
+        if self._only_base_free():
+            if num_blocks - stacked > self._cache.num_free_base:
+                return None
             return self._take_stack_and_evict(num_blocks)
         if num_blocks > self.num_free_blocks:
             return None
         return self._allocate_beyond_stack(num_blocks)
 
-    def _take_stack_and_evict(self, num_blocks: int) -> list[int]:
-        """`allocate` when only base blocks are free: all of the stack (in pop order), then
-        the oldest cached blocks (the caller checked there are enough)."""
-        stacked, ref_count = self._num_stacked, self._ref_count
-        evicted = self._cache.evict_oldest(num_blocks - stacked)
-        ref_count[evicted] = 1
+    def _only_base_free(self) -> bool:
+        """Is every free block on the stack or a cached base block (no elastic one free or
+        reachable)?"""
+        return not self.num_elastic_blocks or not self._cache.num_free_elastic \
+            and self.elastic_state is not ElasticState.ATTACHED
+
+    def _take_stack_and_evict(self, num_blocks: int) -> Blocks:
+        """`allocate_blocks` when only base blocks are free: all of the stack (in pop order),
+        then the oldest cached blocks (the caller checked there are enough)."""
+        stacked = self._num_stacked
+        taken = as_blocks(self._cache.evict_oldest(num_blocks - stacked))
+        if stacked:
+            taken = np.concatenate((self._stack[stacked - 1::-1], taken))
+            self._num_stacked = 0
+        self._ref_count[taken] = 1
         self.num_evicted += num_blocks - stacked
         self.num_used_base += num_blocks
-        taken = evicted if isinstance(evicted, list) else evicted.tolist()
-        if stacked:
-            stack_part = self._stack[stacked - 1::-1]
-            ref_count[stack_part] = 1
-            self._num_stacked = 0
-            taken = stack_part.tolist() + taken
         return taken
 
-    def _allocate_beyond_stack(self, num_blocks: int) -> list[int]:
-        """`allocate` when the base stack holds too few: all of it, then attached free elastic
-        blocks, then evicted cached ones (the caller checked there are enough). Each part is
-        counted and referenced as it comes (the elastic ones are elastic, the stack's base)."""
-        stacked, ref_count = self._num_stacked, self._ref_count
-        stack_part = self._stack[stacked - 1::-1] if stacked else None  # the pop order
+    def _allocate_beyond_stack(self, num_blocks: int) -> Blocks:
+        """`allocate_blocks` when the base stack holds too few: all of it, then attached free
+        elastic blocks, then evicted cached ones (the caller checked there are enough)."""
+        stacked = self._num_stacked
+        parts = [self._stack[stacked - 1::-1]] if stacked else []  # the pop order
         self._num_stacked = 0
-        taken = stack_part.tolist() if stack_part is not None else []
-        if stack_part is not None:
-            ref_count[stack_part] = 1
-        num_elastic = 0
+        num_taken, num_elastic = stacked, 0
         if self.elastic_state is ElasticState.ATTACHED:
-            elastic = self._elastic.take(num_blocks - len(taken))
-            for block_id in elastic:
-                ref_count[block_id] = 1
+            elastic = self._elastic.take(num_blocks - num_taken)
+            if elastic:
+                parts.append(as_blocks(elastic))
+            num_taken += len(elastic)
             num_elastic = len(elastic)
-            taken += elastic
-        if len(taken) < num_blocks:
+        if num_taken < num_blocks:
             free_elastic = self._cache.num_free_elastic
-            evicted = self._evict(num_blocks - len(taken))
+            parts.append(as_blocks(self._evict(num_blocks - num_taken)))
             num_elastic += free_elastic - self._cache.num_free_elastic  # those it evicted
-            if isinstance(evicted, list):
-                for block_id in evicted:
-                    ref_count[block_id] = 1
-            else:
-                ref_count[evicted] = 1
-                evicted = evicted.tolist()
-            if taken:
-                taken += evicted
-            else:
-                taken = evicted
+        taken = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        self._ref_count[taken] = 1
         self.num_used_base += num_blocks - num_elastic
         self.num_used_elastic += num_elastic
         return taken
@@ -220,7 +224,8 @@ class BlockPool:
         freed = ids[counts == 0] if np.count_nonzero(counts) else ids
         if not len(freed):
             return
-        num_base, has_elastic = self.num_base_blocks, self.num_elastic_blocks
+        # only while some elastic block is used can a freed one be elastic
+        num_base, has_elastic = self.num_base_blocks, self.num_used_elastic > 0
         freed_base = int(np.count_nonzero(freed < num_base)) if has_elastic else len(freed)
         self.num_used_base -= freed_base
         self.num_used_elastic -= len(freed) - freed_base

@@ -16,7 +16,7 @@ from typing import Protocol
 from sim.core.block_pool import BlockPool, ElasticState
 from sim.core.elastic import ActivationFn, DrainStrategy, Policy, ReserveLayout, VmmCostModel
 from sim.core.request import RequestState
-from sim.core.step import ElasticAction, ElasticActionKind
+from sim.core.step import ElasticAction, ElasticActionKind, new_tuple
 
 
 class SchedulerView(Protocol):
@@ -34,6 +34,8 @@ class SchedulerView(Protocol):
 
     def preempt(self, req: RequestState) -> None: ...
 
+    def table_changed(self, req: RequestState) -> None: ...
+
 
 class ElasticController:
     def __init__(
@@ -50,6 +52,10 @@ class ElasticController:
         self.activation_fn = functools.lru_cache(maxsize=1 << 14)(activation_fn)
         self.vmm = vmm or VmmCostModel()
         self.drain = drain
+        self._lends = policy is Policy.ELASTIC and layout.num_elastic_blocks > 0
+        # (handles, map seconds, detach seconds) by bytes lent: pure, and a decode batch
+        # lends one of a few hundred sizes, attached and detached thousands of times
+        self._vmm_costs: dict[int, tuple[int, float, float]] = {}
         self.lent_bytes = 0  # bytes of the reserve mapped into the KV pool right now
         self.lent_handles = 0
         # the largest step's activations since the last attach: what the engine's allocator
@@ -81,28 +87,30 @@ class ElasticController:
         """A step ran with `activation_bytes` of activations: the allocator keeps the largest."""
         self.cached_bytes = max(self.cached_bytes, activation_bytes)
 
-    def prefill_wanted(self, sched: SchedulerView) -> bool:
-        """Would the next step run a prefill if the elastic region were drained and detached?"""
+    def prefill_wanted(self, sched: SchedulerView, pool: BlockPool) -> bool:
+        """Would the next step run a prefill if the elastic region were drained and detached?
+        (`pool`: the scheduler's)"""
         if sched.has_prefill_running():
             return True
         needed = sched.head_chunk_blocks()
         if needed is None:
             return False
-        free_base = sched.pool.num_free_base_blocks
+        free_base = pool.num_free_base_blocks
         if self.drain is not DrainStrategy.PREEMPT:
-            free_base -= sched.pool.num_used_elastic  # migration or waiting uses base blocks
+            free_base -= pool.num_used_elastic  # migration or waiting uses base blocks
         return needed <= free_base
 
     # ------------------------------------------------------------- actions
     def before_step(self, sched: SchedulerView) -> ElasticAction | None:
-        if self.policy is not Policy.ELASTIC or self.layout.num_elastic_blocks == 0:
+        if not self._lends:
             return None
         pool = sched.pool
-        wanted = self.prefill_wanted(sched)
+        wanted = self.prefill_wanted(sched, pool)
         if pool.elastic_state is ElasticState.DETACHED:
-            if sched.running and not wanted:
-                return self._attach(pool, len(sched.running))
-            return None
+            if wanted:
+                return None
+            batch_size = len(sched.running)
+            return self._attach(pool, batch_size) if batch_size else None
         if not wanted:
             pool.resume_lending()  # a drain was started but the prefill went away
             return None
@@ -128,11 +136,13 @@ class ElasticController:
             return None
         pool.attach_elastic(num_blocks)
         self.lent_bytes = num_blocks * self.layout.block_bytes
-        self.lent_handles = self.vmm.num_handles(self.lent_bytes)
-        duration_s = self.vmm.attach_s(self.lent_bytes, self.cached_bytes)
+        self.lent_handles, map_s, _ = self._costs(self.lent_bytes)
+        # as vmm.attach_s(lent_bytes, cached_bytes) adds them
+        duration_s = map_s + self.vmm.cache_release_s(self.cached_bytes)
         self.cached_bytes = 0  # handed back
-        return ElasticAction(ElasticActionKind.ATTACH, self.lent_handles, duration_s,
-                             num_blocks=num_blocks)
+        # kind, handles, seconds, preempted, migrations, migrated bytes, blocks
+        return new_tuple(ElasticAction, (ElasticActionKind.ATTACH, self.lent_handles,
+                                         duration_s, (), (), 0, num_blocks))
 
     def _drain_and_detach(self, sched: SchedulerView) -> ElasticAction:
         pool = sched.pool
@@ -145,17 +155,26 @@ class ElasticController:
             holders = [r for r in sched.running if r.block_ids and max(r.block_ids) >= first_elastic]
         for req in reversed(holders):  # tail first, as preemption does
             if self.drain is DrainStrategy.MIGRATE and _migrate(pool, req.block_ids, migrations):
+                sched.table_changed(req)
                 continue
             sched.preempt(req)
             preempted.append(req.request_id)
         pool.detach_elastic()
-        duration_s = self.vmm.detach_s(self.lent_bytes)
+        duration_s = self._costs(self.lent_bytes)[2]
         handles, self.lent_bytes, self.lent_handles = self.lent_handles, 0, 0
-        return ElasticAction(
-            ElasticActionKind.DETACH, handles, duration_s,
-            preempted_ids=tuple(preempted), migrations=tuple(migrations),
-            migrated_bytes=len(migrations) * self.layout.block_bytes,
-        )
+        # kind, handles, seconds, preempted, migrations, migrated bytes, blocks
+        return new_tuple(ElasticAction, (
+            ElasticActionKind.DETACH, handles, duration_s, tuple(preempted),
+            tuple(migrations), len(migrations) * self.layout.block_bytes, 0))
+
+    def _costs(self, lent_bytes: int) -> tuple[int, float, float]:
+        """(handles, `VmmCostModel.map_s`, `VmmCostModel.detach_s`) of lending `lent_bytes`."""
+        costs = self._vmm_costs.get(lent_bytes)
+        if costs is None:
+            vmm = self.vmm
+            costs = (vmm.num_handles(lent_bytes), vmm.map_s(lent_bytes), vmm.detach_s(lent_bytes))
+            self._vmm_costs[lent_bytes] = costs
+        return costs
 
 
 def _migrate(pool: BlockPool, block_ids: list[int], migrations: list[tuple[int, int]]) -> bool:

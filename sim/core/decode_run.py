@@ -11,11 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from sim.core.request import RequestState
-from sim.core.step import ScheduledRequest
-
-# A named tuple built straight from its fields' tuple, as its own __new__ would build it
-# without the call through Python: one per scheduled request per step adds up.
-new_tuple = tuple.__new__
+from sim.core.step import ScheduledRequest, new_tuple
 
 
 def decode_run_bounds(running: Sequence[RequestState]) -> tuple[int, int] | None:

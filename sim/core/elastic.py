@@ -126,12 +126,21 @@ class VmmCostModel:
         return -(-num_bytes // self.handle_bytes)
 
     def attach_s(self, num_bytes: int, cached_bytes: int = 0) -> float:
-        """Attaching `num_bytes` of the reserve with `cached_bytes` of activations cached."""
+        """Attaching `num_bytes` of the reserve with `cached_bytes` of activations cached:
+        the mapping (`map_s`), then the cache handed back (`cache_release_s`)."""
         if num_bytes <= 0:
             return 0.0
+        return self.map_s(num_bytes) + self.cache_release_s(cached_bytes)
+
+    def map_s(self, num_bytes: int) -> float:
+        """Attaching `num_bytes` (> 0) of the reserve with no activations cached."""
         c = self.measured
         return (c.attach_fixed_s + self.num_handles(num_bytes) * c.attach_handle_s
-                + num_bytes / GIB * c.attach_gib_s + cached_bytes / GIB * c.attach_cache_gib_s)
+                + num_bytes / GIB * c.attach_gib_s)
+
+    def cache_release_s(self, cached_bytes: int) -> float:
+        """Handing `cached_bytes` of cached activations back before an attach."""
+        return cached_bytes / GIB * self.measured.attach_cache_gib_s
 
     def detach_s(self, num_bytes: int) -> float:
         if num_bytes <= 0:

@@ -106,6 +106,21 @@ class _Memo:
     refused: tuple[int, int] | None = None  # (pool's freed blocks, new blocks) when refused
 
 
+@dataclass
+class _Table:
+    """What the prefix cache keeps of a running request's block table, as arrays (so that
+    naming and freeing a Mooncake prompt's thousands of blocks need no conversion from its
+    list): its first `num_named` blocks, named (its hits, then what its steps filled), and
+    after them the `num_fresh` it was allocated since, while each allocation followed on
+    from the last. None: not kept (the table changed in place, or an allocation came from
+    elsewhere); the list is then the record."""
+
+    num_named: int
+    named: list[Blocks] | None
+    fresh: list[Blocks] | None
+    num_fresh: int
+
+
 @mypyc_attr(allow_interpreted_subclasses=True)  # tests check it against a subclass
 class PrefixCache:
     def __init__(self, pool: BlockPool, block_size: int, hash_block_tokens: int) -> None:
@@ -115,8 +130,7 @@ class PrefixCache:
         self._chains = ChainIds()
         self._sub_blocks = np.arange(self.blocks_per_hash)
         self._keys: dict[int, np.ndarray] = {}  # per live request
-        self._num_registered: dict[int, int] = {}  # prompt blocks already named, per request
-        self._named_parts: dict[int, list[Blocks]] = {}  # those blocks as arrays, per request
+        self._tables: dict[int, _Table] = {}  # per running request
         self._memo: _Memo | None = None  # the last request looked up
 
     def keys(self, req: RequestState) -> np.ndarray:
@@ -126,8 +140,9 @@ class PrefixCache:
             per_hash = self.blocks_per_hash
             num_full = req.num_prompt_tokens // self.block_size
             chains = self._chains.of((req.block_hashes or ())[:-(-num_full // per_hash)])
-            found = np.add.outer(np.array(chains, dtype=np.int64) * per_hash,
-                                 self._sub_blocks).ravel()[:num_full]
+            # [chains, 1] x per_hash + [blocks_per_hash] -> each chain's keys, in order
+            found = (np.array(chains, dtype=np.int64).reshape(-1, 1) * per_hash
+                     + self._sub_blocks).ravel()[:num_full]
             self.pool.cover_keys((len(self._chains) + 1) * per_hash)  # ids 1..count
             self._keys[req.request_id] = found
         return found
@@ -187,44 +202,80 @@ class PrefixCache:
         if self._memo is not None and self._memo.request_id == req.request_id:
             self._memo.refused = (self.pool.num_freed_blocks, num_new_blocks)
 
-    def admitted(self, req: RequestState, num_hits: int) -> None:
-        """Its first `num_hits` blocks came from the cache: they are named already."""
-        self._num_registered[req.request_id] = num_hits
+    def admitted(self, req: RequestState, num_hits: int, new_blocks: Blocks) -> None:
+        """Its first `num_hits` blocks came from the cache (they are named already), the
+        rest of its table is `new_blocks`."""
+        named = []
         if num_hits:  # the table starts with them: as the lookup's array, where it is that
             memo = self._memo
-            self._named_parts[req.request_id] = [
-                memo.hits if memo is not None and memo.request_id == req.request_id
-                and len(memo.hits) == num_hits else as_blocks(req.block_ids[:num_hits])]
+            named.append(memo.hits if memo is not None and memo.request_id == req.request_id
+                         and len(memo.hits) == num_hits else as_blocks(req.block_ids[:num_hits]))
+        self._tables[req.request_id] = _Table(num_hits, named, [new_blocks], len(new_blocks))
         self._memo = None
+
+    def allocated(self, req: RequestState, position: int, blocks: Blocks) -> None:
+        """The request's table got `blocks` from `position` on (a chunk of its prompt)."""
+        table = self._tables.get(req.request_id)
+        if table is None or table.fresh is None:
+            return
+        if position == table.num_named + table.num_fresh:
+            table.fresh.append(blocks)
+            table.num_fresh += len(blocks)
+        else:  # it got blocks in between that were not handed over
+            table.fresh = None
 
     def register_full_blocks(self, req: RequestState) -> None:
         """Name the prompt blocks this step filled (those before were named already)."""
         keys = self.keys(req)
         num_full = min(len(keys), req.num_computed_tokens // self.block_size)
-        first = self._num_registered.get(req.request_id, 0)
+        table = self._tables.get(req.request_id)
+        if table is None:
+            table = self._tables[req.request_id] = _Table(0, None, None, 0)
+        first = table.num_named
         if num_full > first:
-            blocks = as_blocks(req.block_ids[first:num_full])
+            blocks = self._take_fresh(table, num_full - first)
+            if blocks is None:
+                blocks = as_blocks(req.block_ids[first:num_full])
             self.pool.register(blocks, keys[first:num_full])
-            self._num_registered[req.request_id] = num_full
-            self._named_parts.setdefault(req.request_id, []).append(blocks)
+            table.num_named = num_full
+            if table.named is not None:
+                table.named.append(blocks)
+
+    def _take_fresh(self, table: _Table, count: int) -> Blocks | None:
+        """The first `count` fresh blocks as one array, now named; None if not kept."""
+        fresh = table.fresh
+        if fresh is None or table.num_fresh < count:
+            table.fresh = None
+            return None
+        joined = fresh[0] if len(fresh) == 1 else np.concatenate(fresh)
+        table.fresh = [joined[count:]]
+        table.num_fresh -= count
+        return joined[:count]
 
     def blocks_tail_first(self, req: RequestState) -> Blocks:
-        """The request's blocks, last first, as `BlockPool.free` takes them: its hits and the
-        blocks it named as the arrays they were, only the rest converted from its list (a
-        Mooncake prompt's thousands of blocks need not be converted again when it ends)."""
-        parts = self._named_parts.get(req.request_id)
-        if not parts:
+        """The request's blocks, last first, as `BlockPool.free` takes them: the arrays its
+        table is kept as, only the rest (its decode steps' blocks) converted from its list."""
+        table = self._tables.get(req.request_id)
+        if table is None or table.named is None:
             return as_blocks(req.block_ids[::-1])
-        rest = req.block_ids[self._num_registered[req.request_id]:]
-        return np.concatenate(parts + [as_blocks(rest)])[::-1]
+        parts = table.named + table.fresh if table.fresh is not None else table.named
+        covered = table.num_named + (table.num_fresh if table.fresh is not None else 0)
+        rest = as_blocks(req.block_ids[covered:][::-1])
+        # one contiguous array: the pool indexes with it, and numpy's fast path wants that
+        return np.concatenate([rest] + [part[::-1] for part in parts[::-1]])
+
+    def table_changed(self, request_id: int) -> None:
+        """The request's table was rewritten in place (its blocks migrated): what was kept
+        of it as arrays no longer holds."""
+        table = self._tables.get(request_id)
+        if table is not None:
+            table.named = table.fresh = None
 
     def reset(self, request_id: int) -> None:
         """The request lost its blocks (preempted, failed): none of them is named by it."""
-        self._num_registered.pop(request_id, None)
-        self._named_parts.pop(request_id, None)
+        self._tables.pop(request_id, None)
 
     def forget(self, request_id: int) -> None:
         """The request is done: drop its keys."""
         self._keys.pop(request_id, None)
-        self._num_registered.pop(request_id, None)
-        self._named_parts.pop(request_id, None)
+        self._tables.pop(request_id, None)

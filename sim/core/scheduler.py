@@ -28,13 +28,7 @@ from collections.abc import Callable
 from sim.core.block_cache import EMPTY
 from sim.core.block_pool import BlockPool
 from sim.core.controller import ElasticController
-from sim.core.decode_run import (
-    allocate_run,
-    decode_run_bounds,
-    new_tuple,
-    step_items,
-    steps_that_fit,
-)
+from sim.core.decode_run import allocate_run, decode_run_bounds, step_items, steps_that_fit
 from sim.core.prefix_cache import PrefixCache, first_chunk
 from sim.core.request import RejectReason, RequestState, RequestStatus
 from sim.core.scheduler_config import SchedulerConfig
@@ -45,6 +39,7 @@ from sim.core.step import (
     ScheduledRequest,
     SchedulerOutput,
     SchedulerStats,
+    new_tuple,
 )
 
 __all__ = ["DecodeRunLimit", "Scheduler", "SchedulerConfig"]
@@ -95,8 +90,7 @@ class Scheduler:
     def preempt(self, req: RequestState) -> None:
         """Free a running request's blocks; it goes back to the head of the waiting queue."""
         self.running.remove(req)
-        self.pool.free(req.block_ids[::-1])
-        req.block_ids = []
+        self._free_blocks(req)
         req.num_recomputed_tokens += req.num_computed_tokens
         req.num_computed_tokens = 0
         req.num_preemptions += 1
@@ -104,6 +98,11 @@ class Scheduler:
         if self.prefix is not None:
             self.prefix.reset(req.request_id)
         self.waiting.appendleft(req)
+
+    def table_changed(self, req: RequestState) -> None:
+        """The request's block table was rewritten in place (its elastic blocks migrated)."""
+        if self.prefix is not None:
+            self.prefix.table_changed(req.request_id)
 
     # ------------------------------------------------------------ predicates
     def head_chunk_blocks(self) -> int | None:
@@ -147,6 +146,7 @@ class Scheduler:
     def _schedule_running(self, budget: int, scheduled: list, preempted: list[int]) -> int:
         block_size = self.config.block_size
         allocate = self.pool.allocate
+        prefix = self.prefix
         running = self.running
         i = 0
         while i < len(running) and budget > 0:
@@ -154,7 +154,12 @@ class Scheduler:
             num_computed = req.num_computed_tokens
             num_new = min(req.num_prompt_tokens + req.num_output_tokens - num_computed, budget)
             needed = -(-(num_computed + num_new) // block_size) - len(req.block_ids)
-            new_blocks = allocate(needed) if needed > 0 else []
+            if needed <= 0:
+                new_blocks: list[int] | None = []
+            elif prefix is not None and num_computed < req.num_prompt_tokens and req.block_hashes:
+                new_blocks = self._allocate_prompt(prefix, req, needed)
+            else:
+                new_blocks = allocate(needed)
             while new_blocks is None:
                 victim = running[-1]
                 self.preempt(victim)
@@ -169,6 +174,16 @@ class Scheduler:
             budget -= num_new
             i += 1
         return budget
+
+    def _allocate_prompt(self, prefix: PrefixCache, req: RequestState,
+                         num_blocks: int) -> list[int] | None:
+        """Blocks for a chunk of a prompt the prefix cache names once computed: it gets them
+        as the array they come as."""
+        blocks = self.pool.allocate_blocks(num_blocks)
+        if blocks is None:
+            return None
+        prefix.allocated(req, len(req.block_ids), blocks)
+        return blocks.tolist()
 
     def _schedule_waiting(self, budget: int, scheduled: list) -> None:
         block_size = self.config.block_size
@@ -191,15 +206,22 @@ class Scheduler:
                 break
             if num_hits:
                 pool.touch(hits)
-            new_blocks = pool.allocate(needed)
-            assert new_blocks is not None
+            if cached is not None:  # the prefix cache keeps the new blocks as their array
+                new_array = pool.allocate_blocks(needed)
+                assert new_array is not None
+                new_blocks = new_array.tolist()
+            else:
+                new_array = EMPTY
+                allocated = pool.allocate(needed)
+                assert allocated is not None
+                new_blocks = allocated
             self.waiting.popleft()
             req.block_ids = hits.tolist() + new_blocks if num_hits else new_blocks
             req.num_computed_tokens = num_hits * block_size
             if req.num_preemptions == 0:  # as vLLM: counted at the first admission only
                 req.num_cached_tokens = req.num_computed_tokens
             if cached is not None:
-                cached.admitted(req, num_hits)
+                cached.admitted(req, num_hits, new_array)
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             scheduled.append((req, num_new, req.block_ids))
@@ -272,8 +294,7 @@ class Scheduler:
             if req is None or req.status is not RequestStatus.RUNNING:
                 continue
             self.running.remove(req)
-            self.pool.free(req.block_ids[::-1])
-            req.block_ids = []
+            self._free_blocks(req)
             req.status = RequestStatus.FAILED_OOM
             self._forget(req)
             self._failed.append(req)
@@ -349,9 +370,17 @@ class Scheduler:
         req.status = RequestStatus.FINISHED
         req.finish_s = end_s
         self.running.remove(req)
-        self.pool.free(req.block_ids[::-1])
-        req.block_ids = []
+        self._free_blocks(req)
         self._forget(req)
+
+    def _free_blocks(self, req: RequestState) -> None:
+        """Give the request's blocks back, last first (`BlockPool.free`); under prefix
+        caching as the arrays its hits and named blocks are already."""
+        if self.prefix is not None:
+            self.pool.free(self.prefix.blocks_tail_first(req))
+        else:
+            self.pool.free(req.block_ids[::-1])
+        req.block_ids = []
 
     def _forget(self, req: RequestState) -> None:
         """A finished or failed request leaves the scheduler for good."""

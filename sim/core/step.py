@@ -4,16 +4,20 @@ As in vLLM v1, `SchedulerOutput` says only what to run; how full the pool is and
 step costs in activation memory travel apart in `SchedulerStats` (`Scheduler.make_stats`),
 so an executor never has to read, or rewrite, bookkeeping to run a step.
 
-The per-step records are named tuples: immutable like a frozen dataclass, but built in a
-third of the time (a frozen dataclass sets each field through object.__setattr__), and the
-simulator builds one per scheduled request per step.
+The records are named tuples: immutable like a frozen dataclass, but built in a fraction of
+the time (a frozen dataclass sets each field through object.__setattr__, which compiled code
+cannot shortcut), and the simulator builds one per scheduled request per step and one per
+elastic attach or detach (an hour of a trace has tens of thousands).
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 from typing import NamedTuple
+
+# A named tuple built straight from its fields' tuple, as its own __new__ would build it
+# without the call through Python: one per scheduled request per step adds up.
+new_tuple = tuple.__new__
 
 
 class ScheduledRequest(NamedTuple):
@@ -32,8 +36,7 @@ class ElasticActionKind(enum.Enum):
     DRAIN_WAIT = "drain_wait"  # stop lending new elastic blocks; detach once they empty
 
 
-@dataclass(frozen=True, slots=True)
-class ElasticAction:
+class ElasticAction(NamedTuple):
     kind: ElasticActionKind
     num_handles: int
     duration_s: float  # VMM driver time (map + set access, or unmap); migration copy is separate
@@ -43,8 +46,7 @@ class ElasticAction:
     num_blocks: int = 0  # ATTACH: the first num_blocks elastic blocks become usable
 
 
-@dataclass(frozen=True, slots=True)
-class OutOfMemory:
+class OutOfMemory(NamedTuple):
     """A step whose activations do not fit in what the KV pool left unlent."""
 
     needed_bytes: int
