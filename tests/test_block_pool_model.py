@@ -162,6 +162,7 @@ operation = st.one_of(
     st.tuples(st.just("chunk"), st.integers(0, 30)),
     st.tuples(st.just("free"), st.integers(0, 50)),
     st.tuples(st.just("free"), st.integers(0, 50)),
+    st.tuples(st.just("free_table"), st.integers(0, 50)),
     st.tuples(st.just("register"), st.integers(0, 50), st.integers(0, NUM_KEYS - 1)),
     st.tuples(st.just("hit"), st.integers(0, NUM_KEYS - 1), st.integers(1, 12)),
     st.tuples(st.just("elastic"), st.sampled_from(["attach", "drain", "resume", "detach"]),
@@ -213,6 +214,12 @@ def replay(num_base: int, num_elastic: int, ops: list[tuple]) -> None:
             blocks = held.pop(op[1] % len(held))
             pool.free(blocks[::-1])
             model.free(blocks[::-1])
+        elif kind == "free_table" and held:  # as the prefix cache frees a request's table
+            tail_first = held.pop(op[1] % len(held))[::-1]
+            own = [b for b in tail_first if b not in model.key_of]  # unnamed: never shared
+            named = [b for b in tail_first if b in model.key_of]
+            pool.free_table(_array(own), _array(named))
+            model.free(tail_first)
         elif kind == "register" and held:  # a holder's blocks without a name yet
             blocks = [b for b in held[op[1] % len(held)] if b not in model.key_of][:NUM_KEYS]
             if not blocks:

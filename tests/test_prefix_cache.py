@@ -153,6 +153,24 @@ def test_a_table_rewritten_in_place_is_given_back_as_it_is_now():
     sched.pool.check_invariants()
 
 
+@settings(max_examples=200, deadline=None)
+@given(rows=st.lists(st.lists(st.integers(0, 4), min_size=1, max_size=8).map(tuple),
+                     min_size=1, max_size=12),
+       extra_tokens=st.integers(0, 7))
+def test_keys_name_each_full_block_by_its_chain_and_place_in_it(rows, extra_tokens):
+    """Block j of hash block i (8 tokens a hash, 4 a block: 2 blocks a hash) gets key
+    chain x 2 + j, whichever runs of consecutive chain ids the prompt's chains make."""
+    sched = build(False)
+    reference = ChainIds()
+    for i, row in enumerate(rows):
+        num_prompt = 8 * len(row) - extra_tokens  # the last hash block may be cut short
+        req = request(i, num_prompt, 1, hashes=row)
+        num_full = num_prompt // 4
+        chains = reference.of(row[:-(-num_full // 2)])  # the hashes of full blocks only
+        expected = [chain * 2 + j for chain in chains for j in range(2)][:num_full]
+        assert sched.prefix.keys(req).tolist() == expected
+
+
 def interned_by_pair(rows: list[tuple[int, ...]]) -> list[list[int]]:
     """The reference: every chain (parent id, hash) looked up as a pair, ids in first-seen order."""
     interned: dict[tuple[int, int], int] = {}

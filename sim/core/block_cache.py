@@ -15,20 +15,22 @@ name is not that key, and the array grows as zeros, which the allocator hands ou
 key is held by at most one block: `name` leaves a key alone that another block holds.
 
 The LRU is a queue of pushed arrays (one per `push`, oldest first) with lazy removal. Each
-push gets the next stamp (a push count). A hit that takes a block out of the LRU records the
-newest push's stamp, `taken_at[block]`, so an entry not yet consumed is live exactly when its
-block was not taken since its push: `taken_at[block] < stamp`. (A block is pushed again only
-once referenced again, by a hit, which kills its older entry, or by an eviction, which
-consumed it.) So a push writes nothing per block, and a whole window of entries is checked
-against one number. Eviction consumes entries from the oldest, skipping dead ones for good
-(a dead entry never lives again); the queue is compacted to its live entries once dead ones
-outnumber the blocks SWEEP_FACTOR times.
+push gets the next stamp (a push count) and records it per block, `pushed_at[block]`; a hit
+that takes a block out of the LRU sets it to NONE, so an entry not yet consumed is live
+exactly when `pushed_at[block] == stamp`. (A block is pushed again only once referenced
+again, by a hit, which kills its older entry, or by an eviction, which consumed it.) A take
+also marks the pushes whose entries it killed (`_stale`, by stamp): a push never marked is
+live throughout, and most are (nine evictions in ten on a Mooncake run), so eviction takes a
+slice of it without looking. Eviction consumes entries from the oldest, skipping dead ones
+for good (a dead entry never lives again); the queue is compacted to its live entries once
+dead ones outnumber the blocks SWEEP_FACTOR times.
 
 A block is in the LRU exactly when it is named and no request references it.
 """
 
 from __future__ import annotations
 
+import mmap
 import struct
 from collections import deque
 from dataclasses import dataclass
@@ -58,6 +60,15 @@ def as_blocks(block_ids: list[int] | Blocks) -> Blocks:
     return np.asarray(block_ids, dtype=np.int64)
 
 
+def zeroed(num_entries: int) -> Blocks:
+    """`num_entries` (> 0) int64 zeros in an anonymous memory map, whose pages the kernel
+    zeroes on first touch, 4 KiB at a time. `block_of` is indexed by key, tens of MB on a
+    Mooncake trace, and filled as keys come: numpy would ask for transparent huge pages for
+    an array that large, whose first touch cost ~4x as much per MB on the 2-core VMs the
+    simulator's speed is measured on."""
+    return np.frombuffer(mmap.mmap(-1, num_entries * 8), dtype=np.int64)
+
+
 @dataclass
 class _Pushed:
     """One push's entries; those before `start` were consumed by evictions. `ahead`: the
@@ -80,7 +91,8 @@ class BlockCache:
         self.num_base_blocks = num_base_blocks
         self.key_of = np.full(num_blocks, NONE, dtype=np.int64)
         self.block_of = np.zeros(0, dtype=np.int64)
-        self.taken_at = np.full(num_blocks, NONE, dtype=np.int64)  # before the first push
+        self.pushed_at = np.full(num_blocks, NONE, dtype=np.int64)
+        self._stale = np.zeros(64, dtype=np.bool_)  # by stamp: did a take kill an entry?
         self.num_named = 0  # blocks named so far (a count to compare)
         self._queue: deque[_Pushed] = deque()
         self._num_entries = 0  # entries in the queue from their starts, dead ones included
@@ -109,15 +121,15 @@ class BlockCache:
     def cover(self, key_limit: int) -> None:
         """Make room in `block_of` for every key below `key_limit`."""
         if key_limit > len(self.block_of):
-            grown = np.zeros(max(key_limit, 4 * len(self.block_of)), dtype=np.int64)
+            grown = zeroed(max(key_limit, 4 * len(self.block_of)))
             grown[:len(self.block_of)] = self.block_of
             self.block_of = grown
 
-    def name(self, block_ids: Blocks, keys: np.ndarray) -> None:
+    def name(self, block_ids: Blocks, keys: np.ndarray) -> int:
         """Name full, used, unnamed blocks by their content keys (distinct keys, covered).
-        A key already held by another block is left as it is."""
+        A key already held by another block is left as it is. How many were named."""
         if not len(block_ids):
-            return
+            return 0
         key_of, block_of = self.key_of, self.block_of
         fresh = key_of[block_of[keys]] != keys
         num_fresh = int(np.count_nonzero(fresh))
@@ -129,6 +141,7 @@ class BlockCache:
             block_of[named] = blocks
             key_of[blocks] = named
         self.num_named += num_fresh
+        return num_fresh
 
     def _unname(self, block_ids: Blocks) -> None:
         self.key_of[block_ids] = NONE
@@ -138,15 +151,25 @@ class BlockCache:
         """Named blocks came free, in this order (`num_base` of them base blocks): they
         become the newest cached blocks."""
         n = len(block_ids)
-        self._last_stamp += 1
-        self._queue.append(_Pushed(block_ids, self._last_stamp))
+        self._queue.append(_Pushed(block_ids, self._next_stamp(block_ids)))
         self._num_entries += n
         self.num_free_base += num_base
         self.num_free_elastic += n - num_base
 
+    def _next_stamp(self, block_ids: Blocks) -> int:
+        """A new push's stamp, recorded for `block_ids`, its entries."""
+        self._last_stamp += 1
+        stamp = self._last_stamp
+        if stamp == len(self._stale):
+            self._stale = np.concatenate((self._stale, np.zeros(stamp, dtype=np.bool_)))
+        self.pushed_at[block_ids] = stamp
+        return stamp
+
     def take(self, block_ids: Blocks, num_base: int) -> None:
         """Cached free blocks are referenced again (prefix hits): out of the LRU."""
-        self.taken_at[block_ids] = self._last_stamp  # every entry so far is dead
+        pushed_at = self.pushed_at
+        self._stale[pushed_at[block_ids]] = True  # the pushes holding their entries
+        pushed_at[block_ids] = NONE  # those entries are dead
         if self._queue:
             self._queue[0].ahead = None  # its liveness may be out of date
         self.num_free_base -= num_base
@@ -231,7 +254,8 @@ class BlockCache:
         if ahead is None or live is None or start - front.ahead_start >= len(ahead):
             window = front.blocks[start:start + FEW_SCAN]
             ahead = front.ahead = window.tolist()
-            live = front.ahead_live = (self.taken_at[window] < front.stamp).tolist()
+            live = front.ahead_live = (self.pushed_at[window] == front.stamp).tolist() \
+                if self._stale[front.stamp] else [True] * len(ahead)
             front.ahead_start = start
         return front, ahead, live
 
@@ -248,11 +272,18 @@ class BlockCache:
         front = self._queue[0]
         blocks, start = front.blocks, front.start
         size = len(blocks)
+        if not self._stale[front.stamp]:  # every entry of it is live
+            taken = blocks[start:start + need]
+            front.start = start + len(taken)
+            self._num_entries -= len(taken)
+            if front.start == size:
+                self._queue.popleft()
+            return taken
         scan = max(FIRST_SCAN, need)
         while True:
             stop = min(size, start + scan)
             window = blocks[start:stop]
-            live = self.taken_at[window] < front.stamp
+            live = self.pushed_at[window] == front.stamp
             num_live = np.count_nonzero(live)
             if num_live >= need or stop == size:
                 break
@@ -295,14 +326,14 @@ class BlockCache:
         """The live entries, oldest first."""
         if not self._queue:
             return EMPTY
-        taken_at = self.taken_at
-        return np.concatenate([p.blocks[p.start:][taken_at[p.blocks[p.start:]] < p.stamp]
+        pushed_at = self.pushed_at
+        return np.concatenate([p.blocks[p.start:][pushed_at[p.blocks[p.start:]] == p.stamp]
                                for p in self._queue])
 
     def maybe_sweep(self) -> None:
         """Compact the queue once dead entries outnumber the pool's blocks several times over
         (evictions skip them anyway: this only bounds the queue while none happen)."""
-        if self._num_entries > self.num_free + SWEEP_FACTOR * len(self.taken_at) + MIN_SWEEP_ENTRIES:
+        if self._num_entries > self.num_free + SWEEP_FACTOR * len(self.pushed_at) + MIN_SWEEP_ENTRIES:
             self._compact()
 
     def _compact(self) -> None:
@@ -311,5 +342,4 @@ class BlockCache:
         self._queue.clear()
         self._num_entries = len(live)
         if len(live):
-            self._last_stamp += 1  # past every taken_at: all live
-            self._queue.append(_Pushed(live, self._last_stamp))
+            self._queue.append(_Pushed(live, self._next_stamp(live)))

@@ -253,6 +253,35 @@ class BlockPool:
         self._stack[stacked:stacked + len(freed)] = freed
         self._num_stacked = stacked + len(freed)
 
+    def free_table(self, own: Blocks, named: Blocks) -> None:
+        """`free` of a request's blocks split in two, each last first: `own`, which no other
+        request holds and no key names (the blocks past its named ones), then `named`, its
+        hits and the blocks it named, every one of them named. The caller vouches for that
+        split (the prefix cache, which keeps the table), so no key is looked up and only the
+        named ones' references are counted; the blocks go where `free` would send them, in
+        the same order."""
+        if self.num_used_elastic:  # elastic blocks go elsewhere: counted the general way
+            self.free(np.concatenate((own, named)))
+            return
+        ref_count = self._ref_count
+        counts = ref_count[named]
+        if np.count_nonzero(counts) < len(named):
+            raise ValueError(f"block {int(named[np.argmin(counts)])} freed but not allocated")
+        counts -= 1
+        ref_count[named] = counts
+        kept = named[counts == 0] if np.count_nonzero(counts) else named
+        num_freed = len(own) + len(kept)
+        self.num_used_base -= num_freed
+        self.num_freed_blocks += num_freed
+        if len(kept):
+            self._cache.push(kept, len(kept))
+            self._cache.maybe_sweep()
+        if len(own):
+            ref_count[own] = 0
+            stacked = self._num_stacked
+            self._stack[stacked:stacked + len(own)] = own
+            self._num_stacked = stacked + len(own)
+
     # ------------------------------------------------------------ prefix cache
     def cached_block(self, key: int) -> int | None:
         """The block holding the content named `key`, if cached and usable right now."""
@@ -323,11 +352,12 @@ class BlockPool:
             self.num_used_base += idle_base
             self.num_used_elastic += len(idle) - idle_base
 
-    def register(self, block_ids: list[int] | Blocks, keys: np.ndarray) -> None:
+    def register(self, block_ids: list[int] | Blocks, keys: np.ndarray) -> int:
         """Name full, used blocks that have no name yet (a request's own computed blocks,
         not its hits) by their content keys (distinct, covered: `cover_keys`) so later
-        requests can share them. A key already cached elsewhere is left as it is."""
-        self._cache.name(as_blocks(block_ids), keys)
+        requests can share them. A key already cached elsewhere is left as it is. How many
+        were named."""
+        return self._cache.name(as_blocks(block_ids), keys)
 
     # ----------------------------------------------------------------- elastic
     def attach_elastic(self, num_blocks: int | None = None) -> None:

@@ -41,6 +41,25 @@ def first_chunk(req: RequestState, num_hits: int, budget: int,
     return num_new, -(-(num_cached + num_new) // block_size) - num_hits
 
 
+def _chain_keys(chains: list[int], blocks_per_hash: int) -> np.ndarray:
+    """The keys of the blocks of `chains`, in order: chain c's are c x blocks_per_hash, and
+    the blocks_per_hash after. A prompt's chains come in a few runs of consecutive ids (the
+    ones a prompt adds are consecutive, and so are those an earlier prompt added), each run's
+    keys one range."""
+    parts = []
+    i = 0
+    while i < len(chains):
+        first = end = chains[i]
+        i += 1
+        while i < len(chains) and chains[i] == end + 1:
+            end += 1
+            i += 1
+        parts.append(np.arange(first * blocks_per_hash, (end + 1) * blocks_per_hash))
+    if not parts:
+        return EMPTY
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
 class ChainIds:
     """Interned ids of hash chains: chain (parent id, hash) gets id 1, 2, ... in the order
     first seen (0 is the empty prefix).
@@ -119,6 +138,7 @@ class _Table:
     named: list[Blocks] | None
     fresh: list[Blocks] | None
     num_fresh: int
+    all_named: bool = True  # no block it registered found its key held elsewhere
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # tests check it against a subclass
@@ -128,7 +148,6 @@ class PrefixCache:
         self.block_size = block_size
         self.blocks_per_hash = hash_block_tokens // block_size
         self._chains = ChainIds()
-        self._sub_blocks = np.arange(self.blocks_per_hash)
         self._keys: dict[int, np.ndarray] = {}  # per live request
         self._tables: dict[int, _Table] = {}  # per running request
         self._memo: _Memo | None = None  # the last request looked up
@@ -140,9 +159,7 @@ class PrefixCache:
             per_hash = self.blocks_per_hash
             num_full = req.num_prompt_tokens // self.block_size
             chains = self._chains.of((req.block_hashes or ())[:-(-num_full // per_hash)])
-            # [chains, 1] x per_hash + [blocks_per_hash] -> each chain's keys, in order
-            found = (np.array(chains, dtype=np.int64).reshape(-1, 1) * per_hash
-                     + self._sub_blocks).ravel()[:num_full]
+            found = _chain_keys(chains, per_hash)[:num_full]
             self.pool.cover_keys((len(self._chains) + 1) * per_hash)  # ids 1..count
             self._keys[req.request_id] = found
         return found
@@ -236,7 +253,8 @@ class PrefixCache:
             blocks = self._take_fresh(table, num_full - first)
             if blocks is None:
                 blocks = as_blocks(req.block_ids[first:num_full])
-            self.pool.register(blocks, keys[first:num_full])
+            if self.pool.register(blocks, keys[first:num_full]) < len(blocks):
+                table.all_named = False
             table.num_named = num_full
             if table.named is not None:
                 table.named.append(blocks)
@@ -255,14 +273,35 @@ class PrefixCache:
     def blocks_tail_first(self, req: RequestState) -> Blocks:
         """The request's blocks, last first, as `BlockPool.free` takes them: the arrays its
         table is kept as, only the rest (its decode steps' blocks) converted from its list."""
+        split = self._split_tail_first(req)
+        if split is None:
+            return as_blocks(req.block_ids[::-1])
+        return np.concatenate(split)
+
+    def table_tail_first(self, req: RequestState) -> tuple[Blocks, Blocks] | None:
+        """The request's blocks, last first, as `BlockPool.free_table` takes them: those past
+        its named ones, then its named ones (hits and what it named, all still named: held
+        blocks keep their keys); None unless its table is kept as arrays and every block
+        it registered was named."""
+        table = self._tables.get(req.request_id)
+        if table is None or not table.all_named:
+            return None
+        return self._split_tail_first(req)
+
+    def _split_tail_first(self, req: RequestState) -> tuple[Blocks, Blocks] | None:
+        """(its blocks past the named ones, its named ones), each last first, from the
+        arrays kept (each one contiguous: the pool indexes with them, and numpy's fast path
+        wants that); None if not kept."""
         table = self._tables.get(req.request_id)
         if table is None or table.named is None:
-            return as_blocks(req.block_ids[::-1])
-        parts = table.named + table.fresh if table.fresh is not None else table.named
+            return None
+        fresh = table.fresh if table.fresh is not None else []
         covered = table.num_named + (table.num_fresh if table.fresh is not None else 0)
         rest = as_blocks(req.block_ids[covered:][::-1])
-        # one contiguous array: the pool indexes with it, and numpy's fast path wants that
-        return np.concatenate([rest] + [part[::-1] for part in parts[::-1]])
+        own = np.concatenate([rest] + [part[::-1] for part in fresh[::-1]]) if fresh else rest
+        named = np.concatenate([part[::-1] for part in table.named[::-1]]) \
+            if table.named else EMPTY
+        return own, named
 
     def table_changed(self, request_id: int) -> None:
         """The request's table was rewritten in place (its blocks migrated): what was kept

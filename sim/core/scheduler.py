@@ -216,7 +216,12 @@ class Scheduler:
                 assert allocated is not None
                 new_blocks = allocated
             self.waiting.popleft()
-            req.block_ids = hits.tolist() + new_blocks if num_hits else new_blocks
+            if num_hits:
+                table = hits.tolist()
+                table += new_blocks
+                req.block_ids = table
+            else:
+                req.block_ids = new_blocks
             req.num_computed_tokens = num_hits * block_size
             if req.num_preemptions == 0:  # as vLLM: counted at the first admission only
                 req.num_cached_tokens = req.num_computed_tokens
@@ -375,9 +380,13 @@ class Scheduler:
 
     def _free_blocks(self, req: RequestState) -> None:
         """Give the request's blocks back, last first (`BlockPool.free`); under prefix
-        caching as the arrays its hits and named blocks are already."""
-        if self.prefix is not None:
-            self.pool.free(self.prefix.blocks_tail_first(req))
+        caching as the arrays the prefix cache keeps of its table."""
+        prefix = self.prefix
+        split = prefix.table_tail_first(req) if prefix is not None else None
+        if split is not None:
+            self.pool.free_table(*split)
+        elif prefix is not None:
+            self.pool.free(prefix.blocks_tail_first(req))
         else:
             self.pool.free(req.block_ids[::-1])
         req.block_ids = []
