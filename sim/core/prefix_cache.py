@@ -298,7 +298,8 @@ class PrefixCache:
         fresh = table.fresh if table.fresh is not None else []
         covered = table.num_named + (table.num_fresh if table.fresh is not None else 0)
         rest = as_blocks(req.block_ids[covered:][::-1])
-        own = np.concatenate([rest] + [part[::-1] for part in fresh[::-1]]) if fresh else rest
+        own = np.concatenate([rest] + [part[::-1] for part in fresh[::-1] if len(part)]) \
+            if table.num_fresh and table.fresh is not None else rest
         named = np.concatenate([part[::-1] for part in table.named[::-1]]) \
             if table.named else EMPTY
         return own, named
