@@ -13,13 +13,25 @@ the modules they stand for; `sim.core` refuses to import one older than its sour
 with the same install command, or build with ELASTIC_KV_PURE=1 while editing them).
 """
 
+import importlib.util
 import os
 import sys
 
 from setuptools import setup
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sim.core.compiled import COMPILED_MODULES, source_path  # noqa: E402
+
+def _compiled_module():
+    """sim/core/compiled.py loaded by its path: importing it through the package would run
+    sim.core's check for stale builds, which refuses the very tree this rebuilds."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sim", "core", "compiled.py")
+    spec = importlib.util.spec_from_file_location("_elastic_kv_compiled", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_compiled = _compiled_module()
+COMPILED_MODULES, source_path = _compiled.COMPILED_MODULES, _compiled.source_path
 
 
 def ext_modules() -> list:
