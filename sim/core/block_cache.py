@@ -268,16 +268,14 @@ class BlockCache:
 
     def _pop_front(self, need: int) -> Blocks:
         """Up to `need` live entries from the oldest pushed array, consumed from the queue.
-        Where every entry scanned is live (the usual case) they are a slice of the array."""
+        From a push no take touched (the usual case), or where every entry scanned is live,
+        they are a slice of the array."""
         front = self._queue[0]
         blocks, start = front.blocks, front.start
         size = len(blocks)
         if not self._stale[front.stamp]:  # every entry of it is live
             taken = blocks[start:start + need]
-            front.start = start + len(taken)
-            self._num_entries -= len(taken)
-            if front.start == size:
-                self._queue.popleft()
+            self._consume_front(front, start + len(taken))
             return taken
         scan = max(FIRST_SCAN, need)
         while True:
@@ -290,17 +288,14 @@ class BlockCache:
             scan *= 4
         if num_live == len(window):
             taken = window[:need]
-            front.start = start + len(taken)
+            self._consume_front(front, start + len(taken))
         elif num_live >= need:
             index = live.nonzero()[0][:need]
             taken = window[index]
-            front.start = start + int(index[-1]) + 1
+            self._consume_front(front, start + int(index[-1]) + 1)
         else:
             taken = window[live]
-            front.start = stop
-        self._num_entries -= front.start - start
-        if front.start == size:
-            self._queue.popleft()
+            self._consume_front(front, stop)
         return taken
 
     def evict_oldest_base(self, num_blocks: int) -> Blocks:
