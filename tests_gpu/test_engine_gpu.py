@@ -5,13 +5,15 @@ Checks: a short replay per policy completes with graphs and the simulator's outp
 elastic run with attach/detach leaves base blocks untouched; migration copies whole blocks
 (every layer) on the VMM pool; a real torch.OutOfMemoryError fails the step, not the run;
 piecewise graphs give the eager forward's logits and K/V, and a replay through them runs
-every step with a prompt as graphs.
+every step with a prompt as graphs; decode steps launched back to back keep their own ids.
 """
 
 from __future__ import annotations
 
 import gc
+from dataclasses import replace
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -22,9 +24,14 @@ from gpu_backend.engine.kv_store import copy_blocks  # noqa: E402
 from gpu_backend.engine.memory import dummy_store, kv_caches_of, kv_layout  # noqa: E402
 from gpu_backend.engine.piecewise import PiecewiseGraphs  # noqa: E402
 from gpu_backend.engine.replay import engine_summary, replay, write_outputs  # noqa: E402
-from gpu_backend.engine.runner import InputCopier  # noqa: E402
+from gpu_backend.engine.runner import DecodeGraphs, InputCopier, ModelRunner  # noqa: E402
 from gpu_backend.engine.setup import build_gpu_engine, load_model  # noqa: E402
-from gpu_backend.engine.shapes import host_batch, mixed_shape, prefill_shape  # noqa: E402
+from gpu_backend.engine.shapes import (  # noqa: E402
+    decode_shape,
+    host_batch,
+    mixed_shape,
+    prefill_shape,
+)
 from gpu_backend.vmm import MIB, ElasticKVPool  # noqa: E402
 from sim.core.catalog import get_gpu, get_model  # noqa: E402
 from sim.core.elastic import DrainStrategy, Policy  # noqa: E402
@@ -268,4 +275,29 @@ def test_an_attention_launch_timed_alone_grows_with_its_work():
     prefix = launch_ms(StepShape("prefill", ((1024, 16384),)), 32, 8, 128)
     rows = launch_ms(StepShape("mixed", ((1024, 0),), (30000,) * 8), 32, 8, 128)
     assert 0 < alone < prefix and alone < rows
+    torch.cuda.empty_cache()
+
+
+def test_decode_graph_steps_launched_back_to_back_keep_their_own_ids():
+    """Two decode steps of one graph size launched before either is collected: the second
+    replay reuses the graph's output tensor, so each step's ids must have been copied out
+    behind its own replay (and its inputs staged apart from the next step's)."""
+    device = torch.device("cuda")
+    model = load_model(config(Policy.STATIC), device, seed=0)
+    num_blocks = 128
+    caches = kv_caches_of(dummy_store(MODEL, num_blocks, 16, device), MODEL.num_layers)
+    graphs = DecodeGraphs(model, caches, 8, 1024, 16, device, (8,))
+    graphs.capture()
+    runner = ModelRunner(model, caches, device, graphs)
+    first = host_batch(decode_shape(8, 300), 16, num_blocks)
+    second = replace(first, input_ids=(first.input_ids * 7 + 3) % MODEL.vocab_size)
+    alone = [runner.execute(first), runner.execute(second)]
+    assert not np.array_equal(alone[0], alone[1])  # the test tells the two steps apart
+    launched = [runner.launch(first), runner.launch(second)]
+    assert [np.array_equal(step.collect(runner), ids)
+            for step, ids in zip(launched, alone)] == [True, True]
+    assert runner.num_graph_steps == 4
+    graphs.release()
+    del graphs, runner, model, caches
+    gc.collect()
     torch.cuda.empty_cache()

@@ -36,25 +36,46 @@ def _aligned(num_bytes: int) -> int:
 
 
 class InputCopier:
-    """Packs a HostBatch into a reusable pinned buffer; one host-to-device copy per step.
+    """Packs a HostBatch into a pinned staging buffer; one host-to-device copy per step.
 
-    Reusing the staging buffer is safe because every step ends with a host sync (the sampled
-    ids are read back) before the next one packs.
+    Two buffers are used in turn, each guarded by an event recorded after the copy out of it
+    (`copied`): a step can be staged while the previous step's copy is still queued behind
+    its forward (steps launched without waiting for the last one's ids, `ModelRunner.launch`),
+    and a buffer is written again only once the device has read it.
     """
+
+    NUM_BUFFERS = 2
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self._staging = torch.empty(0, dtype=torch.uint8)
+        self._staging = [torch.empty(0, dtype=torch.uint8) for _ in range(self.NUM_BUFFERS)]
+        self._read: list[torch.cuda.Event | None] = [None] * self.NUM_BUFFERS
+        self._turn = 0  # the buffer the next stage() writes
+        self._last = 0  # the buffer the last stage() wrote
 
     def _buffer(self, num_bytes: int) -> Tensor:
-        if self._staging.numel() < num_bytes:
-            size = max(num_bytes, 2 * self._staging.numel(), 1 << 16)
-            self._staging = torch.empty(size, dtype=torch.uint8,
-                                        pin_memory=self.device.type == "cuda")
-        return self._staging
+        index = self._turn
+        self._last, self._turn = index, (index + 1) % self.NUM_BUFFERS
+        read = self._read[index]
+        if read is not None:
+            read.synchronize()  # the copy out of it has run (at once when it has)
+            self._read[index] = None
+        staging = self._staging[index]
+        if staging.numel() < num_bytes:
+            size = max(num_bytes, 2 * staging.numel(), 1 << 16)
+            staging = torch.empty(size, dtype=torch.uint8, pin_memory=self.device.type == "cuda")
+            self._staging[index] = staging
+        return staging
+
+    def copied(self) -> None:
+        """The copies out of the last staged buffer are queued: record when they have run."""
+        if self.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+            self._read[self._last] = event
 
     def stage(self, batch: HostBatch) -> tuple[Tensor, dict[str, Tensor]]:
-        """Pack the fields into the pinned buffer: (packed bytes, typed views per field)."""
+        """Pack the fields into the next pinned buffer: (packed bytes, typed views per field)."""
         arrays = [np.ascontiguousarray(getattr(batch, name), NP_DTYPES[dt]) for name, dt in FIELDS]
         offsets = np.cumsum([0] + [_aligned(a.nbytes) for a in arrays]).tolist()
         staging = self._buffer(offsets[-1])
@@ -69,6 +90,7 @@ class InputCopier:
     def to_device(self, batch: HostBatch) -> ForwardBatch:
         packed, host_views = self.stage(batch)
         device = packed.to(self.device, non_blocking=True)  # the one host-to-device copy
+        self.copied()
         base = packed.data_ptr()
         tensors = {name: device[view.data_ptr() - base:][:view.nbytes].view(view.dtype)
                    .view(view.shape) for name, view in host_views.items()}
@@ -146,6 +168,7 @@ class DecodeGraphs:
             if name == "block_tables":
                 target = target[:, :view.shape[1]]  # [size, batch width] of [max, table_width]
             target.copy_(view, non_blocking=True)
+        copier.copied()
         graph, out = self.graphs[size]
         graph.replay()
         return out
@@ -191,7 +214,7 @@ class StepPhases:
 
 
 class SpanEvents:
-    """Two reusable timing events around a step on the current stream (no-ops on the CPU)."""
+    """Timing events around one step on the current stream (no-ops on the CPU)."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
@@ -206,12 +229,18 @@ class SpanEvents:
     def record_end(self) -> None:
         if self.cuda:
             self.end.record()
+            self.copied = self.end
+
+    def record_copied(self) -> None:
+        """After the copy of the step's ids to the host was queued: `wait` waits for it."""
+        if self.cuda:
+            self.copied = torch.cuda.Event()
+            self.copied.record()
 
     def wait(self) -> None:
-        """Block until the step's work is done (a step that samples no row, a mid-prompt
-        chunk, copies no ids back: that copy is no sync then)."""
+        """Block until the step's work, and the copy of its ids when there is one, is done."""
         if self.cuda:
-            self.end.synchronize()
+            self.copied.synchronize()
 
     def span_s(self) -> float:
         """Seconds between the two events; call after `wait`."""
@@ -233,8 +262,7 @@ class ModelRunner:
         self.num_piecewise_steps = 0
         self.num_compiling_steps = 0
         self._compiles_seen = 0
-        self._events = SpanEvents(device)
-        self.phases = StepPhases()  # of the last execute()
+        self.phases = StepPhases()  # of the last step collected
 
     def compiled_since_last_call(self) -> bool:
         """Did a kernel compile since the previous call? (Never true without the hook.)"""
@@ -254,11 +282,20 @@ class ModelRunner:
         the sampled ids (CUDA events; NaN on the CPU). A span close to the enqueue time means
         the device waited for the host: a launch-bound step.
         """
+        return self.launch(batch).collect(self)
+
+    def launch(self, batch: HostBatch) -> LaunchedStep:
+        """Queue the step's work on the device and return without waiting for it: its ids
+        come back with `LaunchedStep.collect`. Steps launched one after another run in order
+        on the stream, so a step's inputs may be staged while the last one still runs (the
+        host work between steps overlaps the device's, as with vLLM's async scheduling); a
+        decode graph's output tensor is reused by its next replay, so each step's ids are
+        copied out (to pinned memory) behind its forward."""
         if batch.num_tokens == 0:
-            self.phases = StepPhases()
-            return np.zeros(0, dtype=np.int64)
+            return LaunchedStep(None, None, None, math.nan)
         start = time.perf_counter()
-        self._events.record_start()
+        events = SpanEvents(self.device)
+        events.record_start()
         size = self.graphs.bucket(batch) if self.graphs is not None else None
         if size is not None:
             assert self.graphs is not None
@@ -274,9 +311,36 @@ class ModelRunner:
             else:
                 out = self.model(self.copier.to_device(batch), self.kv_caches)  # [R]
                 self.num_eager_steps += 1
-        self._events.record_end()
-        enqueue_s = time.perf_counter() - start
-        ids = out.cpu().numpy()
-        self._events.wait()  # the sync, also for a step whose ids copy is empty
-        self.phases = StepPhases(enqueue_s, self._events.span_s())
-        return ids[batch.logits_indices] if size is not None else ids
+        events.record_end()
+        if out.is_cuda:
+            ids = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
+            ids.copy_(out, non_blocking=True)
+            events.record_copied()
+        else:
+            ids = out
+        rows = batch.logits_indices if size is not None else None
+        return LaunchedStep(ids, rows, events, time.perf_counter() - start)
+
+
+@dataclass
+class LaunchedStep:
+    """A step queued on the device (`ModelRunner.launch`): its ids, once copied to the host
+    (`rows`: a decode graph's rows that sample, None when `ids` are those rows already), and
+    the events around it; `events` None for a step with no tokens."""
+    ids: Tensor | None
+    rows: np.ndarray | None
+    events: SpanEvents | None
+    enqueue_s: float
+
+    def collect(self, runner: ModelRunner | None = None) -> np.ndarray:
+        """Block until the step's ids are on the host and return them; the step's phases go
+        to `runner.phases` when given."""
+        if self.ids is None or self.events is None:
+            if runner is not None:
+                runner.phases = StepPhases()
+            return np.zeros(0, dtype=np.int64)
+        self.events.wait()  # the sync, also for a step whose ids copy is empty
+        if runner is not None:
+            runner.phases = StepPhases(self.enqueue_s, self.events.span_s())
+        ids = self.ids.numpy()
+        return ids[self.rows] if self.rows is not None else ids
