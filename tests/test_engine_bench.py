@@ -1,0 +1,61 @@
+"""benchmarks/engine_bench.py on the CPU: the excess chunk penalty it reports against the
+target (TTFT added by chunking, less the decode rows' work at the roofline)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from sim.core.catalog import get_model
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("engine_bench",
+                                                  ROOT / "benchmarks" / "engine_bench.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+eb = _load()
+
+
+def row(prompt, chunk, decodes, ttft_s):
+    return {"prompt": prompt, "chunk": chunk, "num_decodes": decodes, "ttft_s": ttft_s}
+
+
+def test_the_excess_penalty_takes_off_the_decode_rows_work_in_the_extra_steps():
+    spec = get_model("llama-3.1-8b")  # 131,072 KV bytes a token; 16.06 GFLOP a token
+    bandwidth, matmul = 4.0e12, 8.0e14
+    # one decode row of 1,024 keys per step: 1,024 x 131,072 B / 4e12 B/s = 33.554 us of KV,
+    # plus its token's matmuls: linear_flops_per_token / 8e14 FLOP/s
+    per_decode_s = 1024 * 131072 / 4.0e12 + spec.linear_flops_per_token() / 8.0e14
+    rows = [row(16384, 2048, 0, 0.525), row(16384, 16384, 0, 0.500),
+            row(16384, 2048, 64, 0.600), row(16384, 16384, 64, 0.500)]
+    out = {(r["chunk"], r["num_decodes"]): r
+           for r in eb.chunk_penalties(rows, spec, bandwidth, matmul)}
+    assert set(out) == {(2048, 0), (2048, 64)}  # the one-step points are the baselines
+    alone = out[(2048, 0)]
+    assert alone["penalty"] == pytest.approx(0.05) and alone["decode_work"] == 0
+    assert alone["excess"] == pytest.approx(0.05) and alone["target_max"] == 0.02
+    beside = out[(2048, 64)]
+    decode_share = 7 * 64 * per_decode_s / 0.5  # seven extra steps carry the 64 rows
+    assert beside["decode_work"] == pytest.approx(decode_share)
+    assert beside["excess"] == pytest.approx(0.2 - decode_share)
+    assert 0.04 < decode_share < 0.05  # about 4.8 of the 20 points here
+
+
+def test_a_prompt_without_a_one_step_point_gets_no_penalty_and_the_smallest_whole_chunk_is_the_base():
+    spec = get_model("llama-3.1-8b")
+    rows = [row(32768, 8192, 0, 1.0), row(16384, 4096, 0, 0.55), row(16384, 16384, 0, 0.52),
+            row(16384, 32768, 0, 0.50)]
+    out = eb.chunk_penalties(rows, spec, 4e12, 8e14)
+    assert [(r["prompt"], r["chunk"]) for r in out] == [(16384, 4096)]
+    assert out[0]["penalty"] == pytest.approx(0.55 / 0.52 - 1)
+    assert out[0]["target_max"] is None  # the target is set at chunk 2,048
