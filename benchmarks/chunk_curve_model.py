@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a plain checkout
 
-from gpu_backend.engine.shapes import mixed_shape, prefill_shape, scheduler_output  # noqa: E402
+from gpu_backend.engine.shapes import prompt_shapes, scheduler_output  # noqa: E402
 from sim.core.calibration import load_calibration  # noqa: E402
 from sim.core.catalog import get_gpu, get_model  # noqa: E402
 from sim.core.cost_model import CostModel  # noqa: E402
@@ -30,13 +30,8 @@ DECODE_CONTEXT = 1024  # engine_bench.DECODE_CONTEXT: the decode rows' context
 
 def predicted_ttft(cost: CostModel, prompt: int, chunk: int, num_decodes: int) -> float:
     """Sum of the step times of `prompt` prefilled `chunk` tokens a step (engine_bench.ttft)."""
-    seconds = 0.0
-    for prefix in range(0, prompt, chunk):
-        new = min(chunk, prompt - prefix)
-        shape = (mixed_shape(new, prefix, num_decodes, DECODE_CONTEXT) if num_decodes
-                 else prefill_shape(new, prefix))
-        seconds += cost.step(scheduler_output(shape)).total_s
-    return seconds
+    return sum(cost.step(scheduler_output(shape)).total_s
+               for shape in prompt_shapes(prompt, chunk, num_decodes, DECODE_CONTEXT))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -59,8 +59,8 @@ from gpu_backend.engine.setup import load_model  # noqa: E402
 from gpu_backend.engine.shapes import (  # noqa: E402
     decode_shape,
     host_batch,
-    mixed_shape,
     prefill_shape,
+    prompt_shapes,
 )
 from gpu_backend.env import (  # noqa: E402
     copy_bandwidth_bytes_s,
@@ -128,14 +128,16 @@ def bench_prefill(runner, spec, num_blocks, bs, matmul_peak, tokens: int) -> dic
             "target_fraction_min": PREFILL_TARGET_FRACTION}
 
 
+def prompt_batches(bs, num_blocks, prompt: int, chunk: int, num_decodes: int) -> list:
+    """The host batches of a prompt prefilled chunk by chunk, each step beside `num_decodes`
+    decodes of DECODE_CONTEXT keys."""
+    return [host_batch(shape, bs, num_blocks)
+            for shape in prompt_shapes(prompt, chunk, num_decodes, DECODE_CONTEXT)]
+
+
 def ttft(runner, bs, num_blocks, prompt: int, chunk: int, num_decodes: int) -> float:
     """Sum of the step times of a prompt prefilled chunk by chunk (+ decodes in each step)."""
-    batches = []
-    for prefix in range(0, prompt, chunk):
-        new = min(chunk, prompt - prefix)
-        shape = (mixed_shape(new, prefix, num_decodes, DECODE_CONTEXT) if num_decodes
-                 else prefill_shape(new, prefix))
-        batches.append(host_batch(shape, bs, num_blocks))
+    batches = prompt_batches(bs, num_blocks, prompt, chunk, num_decodes)
 
     def run_all() -> None:
         for batch in batches:

@@ -43,18 +43,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
-from engine_bench import DECODE_BATCH, DECODE_CONTEXT  # noqa: E402
+from engine_bench import DECODE_BATCH, DECODE_CONTEXT, prompt_batches  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from gpu_backend.engine.memory import dummy_store, kv_caches_of  # noqa: E402
 from gpu_backend.engine.runner import DecodeGraphs, ModelRunner  # noqa: E402
 from gpu_backend.engine.setup import load_model  # noqa: E402
-from gpu_backend.engine.shapes import (  # noqa: E402
-    decode_shape,
-    host_batch,
-    mixed_shape,
-    prefill_shape,
-)
+from gpu_backend.engine.shapes import decode_shape, host_batch  # noqa: E402
 from gpu_backend.env import copy_bandwidth_bytes_s, device_environment, write_result  # noqa: E402
 from gpu_backend.kernels.split_attention import SplitShapes, warm_plans  # noqa: E402
 from gpu_backend.layers import SPLIT_BACKENDS  # noqa: E402
@@ -109,8 +104,8 @@ GAP_BUCKETS_US = (5.0, 20.0, 100.0, 1000.0)
 
 
 def gaps(records: list[tuple[str, float, float]], repeat: int) -> dict:
-    """The device's idle gaps between kernels (per run): count and ms by length, and the
-    longest with the kernels on either side."""
+    """The device's idle gaps between kernels (each length's count and ms divided by
+    `repeat`, the runs or steps profiled), and the longest with the kernels on either side."""
     found, end, before = [], None, ""
     for name, s, e in records:
         if end is not None and s > end:
@@ -128,9 +123,10 @@ def gaps(records: list[tuple[str, float, float]], repeat: int) -> dict:
             "longest": [{"us": g, "after": a[:80], "before": b[:80]} for g, a, b in longest]}
 
 
-def host_calls(fn, repeat: int) -> list[dict]:
-    """CUDA runtime and driver calls on the host while `fn` runs (a second, host-traced
-    profile: the host tracing slows the host, so no device timing is taken from it)."""
+def host_calls(fn, repeat: int, per: int) -> list[dict]:
+    """CUDA runtime and driver calls on the host while `fn` runs `repeat` times, divided by
+    `per` (a second, host-traced profile: the host tracing slows the host, so no device timing
+    is taken from it)."""
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(repeat):
             fn()
@@ -139,15 +135,17 @@ def host_calls(fn, repeat: int) -> list[dict]:
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CPU and e.name.startswith("cu"):
             entry = calls.setdefault(e.name, [0.0, 0])
-            entry[0] += (e.time_range.end - e.time_range.start) / 1e3 / repeat
+            entry[0] += (e.time_range.end - e.time_range.start) / 1e3 / per
             entry[1] += 1
     top = sorted(calls.items(), key=lambda kv: -kv[1][0])[:10]
-    return [{"name": n, "ms": v[0], "calls": v[1] / repeat} for n, v in top]
+    return [{"name": n, "ms": v[0], "calls": v[1] / per} for n, v in top]
 
 
-def breakdown(fn, repeat: int) -> dict:
-    """Profile `fn` run `repeat` times (after one warm-up): per-run wall, busy and per-class
-    ms, the device's idle gaps, and the host's CUDA calls."""
+def breakdown(fn, repeat: int, steps: int = 1) -> dict:
+    """Profile `fn` run `repeat` times (after one warm-up): wall, busy and per-class ms, the
+    device's idle gaps and the host's CUDA calls, per run, or per step where one run of `fn`
+    is `steps` steps."""
+    per = repeat * steps
     fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -155,24 +153,24 @@ def breakdown(fn, repeat: int) -> dict:
         for _ in range(repeat):
             fn()
         torch.cuda.synchronize()
-        wall = (time.perf_counter() - start) / repeat
+        wall = (time.perf_counter() - start) / per
     records = kernel_records(prof)
     classes: dict[str, float] = {}
     kernels: dict[str, list[float]] = {}
     for name, s, e in records:
         label = kernel_class(name)
-        classes[label] = classes.get(label, 0.0) + (e - s) / 1e3 / repeat
+        classes[label] = classes.get(label, 0.0) + (e - s) / 1e3 / per
         entry = kernels.setdefault(name, [0.0, 0])
-        entry[0] += (e - s) / 1e3 / repeat
+        entry[0] += (e - s) / 1e3 / per
         entry[1] += 1
-    span = (records[-1][2] - records[0][1]) / 1e3 / repeat if records else 0.0
-    busy = busy_us(records) / 1e3 / repeat
+    span = (records[-1][2] - records[0][1]) / 1e3 / per if records else 0.0
+    busy = busy_us(records) / 1e3 / per
     top = sorted(kernels.items(), key=lambda kv: -kv[1][0])[:12]
     return {"wall_ms": wall * 1e3, "device_span_ms": span, "busy_ms": busy,
             "idle_ms": wall * 1e3 - busy, "classes_ms": dict(sorted(classes.items())),
             "top_kernels": [{"name": n[:120], "class": kernel_class(n), "ms": v[0],
-                             "calls": v[1] // repeat} for n, v in top],
-            "gaps": gaps(records, repeat), "host_calls": host_calls(fn, repeat)}
+                             "calls": v[1] // per} for n, v in top],
+            "gaps": gaps(records, per), "host_calls": host_calls(fn, repeat, per)}
 
 
 def graph_ms(fn, calls: int = 50, repeat: int = 20) -> float:
@@ -279,23 +277,15 @@ def main() -> None:
         for step in [runner.launch(decode) for _ in range(steps)]:
             step.collect()
 
-    pipelined = breakdown(decodes_launched, repeat=1)
-    for key in ("wall_ms", "busy_ms", "idle_ms"):
-        pipelined[key] /= steps
-    pipelined["classes_ms"] = {k: v / steps for k, v in pipelined["classes_ms"].items()}
-    res["decode_launched_ahead"] = {**pipelined, **roofline}
+    res["decode_launched_ahead"] = {**breakdown(decodes_launched, repeat=1, steps=steps),
+                                    **roofline}
     res["decode_matmuls"] = decode_matmuls(spec, bandwidth)
 
     for key, launched in (("chunked_prompt", False), ("chunked_prompt_launched_ahead", True)):
         curves: dict[str, dict] = {}
         for num_decodes in (0, DECODE_BATCH):
             for chunk in CHUNKS:
-                batches = []
-                for prefix in range(0, PROMPT, chunk):
-                    new = min(chunk, PROMPT - prefix)
-                    shape = (mixed_shape(new, prefix, num_decodes, DECODE_CONTEXT)
-                             if num_decodes else prefill_shape(new, prefix))
-                    batches.append(host_batch(shape, bs, num_blocks))
+                batches = prompt_batches(bs, num_blocks, PROMPT, chunk, num_decodes)
 
                 def run_all(batches=batches, launched=launched) -> None:
                     if launched:  # every step queued before the first is collected

@@ -22,7 +22,7 @@ from gpu_backend.engine.memory import (
 from gpu_backend.engine.profile_grid import default_grid, grid_max_len
 from gpu_backend.engine.runner import ModelRunner, StepPhases
 from gpu_backend.engine.setup import plain_store
-from gpu_backend.engine.shapes import host_batch, mixed_shape, scheduler_output
+from gpu_backend.engine.shapes import host_batch, mixed_shape, prompt_shapes, scheduler_output
 from gpu_backend.model import build_model
 from sim.core.calibration import MIN_PROGRAM_STEPS, num_program_bound
 from sim.core.calibration.profile_fit import fit_profile
@@ -125,6 +125,16 @@ def test_scheduler_output_of_a_mixed_step_matches_the_core_fields():
     assert (out.num_prefill_tokens, out.num_decode_tokens) == (100, 3)
     assert out.prefill_chunks == ((100, 50),) and out.decode_context_tokens == 60
     assert out.num_sampled_rows == 4 and len(out.scheduled) == 4
+
+
+def test_a_chunked_prompt_is_its_chunks_over_the_prefix_before_each():
+    alone = prompt_shapes(5000, 2048)
+    assert [(s.kind, s.prefills, s.decodes) for s in alone] == [
+        ("prefill", ((2048, 0),), ()), ("prefill", ((2048, 2048),), ()),
+        ("prefill", ((904, 4096),), ())]
+    beside = prompt_shapes(5000, 8192, num_decodes=3, decode_context=100)
+    assert [(s.kind, s.prefills, s.decodes) for s in beside] == [
+        ("mixed", ((5000, 0),), (100, 100, 100))]
 
 
 def test_grid_shapes_run_through_the_tiny_model_on_cpu():

@@ -46,7 +46,7 @@ def test_steps_launched_back_to_back_give_the_ids_each_gives_alone():
     batches = [host_batch(s, 16, num_blocks) for s in shapes]
     alone = [runner.execute(b) for b in batches]
     launched = [runner.launch(b) for b in batches]
-    together = [step.collect(runner) for step in launched]
+    together = [step.collect() for step in launched]
     for one, other, shape in zip(alone, together, shapes):
         assert one.shape == (len(shape.prefills) + len(shape.decodes),)
         assert np.array_equal(one, other)
@@ -61,5 +61,5 @@ def test_a_step_without_tokens_launches_nothing():
                     query_start_loc=np.zeros(2, dtype=np.int32),
                     logits_indices=empty.logits_indices[:0])
     assert empty.num_tokens == 0
-    assert runner.launch(empty).collect(runner).shape == (0,)
+    assert runner.launch(empty).collect().shape == (0,)
     assert runner.num_eager_steps == 0

@@ -294,7 +294,7 @@ def test_decode_graph_steps_launched_back_to_back_keep_their_own_ids():
     alone = [runner.execute(first), runner.execute(second)]
     assert not np.array_equal(alone[0], alone[1])  # the test tells the two steps apart
     launched = [runner.launch(first), runner.launch(second)]
-    assert [np.array_equal(step.collect(runner), ids)
+    assert [np.array_equal(step.collect(), ids)
             for step, ids in zip(launched, alone)] == [True, True]
     assert runner.num_graph_steps == 4
     graphs.release()

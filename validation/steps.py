@@ -230,8 +230,7 @@ def split_attention(cost: CostModel, table: StepTable) -> np.ndarray | None:
     for i in np.flatnonzero(table.has_prefill):
         parts = cost.split_chunks(table.prefill_chunks[i])
         if parts is not None:
-            seconds[i] = (cost.split_attention_s(parts[0]) + cost.prefill_attention_s(parts[1])
-                          + cost.decode_attention_s(int(table.decode_context_tokens[i])))
+            seconds[i] = cost.split_step_attention_s(parts, int(table.decode_context_tokens[i]))
     return seconds if np.isfinite(seconds).any() else None
 
 

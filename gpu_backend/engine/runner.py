@@ -221,6 +221,7 @@ class SpanEvents:
         if self.cuda:
             self.start = torch.cuda.Event(enable_timing=True)
             self.end = torch.cuda.Event(enable_timing=True)
+            self.copied = self.end  # what `wait` waits for: the step, or its ids' copy
 
     def record_start(self) -> None:
         if self.cuda:
@@ -229,7 +230,6 @@ class SpanEvents:
     def record_end(self) -> None:
         if self.cuda:
             self.end.record()
-            self.copied = self.end
 
     def record_copied(self) -> None:
         """After the copy of the step's ids to the host was queued: `wait` waits for it."""
@@ -282,7 +282,10 @@ class ModelRunner:
         the sampled ids (CUDA events; NaN on the CPU). A span close to the enqueue time means
         the device waited for the host: a launch-bound step.
         """
-        return self.launch(batch).collect(self)
+        step = self.launch(batch)
+        ids = step.collect()
+        self.phases = step.phases
+        return ids
 
     def launch(self, batch: HostBatch) -> LaunchedStep:
         """Queue the step's work on the device and return without waiting for it: its ids
@@ -326,21 +329,19 @@ class ModelRunner:
 class LaunchedStep:
     """A step queued on the device (`ModelRunner.launch`): its ids, once copied to the host
     (`rows`: a decode graph's rows that sample, None when `ids` are those rows already), and
-    the events around it; `events` None for a step with no tokens."""
+    the events around it; `events` None for a step with no tokens. `phases` are known once
+    collected."""
     ids: Tensor | None
     rows: np.ndarray | None
     events: SpanEvents | None
     enqueue_s: float
+    phases: StepPhases = StepPhases()
 
-    def collect(self, runner: ModelRunner | None = None) -> np.ndarray:
-        """Block until the step's ids are on the host and return them; the step's phases go
-        to `runner.phases` when given."""
+    def collect(self) -> np.ndarray:
+        """Block until the step's ids are on the host and return them (and set `phases`)."""
         if self.ids is None or self.events is None:
-            if runner is not None:
-                runner.phases = StepPhases()
             return np.zeros(0, dtype=np.int64)
         self.events.wait()  # the sync, also for a step whose ids copy is empty
-        if runner is not None:
-            runner.phases = StepPhases(self.enqueue_s, self.events.span_s())
+        self.phases = StepPhases(self.enqueue_s, self.events.span_s())
         ids = self.ids.numpy()
         return ids[self.rows] if self.rows is not None else ids

@@ -78,6 +78,15 @@ def mixed_shape(new_tokens: int, prefix_tokens: int, batch_size: int, context: i
     return StepShape("mixed", ((new_tokens, prefix_tokens),), (context,) * batch_size)
 
 
+def prompt_shapes(prompt: int, chunk: int, num_decodes: int = 0,
+                  decode_context: int = 0) -> list[StepShape]:
+    """The steps of a `prompt`-token prompt prefilled `chunk` tokens a step, each over the
+    prefix before it and beside `num_decodes` decodes of `decode_context` keys."""
+    return [mixed_shape(min(chunk, prompt - prefix), prefix, num_decodes, decode_context)
+            if num_decodes else prefill_shape(min(chunk, prompt - prefix), prefix)
+            for prefix in range(0, prompt, chunk)]
+
+
 def host_batch(shape: StepShape, block_size: int, num_pool_blocks: int) -> HostBatch:
     """Host arrays of `shape`; decode rows first, then prefill rows (each row samples), in
     the order RequestMirror.build puts them."""

@@ -187,8 +187,7 @@ class CostModel(OperatorCosts):
             rows, launch = self.eager_step(num_tokens)
         split = self.split_chunks(out.prefill_chunks) if out.num_prefill_tokens else None
         if split is not None:  # SPLIT's sequences, the rest on the Triton paths
-            attention = (self.split_attention_s(split[0]) + self.prefill_attention_s(split[1])
-                         + self.decode_attention_s(out.decode_context_tokens))
+            attention = self.split_step_attention_s(split, out.decode_context_tokens)
         else:
             attention = self.prefill_attention_s(out.prefill_chunks) + (
                 self.mixed_decode_attention_s(out.decode_context_tokens)

@@ -102,6 +102,14 @@ class OperatorCosts:
                 + calls * self.model.num_layers * self.eff.split_call_s
                 + 2.0 * keys * self._kv_bytes_per_token / self._bytes_s)
 
+    def split_step_attention_s(self, parts: tuple[Chunks, Chunks],
+                               decode_context_tokens: int) -> float:
+        """The attention of a step that runs SPLIT (`parts`: `split_chunks` of its prefill
+        chunks): SPLIT's sequences, the rest on the Triton prefill path, the decode rows as
+        reads."""
+        return (self.split_attention_s(parts[0]) + self.prefill_attention_s(parts[1])
+                + self.decode_attention_s(decode_context_tokens))
+
     def decode_attention_s(self, context_tokens: int) -> float:
         return context_tokens * self._kv_bytes_per_token / self._kv_bytes_s
 

@@ -62,10 +62,11 @@ from sim.core.calibration.transfer import transfer
 
 __all__ = [
     "MIN_LAUNCH_STEPS", "MIN_PROGRAM_STEPS", "MIN_SPLIT_STEPS", "ROOFLINE", "SHIPPED_DIR",
-    "UNCALIBRATED", "Calibration", "EngineKind", "Provenance", "choose_calibration", "describe",
-    "engine_kinds_of", "fit_efficiency", "fit_with_program_term", "given_calibration",
-    "invoked_command", "launch_terms", "load_calibration", "load_efficiency",
-    "num_program_bound", "parse_calibration", "parts_of", "piecewise_mismatch", "attention_mismatch", "pricing",
+    "UNCALIBRATED", "Calibration", "EngineKind", "Provenance", "attention_mismatch",
+    "choose_calibration", "describe", "engine_kinds_of", "fit_efficiency",
+    "fit_with_program_term", "given_calibration", "invoked_command", "launch_terms",
+    "load_calibration", "load_efficiency", "num_program_bound", "parse_calibration",
+    "parts_of", "piecewise_mismatch", "pricing",
     "pricing_line", "profile_provenance", "read_json", "save_calibration", "select_calibration",
     "shipped_path", "split_run_terms_fixed", "split_term_fixed", "timed_launch_kinds", "transfer",
     "uncalibrated_warning", "vmm_costs_of",

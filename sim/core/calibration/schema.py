@@ -31,8 +31,6 @@ from sim.core.memory_plan import ActivationProfile
 from sim.core.split_shapes import ATTENTION_BACKENDS, TRITON_ATTENTION
 
 OPTIONAL_EFFICIENCIES = ("piecewise_launch_s", "attention_program")  # None: not priced
-# a profile records its engine's attention backend as "attention_backend"; files without the
-# key were profiled on the Triton kernel
 
 
 @dataclass(frozen=True)
@@ -223,6 +221,7 @@ def provenance_of(data: Mapping, source: str, sizes: tuple[int, ...],
     if named is not None and not ENGINE_LABEL.match(named.strip().lower()):
         values["engine_variant"] = values["engine_variant"] or named  # words, not a kind
         named = None
+    # the profile's engine's attention backend; files without the key ran the Triton kernel
     backend = data.get("attention_backend", TRITON_ATTENTION)
     if backend not in ATTENTION_BACKENDS:
         raise ValueError(f"{source}: attention_backend is {backend!r}; expected one of "

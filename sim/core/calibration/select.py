@@ -195,4 +195,3 @@ def attention_mismatch(calibration: Calibration | None, backends: set[str]) -> s
                 "prefill steps never run the Triton kernel: its Triton prefill terms are "
                 "defaults; profile with --attention-backend auto")
     return None
-
