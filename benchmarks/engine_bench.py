@@ -29,6 +29,10 @@ Run from the repository root on the GPU machine (under ~3 minutes for Llama-3.1-
    built first, as the engine does at start-up, and `split_plan_warmup` records its count
    and seconds), and the activation-memory profile's peaks at 2k..16k tokens with their
    fitted line.
+7. with `--async-scheduling`: the decode step and the chunk-size curves (3, 5) also timed as
+   the engine runs them under async scheduling, each step launched before the one before it
+   is collected (`ModelRunner.launch`), so the host's work between steps overlaps the
+   device's; under `decode_async`, `chunk_curve_async`, ... (and their chunk penalties).
 Steps are timed as the engine times them: host arrays -> device -> forward -> ids on host.
 """
 
@@ -104,14 +108,40 @@ def matmul_flops_s() -> float:
     return 2 * 8192**3 / seconds
 
 
-def bench_decode(runner, spec, num_blocks, bs, weights_bytes, bandwidth) -> dict:
+def run_steps(runner, batches, ahead: bool) -> None:
+    """Run the steps in order: each executed (launched and collected) in turn, or, `ahead`,
+    each launched before the one before it is collected (async scheduling)."""
+    if not ahead:
+        for batch in batches:
+            runner.execute(batch)
+        return
+    before = None
+    for batch in batches:
+        step = runner.launch(batch)
+        if before is not None:
+            before.collect()
+        before = step
+    if before is not None:
+        before.collect()
+
+
+DECODE_RUN = 20  # decode steps launched ahead in a row, per timing
+
+
+def bench_decode(runner, spec, num_blocks, bs, weights_bytes, bandwidth,
+                 ahead: bool = False) -> dict:
     batch = host_batch(decode_shape(DECODE_BATCH, DECODE_CONTEXT), bs, num_blocks)
-    seconds = timed(lambda: runner.execute(batch), repeat=20, warmup=3)
+    if ahead:  # the mean step of a run launched ahead
+        seconds = timed(lambda: run_steps(runner, [batch] * DECODE_RUN, True), repeat=5,
+                        warmup=1) / DECODE_RUN
+    else:
+        seconds = timed(lambda: runner.execute(batch), repeat=20, warmup=3)
     kv_bytes = DECODE_BATCH * DECODE_CONTEXT * spec.kv_bytes_per_token()
     roofline = (weights_bytes + kv_bytes) / bandwidth
     return {"batch": DECODE_BATCH, "context": DECODE_CONTEXT, "measured_s": seconds,
             "roofline_s": roofline, "ratio_to_roofline": seconds / roofline,
-            "target_ratio_max": DECODE_TARGET_RATIO, "graph": True}
+            "target_ratio_max": DECODE_TARGET_RATIO, "graph": True,
+            "launched_ahead": ahead}
 
 
 def bench_prefill(runner, spec, num_blocks, bs, matmul_peak, tokens: int) -> dict:
@@ -135,19 +165,16 @@ def prompt_batches(bs, num_blocks, prompt: int, chunk: int, num_decodes: int) ->
             for shape in prompt_shapes(prompt, chunk, num_decodes, DECODE_CONTEXT)]
 
 
-def ttft(runner, bs, num_blocks, prompt: int, chunk: int, num_decodes: int) -> float:
-    """Sum of the step times of a prompt prefilled chunk by chunk (+ decodes in each step)."""
+def ttft(runner, bs, num_blocks, prompt: int, chunk: int, num_decodes: int,
+         ahead: bool = False) -> float:
+    """Sum of the step times of a prompt prefilled chunk by chunk (+ decodes in each step);
+    `ahead`: each step launched before the one before it is collected."""
     batches = prompt_batches(bs, num_blocks, prompt, chunk, num_decodes)
-
-    def run_all() -> None:
-        for batch in batches:
-            runner.execute(batch)
-
-    return timed(run_all, repeat=2, warmup=1)
+    return timed(lambda: run_steps(runner, batches, ahead), repeat=2, warmup=1)
 
 
 def bench_chunks(runner, bs, num_blocks, prompts, chunks, model,
-                 backends: tuple[str, ...]) -> dict[str, list[dict]]:
+                 backends: tuple[str, ...], ahead: bool = False) -> dict[str, list[dict]]:
     """The chunk-size curve of each attention backend; at every point each backend in turn."""
     rows: dict[str, list[dict]] = {backend: [] for backend in backends}
     for prompt in prompts:
@@ -156,7 +183,7 @@ def bench_chunks(runner, bs, num_blocks, prompts, chunks, model,
             for chunk in chunks:
                 for backend in backends:
                     set_attention_backend(model, backend)
-                    seconds = ttft(runner, bs, num_blocks, prompt, chunk, num_decodes)
+                    seconds = ttft(runner, bs, num_blocks, prompt, chunk, num_decodes, ahead)
                     base.setdefault(backend, seconds)
                     rows[backend].append({"prompt": prompt, "chunk": chunk,
                                           "num_decodes": num_decodes, "ttft_s": seconds,
@@ -312,13 +339,20 @@ def print_report(res: dict) -> None:
     print(f"prefill {p['tokens']} tokens: {p['measured_s'] * 1e3:.1f} ms, "
           f"{p['achieved_flops_s'] / 1e12:.0f} TFLOP/s = {p['fraction_of_matmul']:.0%} of matmul "
           f"(target >= {p['target_fraction_min']:.0%})")
+    if "decode_async" in res:
+        a = res["decode_async"]
+        print(f"decode launched ahead (async scheduling): {a['measured_s'] * 1e3:.3f} ms -> "
+              f"{a['ratio_to_roofline']:.2f}x the roofline")
     if backends != ["triton"]:
         print_backends(res)
-    for curve in ("chunk_curve", "chunk_curve_piecewise"):
+    for curve in ("chunk_curve", "chunk_curve_async", "chunk_curve_piecewise",
+                  "chunk_curve_piecewise_async"):
         if curve not in res:
             continue
-        if curve == "chunk_curve_piecewise":
+        if curve.startswith("chunk_curve_piecewise"):
             print(f"with piecewise graphs up to {res['piecewise_max_tokens']} tokens:")
+        if curve.endswith("_async"):
+            print("each step launched before the one before it is collected (async):")
         print_curve(res[curve], backends[0],
                     {name: res[f"{curve}_{name}"] for name in backends[1:]})
     for key in sorted(k for k in res if k.startswith("chunk_penalty")):
@@ -360,12 +394,25 @@ def main() -> None:
                              "The first runs every section; each other one adds its prefill, "
                              "chunk-size curves, new-shape steps and memory profile "
                              "(default: triton)")
+    parser.add_argument("--async-scheduling", action="store_true",
+                        help="also time the decode step and the chunk-size curves with each "
+                             "step launched before the one before it is collected, as the "
+                             "engine runs under async scheduling")
+    parser.add_argument("--blas", choices=("default", "cublaslt"), default="default",
+                        help="torch's BLAS library for every matmul (torch.backends.cuda."
+                             "preferred_blas_library), set before anything runs")
     args = parser.parse_args()
     backends = tuple(dict.fromkeys(args.attention_backend))
     # results named by what they measure: the default file holds the Triton backend's
     suffix = () if backends == ("triton",) else ("attention", *backends)
+    if args.async_scheduling:
+        suffix = (*suffix, "async")
+    if args.blas != "default":
+        suffix = (*suffix, args.blas)
     if not torch.cuda.is_available():
         sys.exit("engine_bench needs a CUDA GPU")
+    if args.blas != "default":
+        torch.backends.cuda.preferred_blas_library(args.blas)
     spec, bs = get_model(args.model), args.block_size
     context = spec.max_position_embeddings
     # prompts within the model's context only: EngineConfig refuses a longer max_model_len,
@@ -397,10 +444,14 @@ def main() -> None:
     graphs.capture()
     runner = ModelRunner(model, caches, torch.device("cuda"), graphs)
     res = {"env": device_environment(), "model": spec.name, "attention_backends": list(backends),
+           "blas": args.blas,
            "cudnn_sdpa_avoid_recompile": os.environ.get("TORCH_CUDNN_SDPA_AVOID_RECOMPILE"),
            "copy_bandwidth_bytes_s": bandwidth, "matmul_flops_s": matmul_peak,
            "weights_bytes": weights_bytes,
            "decode": bench_decode(runner, spec, num_blocks, bs, weights_bytes, bandwidth)}
+    if args.async_scheduling:
+        res["decode_async"] = bench_decode(runner, spec, num_blocks, bs, weights_bytes,
+                                           bandwidth, ahead=True)
     if set(backends) & set(SPLIT_BACKENDS):
         res["split_plan_warmup"] = warm_split(model, spec, max(chunks), max_len)
     if backends != ("triton",):
@@ -409,6 +460,9 @@ def main() -> None:
         res["prefill"] = bench_prefill(runner, spec, num_blocks, bs, matmul_peak, 16384)
     add_curves(res, "chunk_curve",
                bench_chunks(runner, bs, num_blocks, prompts, chunks, model, backends))
+    if args.async_scheduling:
+        add_curves(res, "chunk_curve_async",
+                   bench_chunks(runner, bs, num_blocks, prompts, chunks, model, backends, True))
     if args.piecewise_max_tokens is not None:
         pieces = PiecewiseGraphs(model, caches, args.piecewise_max_tokens, torch.device("cuda"))
         pieces.capture()
@@ -416,6 +470,10 @@ def main() -> None:
         res["piecewise_max_tokens"] = args.piecewise_max_tokens
         add_curves(res, "chunk_curve_piecewise",
                    bench_chunks(piecewise, bs, num_blocks, prompts, chunks, model, backends))
+        if args.async_scheduling:
+            add_curves(res, "chunk_curve_piecewise_async",
+                       bench_chunks(piecewise, bs, num_blocks, prompts, chunks, model, backends,
+                                    True))
         pieces.release()
     graphs.release()
     for key in [k for k in res if k.startswith("chunk_curve")]:

@@ -19,6 +19,13 @@ they are there), so the timeline's used blocks for a run are those of its last s
 peak); the recorder takes off the steps each block waited for its first use
 (`SchedulerStats.run_block_wait_steps`), so the mean KV use counts step by step.
 
+Under async scheduling (EngineConfig.async_scheduling, vLLM's default) each step is scheduled
+as the one before it starts (a decode run's next step: as its last step starts), and the
+scheduler closes it at once, as the GPU engine does (gpu_backend/engine/engine.py): a request
+arriving during a step is seen one step later, a decode run may go one step past the next
+arrival, and a step's requests are stamped with its end only when it ends. The cost model
+then hides a step's host work behind the step before (`CostModel.host_hidden`).
+
 Nothing polls. An idle replica sleeps on an event its next request triggers; the arrivals
 process sleeps until the next arrival; the fleet's `done` event fires when the last request
 has ended, so a gap of 1e12 s between two arrivals costs one event, not 2e11.
@@ -26,20 +33,33 @@ has ended, so a gap of 1e12 s between two arrivals costs one event, not 2e11.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
 
 import simpy
 
-from sim.core.cost_model import CostModel
+from sim.core.cost_model import CostModel, step_total_s
 from sim.core.engine_config import EngineCore
 from sim.core.request import RequestState, RequestStatus
-from sim.core.step import ElasticAction
+from sim.core.step import ElasticAction, SchedulerOutput, SchedulerStats
 from sim.recording.metrics import ReplicaRecorder
 from traces import Request, Trace
 
 _CHUNK = 1 << 14  # trace rows turned into Python numbers at a time
 ProgressFn = Callable[[float, int], None]
 """progress(simulated_s, num_finished)."""
+
+
+@dataclass
+class AheadStep:
+    """A step scheduled, and closed in the scheduler, before it runs (async scheduling)."""
+    out: SchedulerOutput
+    stats: SchedulerStats
+    durations: list[float]
+    duration_s: float
+    first: list[RequestState]  # requests whose first token it samples
+    ended: list[RequestState]  # finished or failed in it
 
 
 class Replica:
@@ -54,6 +74,12 @@ class Replica:
         self.num_finished = 0
         self._wakeup = env.event()
         self._run: tuple[list[float], float] | None = None  # the decode run's steps, its length
+        self._ahead = core.config.async_scheduling
+        self._run_start_s = 0.0  # when the step being scheduled starts (after any pause)
+        self._num_ahead = 0  # async: steps scheduled and closed, not yet ended (up to two)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished() or self._num_ahead > 0
 
     def submit(self, req: Request) -> None:
         state = RequestState(req.request_id, req.arrival_s, req.prompt_tokens, req.output_tokens,
@@ -66,6 +92,9 @@ class Replica:
             self._wakeup.succeed()
 
     def run(self, env: simpy.Environment) -> Generator[simpy.Event, None, None]:
+        if self._ahead:
+            yield from self._run_ahead(env)
+            return
         sched, fleet, recorder = self.scheduler, self.fleet, self.recorder
         limit = self._decode_run_limit
         while True:
@@ -74,6 +103,7 @@ class Replica:
                 yield self._wakeup
                 continue
             self._run = None
+            self._run_start_s = env.now
             out = sched.schedule(decode_run_limit=limit)
             stats = sched.make_stats()
             if out.elastic is not None:
@@ -81,15 +111,7 @@ class Replica:
                 recorder.elastic(env.now, out.elastic, pause_s)
                 yield env.timeout(pause_s)
             start_s = env.now
-            if out.num_steps > 1:
-                assert self._run is not None
-                durations, duration_s = self._run
-            elif out.oom is not None:  # the step never ran: the engine failed and dropped it
-                duration_s = self.cost.eff.step_overhead_s
-                durations = [duration_s]
-            else:
-                duration_s = self.cost.step(out).total_s
-                durations = [duration_s]
+            durations, duration_s = self._durations(out)
             yield env.timeout(duration_s)
             due_s = fleet.next_arrival_s
             if due_s is not None and due_s <= env.now:
@@ -101,6 +123,85 @@ class Replica:
             recorder.step(start_s, out, stats, durations, duration_s=duration_s)
             if fleet.next_arrival_s is None:
                 fleet.check_done()
+
+    def _run_ahead(self, env: simpy.Environment) -> Generator[simpy.Event, None, None]:
+        """The engine process under async scheduling: the next step is scheduled (and closed
+        in the scheduler) as the current one starts, and stamped when it ends."""
+        sched, fleet = self.scheduler, self.fleet
+        step: AheadStep | None = None
+        while True:
+            if step is None:
+                if not sched.has_unfinished():
+                    self._wakeup = env.event()
+                    yield self._wakeup
+                    continue
+                step = self._schedule_ahead(env.now)
+                yield from self._pause(env, step)
+            start_s = env.now
+            head_s = step.duration_s - step.durations[-1] if step.out.num_steps > 1 else 0.0
+            if head_s > 0:  # a decode run: the next step is scheduled as its last one starts
+                yield env.timeout(head_s)
+            last_s = step.durations[-1]
+            after = self._schedule_ahead(env.now + last_s) if sched.has_unfinished() else None
+            yield env.timeout(last_s)
+            due_s = fleet.next_arrival_s
+            if due_s is not None and due_s <= env.now:
+                fleet.deliver_due(env.now)  # same-time arrivals join before the step closes
+            self._close_ahead(step, start_s)
+            step = after
+            if step is not None:
+                yield from self._pause(env, step)
+            if fleet.next_arrival_s is None:
+                fleet.check_done()
+
+    def _schedule_ahead(self, start_s: float) -> AheadStep:
+        """Schedule the step that starts at `start_s` (after its elastic pause, if any) and
+        close it in the scheduler at once; its requests are stamped when it ends."""
+        sched = self.scheduler
+        self._run = None
+        self._run_start_s = start_s
+        out = sched.schedule(decode_run_limit=self._decode_run_limit)
+        stats = sched.make_stats()
+        durations, duration_s = self._durations(out)
+        requests = sched.requests
+        first = [req for req in (requests.get(s.request_id) for s in out.scheduled if s.samples)
+                 if req is not None and req.first_token_s is None]
+        ended = sched.update(out, math.nan)
+        self._num_ahead += 1
+        return AheadStep(out, stats, durations, duration_s, first, ended)
+
+    def _durations(self, out: SchedulerOutput) -> tuple[list[float], float]:
+        """The durations of `out`'s steps and their sum (a decode run's, as its limit priced
+        them)."""
+        if out.num_steps > 1:
+            assert self._run is not None
+            return self._run
+        if out.oom is not None:  # the step never ran: the engine failed and dropped it
+            duration_s = self.cost.eff.step_overhead_s
+        else:
+            duration_s = self.cost.step(out).total_s
+        return [duration_s], duration_s
+
+    def _pause(self, env: simpy.Environment,
+               step: AheadStep) -> Generator[simpy.Event, None, None]:
+        """A step's elastic action waits for the step before it to end (the device idle)."""
+        if step.out.elastic is not None:
+            pause_s = self._pause_s(step.out.elastic)
+            self.recorder.elastic(env.now, step.out.elastic, pause_s)
+            yield env.timeout(pause_s)
+
+    def _close_ahead(self, step: AheadStep, start_s: float) -> None:
+        now, recorder = self.env.now, self.recorder
+        self._num_ahead -= 1
+        for req in step.first:
+            req.first_token_s = now
+        for req in step.ended:
+            if req.status is RequestStatus.FINISHED:
+                req.finish_s = now
+                self.num_finished += 1
+            self.outstanding_tokens -= req.num_prompt_tokens + req.max_output_tokens
+            recorder.done(req)
+        recorder.step(start_s, step.out, step.stats, step.durations, duration_s=step.duration_s)
 
     def _pause_s(self, action: ElasticAction) -> float:
         """The engine's pause for an elastic action: VMM time, then migration copies."""
@@ -114,22 +215,28 @@ class Replica:
         Steps are priced one at a time (`CostModel.decode_step_terms`, the figures
         `CostModel.decode_run_s` gives), up to the first that would start at or after the
         arrival: step i starts at the run's start plus the first i durations, added in order,
-        and the run lasts their sum, added the same way."""
+        and the run lasts their sum, added the same way. Under async scheduling a step is
+        scheduled as the one before it starts, so the run goes up to the first step whose
+        predecessor starts at or after the arrival."""
         next_arrival_s = self.fleet.next_arrival_for(self.replica_id)
-        start_s = self.env.now if attach is None else self.env.now + self._pause_s(attach)
+        start_s = self._run_start_s + (0.0 if attach is None else self._pause_s(attach))
         due_s = float("inf") if next_arrival_s is None else next_arrival_s
         fixed_s, per_token_s, launch, fraction, overhead = self.cost.decode_step_terms(batch_size)
+        hidden = self.cost.hidden_s
         durations: list[float] = []
         elapsed_s = 0.0
         context = context_tokens
+        ahead = self._ahead
         while True:
-            device = fixed_s + context * per_token_s
-            duration_s = ((device if device > launch else launch)
-                          + fraction * (launch if device > launch else device) + overhead)
+            duration_s = step_total_s(fixed_s + context * per_token_s, launch, fraction,
+                                      overhead, hidden)
             durations.append(duration_s)
+            begun_s = elapsed_s
             elapsed_s += duration_s
+            # the next step is scheduled as it would start (async: as this one starts)
+            scheduled_s = start_s + (begun_s if ahead else elapsed_s)
             context += batch_size
-            if len(durations) == max_steps or start_s + elapsed_s >= due_s:
+            if len(durations) == max_steps or scheduled_s >= due_s:
                 break
         self._run = (durations, elapsed_s)
         return len(durations)
@@ -218,7 +325,7 @@ class Fleet:
 
     def check_done(self) -> None:
         if self.next_arrival_s is None and not self.done.triggered and all(
-                not r.scheduler.has_unfinished() for r in self.replicas):
+                not r.has_unfinished() for r in self.replicas):
             self.done.succeed()
 
     def arrivals(self, env: simpy.Environment) -> Generator[simpy.Event, None, None]:
@@ -236,7 +343,7 @@ class Fleet:
         idle gap, once at its end."""
         while not self.done.triggered:
             progress(env.now, self.num_finished)
-            idle = all(not r.scheduler.has_unfinished() for r in self.replicas)
+            idle = all(not r.has_unfinished() for r in self.replicas)
             wait_s = every_s
             if idle and self.next_arrival_s is not None:
                 wait_s = max(every_s, self.next_arrival_s - env.now)

@@ -339,3 +339,37 @@ def test_the_command_recorded_is_the_one_typed(monkeypatch):
     monkeypatch.setattr("sys.argv", ["bench.py", "--quick"])
     assert invoked_command() == "python bench.py --quick"
 
+
+
+# ------------------------------------------------------------------------- the host gap
+def test_the_host_gap_is_the_median_step_time_less_device_span():
+    from sim.core.calibration.profile_fit import with_host_gap
+    from sim.core.efficiency import measured_host_gap_s
+
+    records = [{"measured_s": 0.010, "device_s": 0.0094},  # 0.6 ms
+               {"measured_s": 0.020, "device_s": 0.0198},  # 0.2 ms
+               {"measured_s": 0.005, "device_s": float("nan")},  # no span: left out
+               {"measured_s": 0.007, "device_s": 0.0066},  # 0.4 ms
+               {"measured_s": 0.030, "device_s": 0.0293}]  # 0.7 ms
+    assert measured_host_gap_s(records) == pytest.approx(0.0005)  # (0.4 + 0.6) / 2
+    assert measured_host_gap_s(records[:2]) == pytest.approx(0.0004)
+    assert measured_host_gap_s([{"measured_s": 0.01}]) is None
+    assert with_host_gap(EFF, records).host_gap_s == pytest.approx(0.0005)
+    assert with_host_gap(EFF, []) == EFF
+
+
+def test_a_file_without_the_host_gap_takes_it_from_its_own_grid(tmp_path):
+    import statistics
+
+    shipped = json.loads((SHIPPED_DIR / "h200" / "llama-3.1-8b.json").read_text())
+    assert "host_gap_s" not in shipped["efficiency"]
+    gaps = [m["measured_s"] - m["device_s"] for m in shipped["measurements"]]
+    loaded = load_calibration(write(tmp_path / "c.json", shipped))
+    assert loaded.efficiency.host_gap_s == pytest.approx(statistics.median(gaps))
+    assert 2e-4 < loaded.efficiency.host_gap_s < 1e-3
+    bare = calibration_data()  # no grid and no host gap: the default
+    bare["efficiency"] = {k: v for k, v in bare["efficiency"].items() if k != "host_gap_s"}
+    assert load_calibration(write(tmp_path / "d.json", bare)).efficiency.host_gap_s == \
+        Efficiency().host_gap_s
+    given = {**bare, "efficiency": {**bare["efficiency"], "host_gap_s": 7e-4}}
+    assert load_calibration(write(tmp_path / "e.json", given)).efficiency.host_gap_s == 7e-4

@@ -58,23 +58,68 @@ class TickTimer:
         return self.t
 
 
+def prefill_of_request_one(batch: HostBatch) -> bool:
+    """A FakeRunner `fail_when`: the steps that prefill request 1."""
+    return 1 in batch.request_ids and batch.max_query_len > 1
+
+
 class FakeRunner:
-    """Samples (last input id + 1) % vocab for each sampled row; can raise on chosen steps."""
+    """Samples (last input id + 1) % vocab for each sampled row; can raise on chosen steps.
+
+    `execute` takes `step_s` of the timer. `launch` models a device queue: the host spends
+    `host_s` launching, the device runs each step for `step_s` once the host has launched it
+    and the step before has ended, and `collect` waits until then. `holds_host(batch)` says
+    which launches hold the host (the engine collects the step in flight before them; only
+    those take `host_s` then). A launched step's pending
+    input ids come from the ids of the step given as `after` (as the device gather does)."""
 
     graphs = None
 
     def __init__(self, timer: FakeTimer | None = None, step_s: float = 1.0,
-                 fail_when=None) -> None:
-        self.timer, self.step_s, self.fail_when = timer, step_s, fail_when
+                 fail_when=None, host_s: float = 0.0, holds_host=None) -> None:
+        self.timer, self.step_s, self.fail_when, self.host_s = timer, step_s, fail_when, host_s
+        self.holds_host = holds_host  # which batches' launch holds the host (None: none)
         self.batches: list[HostBatch] = []
+        self._device_free_t = 0.0
 
-    def execute(self, batch: HostBatch) -> np.ndarray:
+    def launch_holds_host(self, batch: HostBatch) -> bool:
+        return self.holds_host is not None and self.holds_host(batch)
+
+    def _ids(self, batch: HostBatch) -> np.ndarray:
         self.batches.append(batch)
-        if self.timer is not None:
-            self.timer.t += self.step_s
         if self.fail_when is not None and self.fail_when(batch):
             raise MemoryError("fake out of memory")
         return (batch.input_ids[batch.logits_indices] + 1) % TINY.vocab_size
+
+    def execute(self, batch: HostBatch) -> np.ndarray:
+        if self.timer is not None:
+            self.timer.t += self.step_s
+        return self._ids(batch)
+
+    def launch(self, batch: HostBatch, after: FakeLaunched | None = None) -> FakeLaunched:
+        if batch.pending_rows.size:
+            assert after is not None, "pending input ids need the step launched before"
+            batch = replace(batch, input_ids=batch.input_ids.copy())
+            batch.input_ids[batch.pending_rows] = after.ids[batch.pending_sources]
+        ids = self._ids(batch)
+        now = 0.0
+        if self.timer is not None:
+            if self.holds_host is None or self.holds_host(batch):
+                self.timer.t += self.host_s
+            now = self.timer.t
+        self._device_free_t = max(now, self._device_free_t) + self.step_s
+        return FakeLaunched(ids, self._device_free_t, self.timer)
+
+
+class FakeLaunched:
+    def __init__(self, ids: np.ndarray, done_t: float, timer: FakeTimer | None) -> None:
+        self.ids, self.done_t, self.timer = ids, done_t, timer
+        self.phases = None
+
+    def collect(self) -> np.ndarray:
+        if self.timer is not None:
+            self.timer.t = max(self.timer.t, self.done_t)
+        return self.ids
 
 
 def tiny_cpu_model():

@@ -6,7 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_engine_helpers import FakeRunner, FakeTimer, toy_config, toy_core
+from test_engine_helpers import (
+    FakeRunner,
+    FakeTimer,
+    prefill_of_request_one,
+    toy_config,
+    toy_core,
+)
 
 from gpu_backend.engine.engine import STEP_COLUMNS
 from gpu_backend.engine.inputs import BlockTableError
@@ -42,9 +48,6 @@ def test_arrival_at_a_step_end_is_seen_by_the_next_step():
 
 
 def test_real_oom_fails_the_step_and_the_run_goes_on():
-    def prefill_of_request_one(batch):
-        return 1 in batch.request_ids and batch.max_query_len > 1
-
     engine = make_engine(runner=FakeRunner(fail_when=prefill_of_request_one))
     requests = [Request(0, 0.0, 40, 4), Request(1, 5.0, 40, 4), Request(2, 10.0, 20, 4)]
     replay(engine, requests, wait=False)

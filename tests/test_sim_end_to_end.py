@@ -209,7 +209,7 @@ def run_fleet(spec: RunSpec, trace: Trace, replica_cls: type[Replica]) -> list[R
     """The wiring of `sim.runner.simulate`, with the replica class as a parameter."""
     env = simpy.Environment()
     fleet = Fleet(env, trace.requests(), spec.router)
-    cost = CostModel(spec.engine.model, spec.engine.gpu, spec.engine.tensor_parallel_size)
+    cost = CostModel.for_engine(spec.engine)
     for replica_id in range(spec.num_replicas):
         core = build_core(spec.engine)
         fleet.replicas.append(replica_cls(env, replica_id, core, cost, fleet))
@@ -220,10 +220,11 @@ def run_fleet(spec: RunSpec, trace: Trace, replica_cls: type[Replica]) -> list[R
     return [r.recorder for r in fleet.replicas]
 
 
-@pytest.mark.parametrize("policy", [Policy.STATIC, Policy.ELASTIC])
-def test_decode_runs_give_the_same_times_as_single_steps(slices, policy):
+@pytest.mark.parametrize("policy,asynchronous", [(Policy.STATIC, False), (Policy.ELASTIC, False),
+                                                 (Policy.STATIC, True), (Policy.ELASTIC, True)])
+def test_decode_runs_give_the_same_times_as_single_steps(slices, policy, asynchronous):
     trace = slices["azure-code"].head(150)
-    spec = RunSpec(engine(policy, max_num_seqs=64))
+    spec = RunSpec(engine(policy, max_num_seqs=64, async_scheduling=asynchronous))
     fast = run_fleet(spec, trace, Replica)
     slow = run_fleet(spec, trace, SingleStepReplica)
     fast_tl, slow_tl = timeline_array(fast[0]), timeline_array(slow[0])

@@ -30,7 +30,7 @@ from typing import TextIO
 
 import numpy as np
 
-from sim.core.cost_model import CostModel
+from sim.core.cost_model import CostModel, step_total_array
 from sim.core.split_shapes import TRITON_ATTENTION
 
 REQUIRED_COLUMNS = ("num_prefill_tokens", "num_decode_tokens", "decode_context_tokens",
@@ -262,9 +262,9 @@ def predict_step_times(cost: CostModel, table: StepTable) -> np.ndarray:
     launch = launch + np.where(splits > 1, cost.eff.split_launch_s, 0.0)  # CostModel.step's
     device = (_per_unique(padded, cost.linear_s) + _per_unique(padded, cost.allreduce_s)
               + _per_unique(sampled, cost.logits_s) + attention)
-    total = (np.maximum(device, launch) + cost.eff.launch_serial_fraction
-             * np.minimum(device, launch)  # StepCost.total_s
-             + cost.eff.step_overhead_s + cost.eff.per_seq_overhead_s * table.num_seqs)
+    total = step_total_array(device, launch, cost.eff.launch_serial_fraction,  # StepCost's
+                             cost.eff.step_overhead_s, cost.eff.per_seq_overhead_s * table.num_seqs,
+                             hidden_s=cost.hidden_s)
     # A step that scheduled nothing (an OOM the engine dropped) costs the fixed overhead only.
     return np.where(tokens > 0, total, cost.eff.step_overhead_s)
 

@@ -9,6 +9,19 @@
                                         reported to the scheduler (fail_oom), never written
                                         into the output
 
+Under async scheduling (`EngineConfig.async_scheduling`, vLLM's default) one step stays in
+flight: step N is launched, then step N-1 is collected (its ids read back, its requests
+stamped and recorded), then the scheduler closes step N at once (the trace fixes every output
+length, so which requests N finishes is known before its ids are), and the next `step()`
+schedules N+1 while N runs. N+1's decode rows take their input ids from N's on the device
+(`HostBatch.pending_rows`). A step's measured time runs from the later of the last step's
+collection and its own start to its own collection: the host's work between two steps
+overlaps the device's. An elastic action waits for the step in flight first (unmap needs an
+idle device), as does a step that compiled a kernel (re-timed synchronously); the step in
+flight meanwhile is timed without the compile's seconds, at least at its device span. Unlike vLLM,
+which frees a finished request's blocks when its step's output arrives, the scheduler frees
+them as it closes the step, one step earlier.
+
 Time comes from a `Clock`: the wall clock (arrivals in real time) or a virtual clock that
 advances by each measured step and skips idle gaps (`--no-wait`).
 """
@@ -18,13 +31,13 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
 
 from gpu_backend.engine.elastic import ElasticExecutor
-from gpu_backend.engine.inputs import BlockTableError, RequestMirror
+from gpu_backend.engine.inputs import BlockTableError, HostBatch, RequestMirror
 from gpu_backend.engine.prompts import PromptSpec
 from sim.core.engine_config import EngineCore
 from sim.core.request import RequestState, RequestStatus
@@ -79,6 +92,23 @@ class WallClock:
 
 
 @dataclass
+class InFlight:
+    """A step launched under async scheduling and not collected yet."""
+    out: SchedulerOutput
+    stats: SchedulerStats
+    launched: object | None  # the runner's LaunchedStep; None when nothing was launched
+    batch: HostBatch | None
+    graph: bool
+    failed: OutOfMemory | None
+    start_t: float  # the timer when its host work began
+    phases: tuple[float, float, float]  # build_s, then enqueue_s and device_s once collected
+    first: list[RequestState] = field(default_factory=list)  # first token sampled in it
+    ended: list[RequestState] = field(default_factory=list)  # finished or failed in it
+    # host seconds the next step's launch stalled on a kernel compile while this step ran
+    stall_s: float = 0.0
+
+
+@dataclass
 class GpuEngine:
     core: EngineCore
     runner: object  # ModelRunner or anything with execute(HostBatch) -> np.ndarray
@@ -92,6 +122,8 @@ class GpuEngine:
     num_real_oom: int = 0
     timer: Callable[[], float] = time.perf_counter  # measures each step (tests inject one)
     _phases: tuple[float, float, float] = field(default=(math.nan,) * 3, init=False, repr=False)
+    _in_flight: InFlight | None = field(default=None, init=False, repr=False)
+    _last_end_t: float = field(default=-math.inf, init=False, repr=False)
 
     @property
     def scheduler(self):
@@ -114,10 +146,14 @@ class GpuEngine:
         return accepted
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        """Requests not finished, or a step still in flight (async scheduling)."""
+        return self.scheduler.has_unfinished() or self._in_flight is not None
 
     def step(self, clock: Clock) -> list[RequestState]:
-        """Run one scheduler step at `clock`; returns the requests that finished."""
+        """Run one scheduler step at `clock`; returns the requests that finished (under async
+        scheduling: in the step collected meanwhile, the one launched before)."""
+        if self.core.config.async_scheduling:
+            return self._step_async(clock)
         out = self.scheduler.schedule()
         stats = self.scheduler.make_stats()
         if out.elastic is not None:
@@ -139,6 +175,131 @@ class GpuEngine:
             self.recorder.done(req)
         self.recorder.step(start_s, out, stats, [duration_s], failed)
         self._record_step(out, stats, start_s, duration_s, graph, failed)
+        return finished
+
+    # ------------------------------------------------------------ async scheduling
+    def _step_async(self, clock: Clock) -> list[RequestState]:
+        if not self.scheduler.has_unfinished():  # only the step in flight is left
+            return self._collect(clock)
+        out = self.scheduler.schedule()
+        stats = self.scheduler.make_stats()
+        finished: list[RequestState] = []
+        if out.elastic is not None:
+            finished += self._collect(clock)  # map / unmap with nothing running
+            pause_start_s = clock.now()
+            pause_s = self._agree_seconds(self.elastic.apply(out))
+            self.recorder.elastic(pause_start_s, out.elastic, pause_s)
+            clock.advance(pause_s)
+        self.mirror.apply(out, self.prompt_len)
+        step = self._launch(out, stats, clock, finished)
+        finished += self._collect(clock)  # the step before, while this one runs
+        requests = self.scheduler.requests
+        if step.failed is None:
+            step.first = [r for r in (requests.get(s.request_id) for s in out.scheduled
+                                      if s.samples) if r is not None and r.first_token_s is None]
+        step.ended = self.scheduler.update(out, math.nan)  # stamped when collected
+        self._in_flight = step
+        if step.launched is None:  # nothing runs: close it now
+            finished += self._collect(clock)
+        return finished
+
+    def _launch(self, out: SchedulerOutput, stats: SchedulerStats, clock: Clock,
+                finished: list[RequestState]) -> InFlight:
+        """Build and launch `out` behind the step in flight (a real OOM fails it here). A
+        step whose launch holds the host (every kernel launched from Python: eager and
+        piecewise steps) is launched only once the step in flight is collected (its
+        finished requests added to `finished`): that step's ids would otherwise wait on the
+        host for the whole launch, although the device had them long before."""
+        start_t = self.timer()
+        step = InFlight(out, stats, None, None, False, None, start_t, (math.nan,) * 3)
+        if not out.scheduled:
+            return step
+        build_start = time.perf_counter()
+        self.elastic.ensure_mapped(out)
+        batch = self.mirror.build(out, stats.num_usable_blocks)
+        self._check_mapped(batch.block_tables)
+        step.phases = (time.perf_counter() - build_start, math.nan, math.nan)
+        step.batch = batch
+        step.graph = bool(getattr(self.runner, "graphs", None)) and batch.is_decode_only
+        before = self._in_flight
+        holds_host = getattr(self.runner, "launch_holds_host", None)
+        if before is not None and holds_host is not None and holds_host(batch):
+            finished += self._collect(clock)
+            batch = self._resolved(batch, before)  # its ids are on the host now
+            before = None
+        after = before.launched if before is not None else None
+        launched, oom = self._launch_batch(batch, after)
+        compiled = getattr(self.runner, "compiled_since_last_call", bool)()
+        oom, compiled = self._agree_flags(oom, compiled)
+        if compiled and not oom:  # a JIT compile is no part of the step: time a re-run
+            assert launched is not None
+            launched.collect()
+            resolved = self._resolved(batch, before)  # collects the step before
+            rerun_t = self.timer()
+            if before is not None:  # nor of the step in flight, which ended meanwhile
+                before.stall_s = rerun_t - step.start_t
+            step.start_t = rerun_t
+            launched, oom = self._launch_batch(resolved, None)
+            oom, _ = self._agree_flags(oom, False)
+        if oom:
+            step.failed = self._fail_step(out, stats)
+            step.graph = False
+            self.mirror.launched(())  # no ids will come from it
+            return step
+        step.launched = launched
+        self.mirror.launched(batch.sample_request_ids)
+        return step
+
+    def _launch_batch(self, batch: HostBatch, after) -> tuple[object | None, bool]:
+        try:
+            return self.runner.launch(batch, after), False  # type: ignore[attr-defined]
+        except self.oom_errors:
+            return None, True
+
+    def _resolved(self, batch: HostBatch, before: InFlight | None) -> HostBatch:
+        """`batch` with its pending input ids read from the step before (collected now)."""
+        if not batch.pending_rows.size:
+            return batch
+        assert before is not None and before.launched is not None
+        ids = before.launched.collect()  # type: ignore[attr-defined]
+        input_ids = batch.input_ids.copy()
+        input_ids[batch.pending_rows] = ids[batch.pending_sources]
+        empty = np.zeros(0, np.int64)
+        return replace(batch, input_ids=input_ids, pending_rows=empty, pending_sources=empty)
+
+    def _collect(self, clock: Clock) -> list[RequestState]:
+        """Wait for the step in flight and close it: its ids to the mirror, its requests
+        stamped with its end, its rows recorded. Returns the requests that finished in it."""
+        step, self._in_flight = self._in_flight, None
+        if step is None:
+            return []
+        ids = step.launched.collect() if step.launched is not None else None  # type: ignore[attr-defined]
+        end_t = self.timer()
+        seconds = end_t - max(step.start_t, self._last_end_t)
+        self._last_end_t = end_t
+        if ids is not None and step.batch is not None:
+            self.mirror.append_sampled(step.batch.sample_request_ids, ids, known_only=True)
+            phases = getattr(step.launched, "phases", None)
+            step.phases = (step.phases[0], getattr(phases, "enqueue_s", math.nan),
+                           getattr(phases, "device_s", math.nan))
+        if step.stall_s > 0:  # without the compile, at least the step's own device span
+            device_s = step.phases[2]
+            seconds = max(seconds - step.stall_s, 0.0 if math.isnan(device_s) else device_s)
+        duration_s = self._agree_seconds(seconds)
+        clock.advance(duration_s)
+        end_s = clock.now()
+        for req in step.first:
+            req.first_token_s = end_s
+        finished = [r for r in step.ended if r.status is RequestStatus.FINISHED]
+        for req in finished:
+            req.finish_s = end_s
+        self.mirror.finish(r.request_id for r in finished)
+        for req in step.ended:
+            self.recorder.done(req)
+        self._phases = step.phases
+        start_s = end_s - duration_s
+        self.recorder.step(start_s, step.out, step.stats, [duration_s], step.failed)
+        self._record_step(step.out, step.stats, start_s, duration_s, step.graph, step.failed)
         return finished
 
     # Agreement points: one GPU agrees with itself; the TP engine reduces over its ranks.

@@ -9,6 +9,12 @@ of every running request's block table and token ids:
     preempted      drop the table, keep the tokens (recompute prefills them again)
     finished/OOM   drop both
 
+Under async scheduling (`EngineConfig.async_scheduling`) a step is built while the one before
+it still runs, so a request that samples in that step has its next input id on the device
+only: `launched` names those requests, and `build` marks their rows (`HostBatch.pending_rows`
+and `pending_sources`: the row in the launched step's sampled ids) for the runner to fill on
+the device. `append_sampled` brings the host tokens up once the step is collected.
+
 A request admitted with prefix-cache hits arrives with `num_computed_tokens` > 0 and a table
 whose first blocks another request wrote. Their KV is right only if both requests have the
 same token ids there, so prompt ids follow the trace's block hashes (`prompt_token_ids`): the
@@ -25,7 +31,7 @@ must never be touched).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
@@ -71,6 +77,10 @@ class HostBatch:
     max_query_len: int
     max_seq_len: int
     num_decodes: int = 0  # leading rows of one new token (decode rows come first)
+    # token rows whose id is a sampled id of the step launched before this one (still on the
+    # device: async scheduling), and which of that step's sampled rows each takes
+    pending_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    pending_sources: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     @property
     def num_tokens(self) -> int:
@@ -201,6 +211,7 @@ class RequestMirror:
         self.keep_outputs = keep_outputs
         self.outputs: dict[int, list[int]] = {}  # finished requests' prompt + sampled ids
         self._prompts: dict[int, PromptSpec] = {}  # added, not yet scheduled
+        self._in_flight: dict[int, int] = {}  # request -> its row in the launched step's ids
 
     # ------------------------------------------------------------------ updates
     def add_prompt(self, request_id: int, spec: PromptSpec) -> None:
@@ -240,9 +251,21 @@ class RequestMirror:
     def _migrate(self, moves: dict[int, int]) -> None:
         self.tables.remap(moves)
 
-    def append_sampled(self, request_ids: list[int], token_ids: Iterable[int]) -> None:
+    def launched(self, sample_request_ids: Sequence[int]) -> None:
+        """A step was launched and is not collected yet: its sampled ids stay on the device
+        until then, and the next step's rows that need them say where to take them from."""
+        self._in_flight = {r: i for i, r in enumerate(sample_request_ids)}
+
+    def append_sampled(self, request_ids: list[int], token_ids: Iterable[int], *,
+                       known_only: bool = False) -> None:
+        """Add each request's sampled id to its tokens. `known_only`: skip the requests
+        dropped since the step was launched (under async scheduling, a later step's
+        out-of-memory or preemption may come first)."""
+        tokens = self.tokens
         for request_id, token_id in zip(request_ids, token_ids, strict=True):
-            self.tokens[request_id].append(int(token_id))
+            if known_only and request_id not in tokens:
+                continue
+            tokens[request_id].append(int(token_id))
 
     def finish(self, request_ids: Iterable[int]) -> None:
         """Forget finished requests (keeping their token ids when keep_outputs is set)."""
@@ -288,9 +311,22 @@ class RequestMirror:
         positions = (np.arange(int(lens.sum()), dtype=np.int64)
                      + (starts - query_start_loc[:-1])[row_of_token])  # [T]
         flat: list[int] = []
+        pending_rows: list[int] = []
+        pending_sources: list[int] = []
         for s in items:
-            flat += self.tokens[s.request_id][s.num_computed_tokens:
-                                              s.num_computed_tokens + s.num_new_tokens]
+            tokens = self.tokens[s.request_id]
+            end = s.num_computed_tokens + s.num_new_tokens
+            flat += tokens[s.num_computed_tokens:end]
+            if end > len(tokens):  # its last id is the launched step's sample
+                source = self._in_flight.get(s.request_id)
+                if source is None or end != len(tokens) + 1:
+                    raise RuntimeError(
+                        f"request {s.request_id}: step {out.step_id} reads tokens up to "
+                        f"{end} but {len(tokens)} are known and the launched step samples "
+                        f"{'one more' if source is not None else 'none'} for it")
+                pending_rows.append(len(flat))
+                pending_sources.append(source)
+                flat.append(0)  # filled on the device from the launched step's ids
         input_ids = np.array(flat, dtype=np.int64)  # [T]
         tables = self._table_array([s.request_id for s in items])  # [S, max_blocks]
         block_ids = tables[row_of_token, positions // self.block_size]
@@ -306,6 +342,8 @@ class RequestMirror:
             max_query_len=int(lens.max()) if len(items) else 0,
             max_seq_len=int(seq_lens.max()) if len(items) else 0,
             num_decodes=leading_decodes(lens),
+            pending_rows=np.array(pending_rows, dtype=np.int64),
+            pending_sources=np.array(pending_sources, dtype=np.int64),
         )
 
     def _table_array(self, request_ids: list[int]) -> np.ndarray:

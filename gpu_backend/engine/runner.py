@@ -74,9 +74,15 @@ class InputCopier:
             event.record()
             self._read[self._last] = event
 
-    def stage(self, batch: HostBatch) -> tuple[Tensor, dict[str, Tensor]]:
-        """Pack the fields into the next pinned buffer: (packed bytes, typed views per field)."""
-        arrays = [np.ascontiguousarray(getattr(batch, name), NP_DTYPES[dt]) for name, dt in FIELDS]
+    def stage(self, batch: HostBatch, feed: Feed | None = None
+              ) -> tuple[Tensor, dict[str, Tensor]]:
+        """Pack the fields (and a feed's index arrays) into the next pinned buffer: (packed
+        bytes, typed views per field)."""
+        named = [(name, dt, getattr(batch, name)) for name, dt in FIELDS]
+        if feed is not None:
+            named += [("feed_rows", torch.int64, feed.rows),
+                      ("feed_sources", torch.int64, feed.sources)]
+        arrays = [np.ascontiguousarray(a, NP_DTYPES[dt]) for _, dt, a in named]
         offsets = np.cumsum([0] + [_aligned(a.nbytes) for a in arrays]).tolist()
         staging = self._buffer(offsets[-1])
         host = staging.numpy()
@@ -84,19 +90,37 @@ class InputCopier:
             host[offset:offset + array.nbytes] = array.view(np.uint8).reshape(-1)
         packed = staging[:offsets[-1]]
         views = {name: packed[offset:offset + array.nbytes].view(dt).view(array.shape)
-                 for (name, dt), array, offset in zip(FIELDS, arrays, offsets)}
+                 for (name, dt, _), array, offset in zip(named, arrays, offsets)}
         return packed, views
 
-    def to_device(self, batch: HostBatch) -> ForwardBatch:
-        packed, host_views = self.stage(batch)
+    def to_device(self, batch: HostBatch, feed: Feed | None = None) -> ForwardBatch:
+        packed, host_views = self.stage(batch, feed)
         device = packed.to(self.device, non_blocking=True)  # the one host-to-device copy
         self.copied()
         base = packed.data_ptr()
         tensors = {name: device[view.data_ptr() - base:][:view.nbytes].view(view.dtype)
                    .view(view.shape) for name, view in host_views.items()}
+        if feed is not None:
+            feed.apply(tensors["input_ids"], tensors.pop("feed_rows"),
+                       tensors.pop("feed_sources"))
         return ForwardBatch(**tensors, max_query_len=batch.max_query_len,
                             max_seq_len=batch.max_seq_len, num_decodes=batch.num_decodes,
                             host_lens=batch.host_lens())
+
+
+@dataclass(frozen=True)
+class Feed:
+    """Input ids a step takes from the sampled ids of the step launched before it, still on
+    the device (async scheduling): input_ids[rows] = previous[sources]."""
+    rows: np.ndarray  # [P] int64 token rows of this step
+    sources: np.ndarray  # [P] int64 rows of `previous`
+    previous: Tensor  # the launched step's sampled ids, on the device
+
+    def apply(self, input_ids: Tensor, rows: Tensor, sources: Tensor) -> None:
+        """Queue the gather on the current stream (`rows`, `sources`: this feed's arrays on
+        the device), behind the step that writes `previous` and before the forward."""
+        input_ids.index_copy_(0, rows, self.previous.index_select(0, sources)
+                              .to(input_ids.dtype))
 
 
 class DecodeGraphs:
@@ -158,16 +182,23 @@ class DecodeGraphs:
             return None
         return bucket_for(batch.num_seqs, self.sizes)
 
-    def run(self, batch: HostBatch, size: int, copier: InputCopier) -> Tensor:
-        """Replay the graph of `size`; returns the ids of all `size` rows (padded included)."""
+    def run(self, batch: HostBatch, size: int, copier: InputCopier,
+            feed: Feed | None = None) -> Tensor:
+        """Replay the graph of `size`; returns the ids of all `size` rows (padded included).
+        `feed`: input ids to take from the last step's ids on the device first."""
         padded = pad_decode(batch, size, self.table_width, self.block_size)
-        _, host_views = copier.stage(padded)
+        _, host_views = copier.stage(padded, feed)
         for name, tensor in self.static.items():
             view = host_views[name]
             target = tensor[:view.shape[0]]
             if name == "block_tables":
                 target = target[:, :view.shape[1]]  # [size, batch width] of [max, table_width]
             target.copy_(view, non_blocking=True)
+        if feed is not None:
+            device = self.static["input_ids"].device
+            feed.apply(self.static["input_ids"],
+                       host_views["feed_rows"].to(device, non_blocking=True),
+                       host_views["feed_sources"].to(device, non_blocking=True))
         copier.copied()
         graph, out = self.graphs[size]
         graph.replay()
@@ -287,42 +318,63 @@ class ModelRunner:
         self.phases = step.phases
         return ids
 
-    def launch(self, batch: HostBatch) -> LaunchedStep:
+    def launch_holds_host(self, batch: HostBatch) -> bool:
+        """Does launching `batch` keep the host busy for about as long as the device runs it
+        (every kernel launched from Python: an eager or piecewise step), rather than a
+        decode graph's single replay?"""
+        return self.graphs is None or self.graphs.bucket(batch) is None
+
+    def launch(self, batch: HostBatch, after: LaunchedStep | None = None) -> LaunchedStep:
         """Queue the step's work on the device and return without waiting for it: its ids
         come back with `LaunchedStep.collect`. Steps launched one after another run in order
         on the stream, so a step's inputs may be staged while the last one still runs (the
         host work between steps overlaps the device's, as with vLLM's async scheduling); a
         decode graph's output tensor is reused by its next replay, so each step's ids are
-        copied out (to pinned memory) behind its forward."""
+        copied out (to pinned memory) behind its forward.
+
+        `after`: the step launched before this one and not collected, whose sampled ids this
+        step's `pending_rows` take on the device (async scheduling)."""
         if batch.num_tokens == 0:
             return LaunchedStep(None, None, None, math.nan)
         start = time.perf_counter()
+        feed = self._feed(batch, after)
         events = SpanEvents(self.device)
         events.record_start()
         size = self.graphs.bucket(batch) if self.graphs is not None else None
         if size is not None:
             assert self.graphs is not None
-            out = self.graphs.run(batch, size, self.copier)[:batch.num_seqs]
+            out = self.graphs.run(batch, size, self.copier, feed)[:batch.num_seqs]
             self.num_graph_steps += 1
         else:
             pieces = (self.piecewise.bucket(batch.num_tokens) if self.piecewise is not None
                       else None)
             if pieces is not None:
                 assert self.piecewise is not None
-                out = self.piecewise.run(self.copier.to_device(batch), pieces)  # [R]
+                out = self.piecewise.run(self.copier.to_device(batch, feed), pieces)  # [R]
                 self.num_piecewise_steps += 1
             else:
-                out = self.model(self.copier.to_device(batch), self.kv_caches)  # [R]
+                out = self.model(self.copier.to_device(batch, feed), self.kv_caches)  # [R]
                 self.num_eager_steps += 1
         events.record_end()
         if out.is_cuda:
             ids = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
             ids.copy_(out, non_blocking=True)
             events.record_copied()
-        else:
-            ids = out
+        else:  # a copy too: a graph's output is overwritten by its next replay
+            ids = out.clone()
         rows = batch.logits_indices if size is not None else None
-        return LaunchedStep(ids, rows, events, time.perf_counter() - start)
+        return LaunchedStep(ids, rows, events, time.perf_counter() - start, out)
+
+    @staticmethod
+    def _feed(batch: HostBatch, after: LaunchedStep | None) -> Feed | None:
+        if not batch.pending_rows.size:
+            return None
+        if after is None or after.device_ids is None:
+            raise RuntimeError("the step takes input ids from the step launched before it, "
+                               "but none was given (`launch(batch, after=...)`)")
+        sources = (after.rows[batch.pending_sources] if after.rows is not None
+                   else batch.pending_sources)
+        return Feed(batch.pending_rows, np.asarray(sources, dtype=np.int64), after.device_ids)
 
 
 @dataclass
@@ -330,11 +382,14 @@ class LaunchedStep:
     """A step queued on the device (`ModelRunner.launch`): its ids, once copied to the host
     (`rows`: a decode graph's rows that sample, None when `ids` are those rows already), and
     the events around it; `events` None for a step with no tokens. `phases` are known once
-    collected."""
+    collected. `device_ids`: the ids where the forward wrote them, which the next step may
+    read (`launch(after=...)`); a decode graph's are overwritten by its next replay, which
+    the stream orders after that read."""
     ids: Tensor | None
     rows: np.ndarray | None
     events: SpanEvents | None
     enqueue_s: float
+    device_ids: Tensor | None = None
     phases: StepPhases = StepPhases()
 
     def collect(self) -> np.ndarray:

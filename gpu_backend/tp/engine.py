@@ -36,6 +36,9 @@ class TpEngine(GpuEngine):
         if isinstance(clock, WallClock):
             raise ValueError("tensor parallelism needs the virtual clock (--no-wait): wall "
                              "clocks differ across ranks and so would their schedules")
+        if self.core.config.async_scheduling:
+            raise ValueError("tensor parallelism runs steps synchronously: give "
+                             "--no-async-scheduling")
         assert self.group is not None
         return super().step(clock)
 

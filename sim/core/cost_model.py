@@ -16,6 +16,14 @@ with achieved rates = peak x an efficiency. Operators:
     logits     lm_head for the rows that sample (weights read once, 2 x hidden x vocab FLOPs)
     overhead   a fixed per-step cost (scheduling, input preparation, launches) + per sequence
 
+A step's time is its device's busy time (the longer of its device work and its eager
+launches, plus the share of the shorter that does not overlap) plus the overhead. The fitted
+overhead holds per-step device time as well as the host's; what a synchronous engine's host
+keeps the device idle each step (input build and copy, the ids read back) is measured apart
+(`Efficiency.host_gap_s`: a profile's step time less its device span). Under async scheduling
+(EngineConfig.async_scheduling) the host does that work while the step before runs, so the
+overhead loses it (`step_total_s`).
+
 The efficiencies behind the achieved rates, their defaults and what-if variants live in
 `sim.core.efficiency`; how a step launches (attention splits, CUDA graph padding) in
 `sim.core.launch_shapes`. Callers may import them from here too.
@@ -64,7 +72,35 @@ __all__ = [
     "Efficiency", "OperatorCosts", "StepCost", "attention_num_splits", "attention_num_splits_array",
     "efficiency_dict", "host_slower", "padded_batch", "padded_batch_array",
     "piecewise_capture_sizes", "piecewise_sizes_for", "slower", "step_extents",
+    "step_total_array", "step_total_s",
 ]
+
+
+def step_total_s(device: float, launch: float, fraction: float, overhead: float,
+                 hidden_s: float = 0.0) -> float:
+    """A step's seconds from its device work, eager launch time, the launches' serial
+    fraction and its overhead; `hidden_s`: the host time async scheduling hides behind the
+    step before (`Efficiency.host_gap_s`; 0 for a synchronous engine), taken off the overhead
+    (module docstring)."""
+    longer, shorter = (device, launch) if device > launch else (launch, device)
+    busy = longer + fraction * shorter
+    if hidden_s > 0:
+        overhead = overhead - hidden_s if overhead > hidden_s else 0.0
+    return busy + overhead
+
+
+def step_total_array(device: np.ndarray, launch: np.ndarray | float, fraction: float,
+                     *overheads: np.ndarray | float, hidden_s: float = 0.0) -> np.ndarray:
+    """`step_total_s` of many steps at once, the overhead given as terms added in order."""
+    total = np.maximum(device, launch) + fraction * np.minimum(device, launch)
+    if hidden_s <= 0:
+        for overhead in overheads:
+            total = total + overhead
+        return total
+    overhead_sum: np.ndarray | float = 0.0
+    for overhead in overheads:
+        overhead_sum = overhead_sum + overhead
+    return total + np.maximum(np.subtract(overhead_sum, hidden_s), 0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +112,7 @@ class StepCost:
     overhead_s: float  # serial: scheduling, input copies, graph launch, per-sequence work
     launch_s: float = 0.0  # eager kernel launches, overlapped with the device work
     launch_serial_fraction: float = 0.0  # Efficiency.launch_serial_fraction
+    hidden_s: float = 0.0  # async scheduling: the host time hidden behind the step before
 
     @property
     def device_s(self) -> float:
@@ -83,9 +120,8 @@ class StepCost:
 
     @property
     def total_s(self) -> float:
-        device = self.device_s
-        overlap = min(device, self.launch_s) * self.launch_serial_fraction
-        return max(device, self.launch_s) + overlap + self.overhead_s
+        return step_total_s(self.device_s, self.launch_s, self.launch_serial_fraction,
+                            self.overhead_s, self.hidden_s)
 
 
 class CostArgs(NamedTuple):
@@ -120,12 +156,18 @@ class CostModel(OperatorCosts):
     real tokens between the pieces and lm_head on the rows that sample; its launch term is
     `piecewise_launch_s`. Beyond the largest size the step runs fully eager: unpadded, with
     `eager_launch_s`. Empty: every such step runs fully eager.
+
+    `host_hidden`: the engine schedules asynchronously (EngineConfig.async_scheduling), so
+    each step's overhead loses the host gap (`Efficiency.host_gap_s`, `step_total_s`).
     """
 
     def __init__(self, model: ModelSpec, gpu: GpuSpec, tp: int = 1,
                  efficiency: Efficiency | None = None, graph_sizes: Sequence[int] = (),
-                 token_graph_sizes: Sequence[int] = (), attention_backend: str = "triton") -> None:
+                 token_graph_sizes: Sequence[int] = (), attention_backend: str = "triton",
+                 host_hidden: bool = False) -> None:
         super().__init__(model, gpu, tp, efficiency, attention_backend)
+        self.host_hidden = host_hidden
+        self.hidden_s = self.eff.host_gap_s if host_hidden else 0.0
         self.graph_sizes = tuple(sorted(graph_sizes))
         self.token_graph_sizes = tuple(sorted(token_graph_sizes))
         self._decode_terms: dict[int, tuple[float, float, float, float, float]] = {}
@@ -133,10 +175,10 @@ class CostModel(OperatorCosts):
     @classmethod
     def for_engine(cls, engine: EngineConfig, efficiency: Efficiency | None = None) -> CostModel:
         """The cost model of an engine configuration: its model, GPU and TP size, its CUDA
-        graph sizes and its attention backend."""
+        graph sizes, its attention backend and whether it schedules asynchronously."""
         return cls(engine.model, engine.gpu, engine.tensor_parallel_size, efficiency,
                    engine.cuda_graph_sizes, engine.piecewise_graph_sizes,
-                   engine.attention_backend)
+                   engine.attention_backend, engine.async_scheduling)
 
     def decode_rows(self, num_rows: int) -> tuple[int, bool]:
         """(rows computed, eager?) of a decode-only step of `num_rows` rows."""
@@ -206,14 +248,15 @@ class CostModel(OperatorCosts):
             allreduce_s=self.allreduce_s(rows), logits_s=self.logits_s(sampled),
             overhead_s=self.eff.step_overhead_s + self.eff.per_seq_overhead_s * len(out.scheduled),
             launch_s=launch, launch_serial_fraction=self.eff.launch_serial_fraction,
+            hidden_s=self.hidden_s,
         )
 
     def decode_step_terms(self, batch_size: int) -> tuple[float, float, float, float, float]:
         """(fixed seconds, seconds per context token, launch seconds, launch serial fraction,
         overhead seconds) of a decode-only step of `batch_size` sequences. A step whose
-        contexts sum to C tokens takes max(d, launch) + fraction x min(d, launch) + overhead,
-        with d = fixed + C x per-token (the step's device time); the terms depend on the
-        batch size only, so they are computed once per size."""
+        contexts sum to C tokens takes `step_total_s` of d = fixed + C x per-token (the step's
+        device time) and these terms; they depend on the batch size only, so they are
+        computed once per size."""
         terms = self._decode_terms.get(batch_size)
         if terms is None:
             rows, eager = self.decode_rows(batch_size)
@@ -234,4 +277,4 @@ class CostModel(OperatorCosts):
         fixed_s, per_token_s, launch, fraction, overhead = self.decode_step_terms(batch_size)
         contexts = context_tokens + batch_size * np.arange(num_steps, dtype=np.float64)
         device = fixed_s + contexts * per_token_s
-        return (np.maximum(device, launch) + fraction * np.minimum(device, launch) + overhead)
+        return step_total_array(device, launch, fraction, overhead, hidden_s=self.hidden_s)

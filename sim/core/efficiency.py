@@ -15,7 +15,8 @@ tokens = 436 MB in 128 us = 3.4 TB/s, 0.71 of 4.8 TB/s). A calibration written b
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 
 # Efficiency's shares of a shorter time not hidden under a longer one: each within [0, 1].
@@ -84,6 +85,13 @@ class Efficiency:
     # and last waves, its share of the gathers and the log-sum-exp merge. A fit tells it from
     # SPLIT steps of several sizes only.
     split_call_s: float = 0.0
+    # Host time per step in which a synchronous engine's device is idle (the inputs built and
+    # copied before the first kernel, the ids read back after the last): a profile's step
+    # time less its device span (CUDA events), median over its grid. Not fitted: measured
+    # (`measured_host_gap_s`). Async scheduling does this work while the step before runs,
+    # so it comes off the step's overhead (sim.core.cost_model). H200 profiles: 0.28-0.41 ms
+    # on decode steps, 0.36-0.72 ms on mixed ones, from Qwen2.5-0.5B to Llama-3.1-8B.
+    host_gap_s: float = 4e-4
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -136,7 +144,7 @@ def slower(eff: Efficiency, factor: float) -> Efficiency:
         "attention_program", "split_attention_compute") if getattr(eff, name) is not None},
         **_times(eff, ("allreduce_latency_s", "step_overhead_s", "per_seq_overhead_s",
                        "eager_launch_s", "piecewise_launch_s", "split_launch_s",
-                       "split_call_s"), factor))
+                       "split_call_s", "host_gap_s"), factor))
 
 
 def _times(eff: Efficiency, names: Sequence[str], factor: float) -> dict[str, float]:
@@ -158,7 +166,23 @@ def host_slower(eff: Efficiency, factor: float) -> Efficiency:
     enqueue are 0.3-0.5 ms), so for graph steps this is an upper bound."""
     if factor <= 0:
         raise ValueError(f"host_slower() needs a positive factor, got {factor}")
-    return replace(eff, **_times(eff, HOST_TERMS, factor))
+    return replace(eff, **_times(eff, (*HOST_TERMS, "host_gap_s"), factor))
+
+
+def measured_host_gap_s(measurements: Sequence[Mapping]) -> float | None:
+    """`Efficiency.host_gap_s` of a profile's records: the median of step time less device
+    span over the records that have both (None when none has)."""
+    gaps = sorted(float(m["measured_s"]) - float(m["device_s"]) for m in measurements
+                  if _finite(m.get("measured_s")) and _finite(m.get("device_s")))
+    if not gaps:
+        return None
+    middle = len(gaps) // 2
+    gap = gaps[middle] if len(gaps) % 2 else 0.5 * (gaps[middle - 1] + gaps[middle])
+    return max(gap, 0.0)
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def efficiency_dict(eff: Efficiency) -> dict[str, float]:

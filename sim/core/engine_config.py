@@ -188,6 +188,18 @@ class EngineConfig:
         "--attention-backend", codec=choice(ATTENTION_BACKENDS), choices=ATTENTION_BACKENDS,
         absent="triton"))
 
+    # vLLM's scheduler config `async_scheduling` (on by default since v0.14): step N+1 is
+    # scheduled and launched while step N runs; a request arriving during step N is seen by
+    # step N+2, and the host's work of a step hides behind the device's. Off here until its
+    # pricing is validated: its one slice (h200_llama-3.1-8b_azure-conv_async, replayed on
+    # slow hosts) misses TTFT p50 by 13% (docs/engine.md, "Async scheduling").
+    async_scheduling: bool = field(default=False, metadata=setting(
+        "schedule and launch each step while the one before it still runs on the GPU (the "
+        "next step's decode inputs taken from the running step's ids on the device): the "
+        "host's per-step work hides behind the device's, and a request arriving during a "
+        "step waits one step more to be scheduled", "--async-scheduling", codec=BOOL,
+        absent=False))
+
     def __post_init__(self) -> None:
         # The model as served: dtype, KV cache dtype and quantization applied. apply_dtypes
         # sets each size outright, so applying it again (replace, from_json) changes nothing.

@@ -17,7 +17,7 @@ the rest.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
 
 import numpy as np
@@ -33,6 +33,7 @@ from sim.core.calibration.fit import (
 )
 from sim.core.catalog import get_gpu, get_model
 from sim.core.cost_model import CostArgs, Efficiency, step_extents
+from sim.core.efficiency import measured_host_gap_s
 from sim.core.split_shapes import TRITON_ATTENTION
 from sim.core.step import SchedulerOutput
 
@@ -128,6 +129,7 @@ def refit_profile(data: dict, outputs: Sequence[SchedulerOutput],
     efficiency, fit_error = fit_profile(cost_args, outputs, times, start=start,
                                         copy_bandwidth_bytes_s=bandwidth,
                                         token_graph_sizes=token_sizes, hold=hold)
+    efficiency = with_host_gap(efficiency, data["measurements"])
     cost = cost_args.cost_model(efficiency, token_sizes)
     measurements = [{**m, "predicted_s": cost.step(out).total_s}
                     for m, out in zip(data["measurements"], outputs)]
@@ -135,6 +137,13 @@ def refit_profile(data: dict, outputs: Sequence[SchedulerOutput],
     return {**data, "efficiency": asdict(efficiency), "fit_error": fit_error,
             "copy_bandwidth_bytes_s": bandwidth, "measurements": measurements, **errors,
             **provenance}
+
+
+def with_host_gap(efficiency: Efficiency, measurements: Sequence[Mapping]) -> Efficiency:
+    """`efficiency` with the host gap its grid measured (`measured_host_gap_s`), where the
+    grid timed the device span."""
+    gap = measured_host_gap_s(measurements)
+    return efficiency if gap is None else replace(efficiency, host_gap_s=gap)
 
 
 def program_term_of(source: str, other: dict, data: dict) -> float:

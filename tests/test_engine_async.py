@@ -1,0 +1,230 @@
+"""Async scheduling on the CPU: step N+1 scheduled and launched before step N is collected.
+
+The tiny model must give every request the tokens the synchronous engine gives it (decode
+rows read their input ids from the step in flight, through the eager, decode-graph and
+piecewise paths, across preemption and migration); the fake runner's device queue checks the
+clock: a request arriving during a step waits one step more, and a step lasts the device's
+time when the host's work fits behind it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_engine_helpers import (
+    TINY,
+    FakeRunner,
+    FakeTimer,
+    TickTimer,
+    prefill_of_request_one,
+    tiny_cpu_model,
+    toy_config,
+    toy_core,
+)
+from test_engine_smoke import MIGRATION, REQUESTS, CpuDecodeGraphs
+
+from gpu_backend.engine.engine import STEP_COLUMNS
+from gpu_backend.engine.memory import kv_caches_of
+from gpu_backend.engine.piecewise import PiecewiseGraphs
+from gpu_backend.engine.replay import engine_summary, replay
+from gpu_backend.engine.setup import assemble_engine, plain_store
+from sim.core.elastic import DrainStrategy, Policy
+from sim.core.request import RequestStatus
+from traces import Request
+
+
+@pytest.fixture(scope="module")
+def model():
+    yield from tiny_cpu_model()
+
+
+def run(model, policy=Policy.STATIC, *, asynchronous: bool, num_kv_blocks=48,
+        requests=REQUESTS, drain=DrainStrategy.PREEMPT, graphs=False, piecewise=False):
+    core = toy_core(toy_config(policy, drain, async_scheduling=asynchronous), num_kv_blocks)
+    store = plain_store(core, "cpu", torch.float32)
+    caches = kv_caches_of(store, TINY.num_layers)
+    decode_graphs = pieces = None
+    if graphs:
+        decode_graphs = CpuDecodeGraphs(model, caches, 8, 256, 16, torch.device("cpu"))
+        decode_graphs.capture()
+    if piecewise:
+        pieces = PiecewiseGraphs(model, caches, 64, torch.device("cpu"), sizes=(16, 32, 64))
+        pieces.capture()
+    engine = assemble_engine(core, model, store, torch.device("cpu"), decode_graphs, seed=3,
+                             piecewise=pieces)
+    engine.mirror.keep_outputs = True
+    # each call moves time on: a step reads the timer once synchronously, twice async
+    engine.timer = TickTimer(0.5 if asynchronous else 1.0)
+    replay(engine, requests, wait=False)
+    return engine
+
+
+@pytest.mark.parametrize("kind", ["eager", "graphs", "piecewise"])
+def test_async_steps_give_every_request_the_synchronous_tokens(model, kind):
+    reference = run(model, asynchronous=False, num_kv_blocks=400).mirror.outputs
+    engine = run(model, asynchronous=True, num_kv_blocks=400, graphs=kind == "graphs",
+                 piecewise=kind == "piecewise")
+    assert engine.mirror.outputs == reference
+    runner = engine.runner
+    if kind == "graphs":
+        assert runner.num_graph_steps > 10
+    if kind == "piecewise":
+        assert runner.num_piecewise_steps >= len(REQUESTS)
+    assert not engine.has_unfinished() and engine.scheduler.pool.num_used_blocks == 0
+
+
+def test_async_steps_keep_tokens_through_preemption_and_migration(model):
+    reference = run(model, asynchronous=False, num_kv_blocks=400).mirror.outputs
+    tight = run(model, asynchronous=True, num_kv_blocks=12, graphs=True)
+    assert sum(r.num_preemptions for r in tight.recorder.requests) > 0
+    assert tight.mirror.outputs == reference
+    moved_reference = run(model, asynchronous=False, num_kv_blocks=400,
+                          requests=MIGRATION).mirror.outputs
+    migrated = run(model, Policy.ELASTIC, asynchronous=True, num_kv_blocks=30,
+                   requests=MIGRATION, drain=DrainStrategy.MIGRATE, graphs=True)
+    summary = engine_summary(migrated, {})
+    assert summary["migrated_bytes"] > 0 and summary["num_attach"] > 0
+    assert migrated.mirror.outputs == moved_reference
+    migrated.scheduler.pool.check_invariants()
+
+
+def fake_engine(runner, timer, policy=Policy.STATIC):
+    core = toy_core(toy_config(policy, async_scheduling=True), 48)
+    engine = assemble_engine(core, None, plain_store(core, "cpu", torch.float32),
+                             torch.device("cpu"), None)
+    engine.runner, engine.timer = runner, timer
+    return engine
+
+
+def test_a_request_arriving_during_a_step_is_scheduled_one_step_later():
+    """Steps of 1 s from t=0. Step 2 is scheduled while step 1 runs, so request 1, arriving
+    as step 1 ends, runs in step 3 (the synchronous engine runs it in step 2: 2.0 s) and
+    request 2 (1.5 s) in step 4; an idle engine schedules an arrival at once."""
+    timer = FakeTimer()
+    engine = fake_engine(FakeRunner(timer, step_s=1.0), timer)
+    requests = [Request(0, 0.0, 8, 3), Request(1, 1.0, 8, 1), Request(2, 1.5, 8, 1),
+                Request(3, 100.0, 8, 1)]
+    end_s = replay(engine, requests, wait=False)
+    first = {r.request_id: r.first_token_s for r in engine.recorder.requests}
+    finish = {r.request_id: r.finish_s for r in engine.recorder.requests}
+    assert first == {0: 1.0, 1: 3.0, 2: 4.0, 3: 101.0}
+    assert finish == {0: 3.0, 1: 3.0, 2: 4.0, 3: 101.0}
+    assert end_s == 101.0
+    starts = [row[STEP_COLUMNS.index("start_s")] for row in engine.steps]
+    assert starts == [0.0, 1.0, 2.0, 3.0, 100.0]
+    assert [row[STEP_COLUMNS.index("measured_s")] for row in engine.steps] == [1.0] * 5
+
+
+def test_host_work_hides_behind_the_step_in_flight():
+    """0.4 s of host work to launch a step of 1 s on the device: synchronously each step
+    takes 1.4 s; async, every step after the first takes the device's 1 s."""
+    requests = [Request(0, 0.0, 8, 6)]
+    timer = FakeTimer()
+    engine = fake_engine(FakeRunner(timer, step_s=1.0, host_s=0.4), timer)
+    replay(engine, requests, wait=False)
+    measured = [row[STEP_COLUMNS.index("measured_s")] for row in engine.steps]
+    assert measured == pytest.approx([1.4] + [1.0] * 5)
+    (req,) = engine.recorder.requests
+    assert req.first_token_s == pytest.approx(1.4)
+    assert req.finish_s == pytest.approx(6.4)
+
+
+def test_a_real_oom_in_a_launched_step_fails_it_and_the_step_in_flight_finishes():
+    timer = FakeTimer()
+    engine = fake_engine(FakeRunner(timer, fail_when=prefill_of_request_one), timer)
+    requests = [Request(0, 0.0, 40, 2), Request(1, 1.0, 40, 4), Request(2, 10.0, 20, 4)]
+    replay(engine, requests, wait=False)
+    status = {r.request_id: r.status for r in engine.recorder.requests}
+    assert status == {0: RequestStatus.FINISHED, 1: RequestStatus.FAILED_OOM,
+                      2: RequestStatus.FINISHED}
+    assert engine.num_real_oom == 1
+    # request 0 finished in step 2, collected after step 3 (request 1's prompt) failed
+    finish = {r.request_id: r.finish_s for r in engine.recorder.requests}
+    assert finish[0] == 2.0
+    assert 1 not in engine.mirror.tokens
+    engine.scheduler.pool.check_invariants()
+    assert engine.scheduler.pool.num_used_blocks == 0
+
+
+def test_an_elastic_action_waits_for_the_step_in_flight():
+    timer = FakeTimer()
+    engine = fake_engine(FakeRunner(timer, step_s=0.1), timer, Policy.ELASTIC)
+    requests = [Request(i, 0.0, 24, 30) for i in range(4)] + [Request(9, 3.0, 40, 5)]
+    replay(engine, requests, wait=False)
+    summary = engine_summary(engine, {})
+    assert summary["num_finished"] == 5
+    assert summary["num_attach"] >= 1 and summary["num_detach"] >= 1
+    # a step recorded after an elastic pause starts after it: rows never overlap in time
+    starts = [row[STEP_COLUMNS.index("start_s")] for row in engine.steps]
+    ends = [s + row[STEP_COLUMNS.index("measured_s")] for s, row in zip(starts, engine.steps)]
+    assert all(b >= a - 1e-12 for a, b in zip(ends, starts[1:]))
+
+
+class CompilingRunner(FakeRunner):
+    """The launch of its third step 'compiles' for 100 s of host time."""
+
+    def __init__(self, timer):
+        super().__init__(timer, step_s=1.0)
+        self.num_launches = 0
+        self.compiling = False
+
+    def launch(self, batch, after=None):
+        self.num_launches += 1
+        self.compiling = self.num_launches == 3
+        if self.compiling:
+            self.timer.t += 100.0
+        return super().launch(batch, after)
+
+    def compiled_since_last_call(self) -> bool:
+        compiled, self.compiling = self.compiling, False
+        return compiled
+
+
+def test_a_compile_stalls_no_step_and_the_compiling_step_runs_again():
+    """The compile happens while step 2 runs: step 3 is launched again (its input ids read
+    from step 2's on the host), and neither step carries the 100 s."""
+    timer = FakeTimer()
+    runner = CompilingRunner(timer)
+    engine = fake_engine(runner, timer)
+    replay(engine, [Request(0, 0.0, 8, 5)], wait=False)
+    measured = [row[STEP_COLUMNS.index("measured_s")] for row in engine.steps]
+    assert len(measured) == 5 and max(measured) <= 1.0
+    assert runner.num_launches == 6  # the third step twice
+    (req,) = engine.recorder.requests
+    assert req.status is RequestStatus.FINISHED and req.finish_s <= 5.0
+    # step 3's second launch reads its input id from step 2's ids on the host: the same
+    # token as the first launch's device-side feed gave
+    third, again = runner.batches[2], runner.batches[3]
+    assert third.input_ids.tolist() == again.input_ids.tolist()
+
+
+def test_a_launch_that_holds_the_host_waits_for_the_step_in_flight():
+    """Request 1's prompt takes 1.5 s of host to launch (an eager step's Python loop); decode
+    steps launch at once and run 1 s. Request 1 arrives during step 2 and is scheduled into
+    step 4; step 3 (request 0's decode, ending at 4.5 s) is collected before the prompt's launch, so its token is stamped when the device made
+    it (4.5 s), not when the launch ended (5 s)."""
+    def prompt(batch):
+        return batch.max_query_len > 1
+
+    timer = FakeTimer()
+    runner = FakeRunner(timer, step_s=1.0, host_s=1.5, holds_host=prompt)
+    engine = fake_engine(runner, timer)
+    replay(engine, [Request(0, 0.0, 8, 6), Request(1, 2.6, 8, 2)], wait=False)
+    measured = [row[STEP_COLUMNS.index("measured_s")] for row in engine.steps]
+    # prompt 0: 1.5 s launch + 1 s; decodes of 1 s; step 4 (request 1's prompt beside
+    # request 0's decode) launched after step 3 was collected: 1.5 + 1
+    assert measured == [2.5, 1.0, 1.0, 2.5, 1.0, 1.0]
+    ends = np.cumsum(measured).tolist()
+    assert ends[2] == 4.5
+    (zero,) = [r for r in engine.recorder.requests if r.request_id == 0]
+    assert zero.finish_s == ends[-1]
+
+
+def test_tensor_parallelism_refuses_async_scheduling():
+    from gpu_backend.engine.engine import VirtualClock
+    from gpu_backend.tp.engine import TpEngine
+
+    timer = FakeTimer()
+    engine = TpEngine.wrap(fake_engine(FakeRunner(timer), timer), group=None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="--no-async-scheduling"):
+        engine.step(VirtualClock())

@@ -1,0 +1,131 @@
+"""The simulator under async scheduling, on hand-worked cases: a step is scheduled as the one
+before it starts, and its overhead loses the host gap (`Efficiency.host_gap_s`)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import simpy
+
+from sim.core.catalog import get_gpu, get_model
+from sim.core.cost_model import CostModel, Efficiency, step_total_array, step_total_s
+from sim.core.engine_config import EngineConfig, build_core
+from sim.core.step import SchedulerOutput
+from sim.engine import Fleet, Replica
+from sim.recording.metrics import timeline_array
+from sim.runner import RunSpec, simulate
+from traces import Trace
+
+# one second of overhead per step, far above any device time here; launches cost nothing;
+# nothing hidden by async scheduling unless a test says so
+SLOW_STEPS = Efficiency(step_overhead_s=1.0, per_seq_overhead_s=0.0, eager_launch_s=0.0,
+                        host_gap_s=0.0)
+
+
+def config(asynchronous: bool) -> EngineConfig:
+    return EngineConfig(model=get_model("llama-3.1-8b"), gpu=get_gpu("h200"),
+                        async_scheduling=asynchronous)
+
+
+def trace(arrival_s, prompt_tokens, output_tokens) -> Trace:
+    return Trace(arrival_s=np.asarray(arrival_s, dtype=np.float64),
+                 prompt_tokens=np.asarray(prompt_tokens, dtype=np.int64),
+                 output_tokens=np.asarray(output_tokens, dtype=np.int64), source="hand-built")
+
+
+def requests(asynchronous: bool, t: Trace, efficiency: Efficiency = SLOW_STEPS):
+    result = simulate(RunSpec(config(asynchronous), efficiency=efficiency), t)
+    return {r.request_id: r for r in result.recorders[0].requests}
+
+
+class SingleStepReplica(Replica):
+    _decode_run_limit = None  # type: ignore[assignment]
+
+
+def step_starts(t: Trace, efficiency: Efficiency) -> list[float]:
+    """Every step's start, each step scheduled alone (async scheduling)."""
+    env = simpy.Environment()
+    fleet = Fleet(env, t.requests(), "round-robin")
+    engine = config(True)
+    replica = SingleStepReplica(env, 0, build_core(engine), CostModel.for_engine(engine,
+                                                                                  efficiency),
+                                fleet)
+    fleet.replicas.append(replica)
+    env.process(fleet.arrivals(env))
+    env.process(replica.run(env))
+    env.run()
+    return timeline_array(replica.recorder)[:, 0].tolist()
+
+
+def test_step_total_on_hand_worked_numbers():
+    # device 3, launch 2, a quarter of the shorter serial, overhead 1.5
+    assert step_total_s(3.0, 2.0, 0.25, 1.5) == 3.0 + 0.5 + 1.5
+    assert step_total_s(3.0, 2.0, 0.25, 1.5, hidden_s=0.5) == 3.5 + 1.0
+    assert step_total_s(3.0, 2.0, 0.25, 1.5, hidden_s=2.0) == 3.5  # never below the busy time
+    device = np.array([3.0, 3.0, 1.0])
+    launch = np.array([2.0, 2.0, 0.0])
+    overheads = (np.array([1.0, 1.5, 0.1]), 0.5)  # added in order
+    assert step_total_array(device, launch, 0.25, *overheads).tolist() == [5.0, 5.5, 1.6]
+    assert step_total_array(device, launch, 0.25, *overheads,
+                            hidden_s=0.75).tolist() == [4.25, 4.75, 1.0]
+
+
+def test_async_scheduling_takes_the_host_gap_off_every_step():
+    eff = Efficiency(step_overhead_s=2e-3, per_seq_overhead_s=0.0, host_gap_s=5e-4)
+    model, gpu = get_model("llama-3.1-8b"), get_gpu("h200")
+    sync = CostModel(model, gpu, efficiency=eff)
+    ahead = CostModel(model, gpu, efficiency=eff, host_hidden=True)
+    out = SchedulerOutput(step_id=1, scheduled=(), num_steps=1, num_prefill_tokens=0,
+                          num_decode_tokens=8, prefill_chunks=(), decode_context_tokens=8_000,
+                          preempted_ids=(), elastic=None, oom=None, num_sampled_rows=8)
+    assert sync.step(out).total_s - ahead.step(out).total_s == pytest.approx(5e-4, abs=1e-12)
+    assert (sync.decode_run_s(8, 8_000, 3) - ahead.decode_run_s(8, 8_000, 3)) == \
+        pytest.approx([5e-4] * 3, abs=1e-12)
+
+
+def test_a_lone_request_decodes_faster_by_the_host_gap():
+    """Each step's 1 s of overhead is all host gap: hidden under async scheduling."""
+    t = trace([0.0], [100], [10])
+    hidden = replace(SLOW_STEPS, host_gap_s=1.0)
+    (ahead,) = requests(True, t, hidden).values()
+    (sync,) = requests(False, t, hidden).values()
+    assert ahead.first_token_s < 0.1
+    assert (sync.finish_s - sync.first_token_s) - (ahead.finish_s - ahead.first_token_s) == \
+        pytest.approx(9.0, abs=1e-9)
+
+
+def test_a_request_arriving_during_a_step_runs_one_step_later():
+    """Steps of about 1 s from t=0. Request 1 arrives at 5.5 s, during step 6. Synchronously
+    it is scheduled as step 6 ends and has its first token as step 7 ends (about 7 s).
+    Scheduled ahead, step 7 was scheduled as step 6 started, so request 1 runs in step 8."""
+    t = trace([0.0, 5.5], [100, 100], [20, 3])
+    sync, ahead = requests(False, t), requests(True, t)
+    assert 7.0 < sync[1].first_token_s < 7.2
+    assert 8.0 < ahead[1].first_token_s < 8.2
+    assert 0.99 < ahead[1].first_token_s - sync[1].first_token_s < 1.01
+    assert ahead[0].finish_s == pytest.approx(sync[0].finish_s, abs=1e-9)
+
+
+def test_an_arrival_as_a_step_starts_is_seen_by_the_step_scheduled_then():
+    """An arrival at the very start of step 6 is seen by the schedule made then (step 7); a
+    moment later it waits for step 8: the engine's schedule for step N+1 follows the
+    collection of step N-1, as the replay's arrivals at or before a step's end."""
+    starts = step_starts(trace([0.0], [100], [20]), SLOW_STEPS)
+    assert len(starts) == 20
+    boundary = starts[5]  # step 6 starts
+    exact = requests(True, trace([0.0, boundary], [100, 100], [20, 3]))
+    later = requests(True, trace([0.0, boundary + 1e-6], [100, 100], [20, 3]))
+    assert exact[1].first_token_s == pytest.approx(starts[7], abs=0.05)  # step 7 ends
+    assert later[1].first_token_s == pytest.approx(starts[8], abs=0.05)  # step 8 ends
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_every_request_ends_once_scheduled_ahead_or_not(asynchronous):
+    t = trace(np.linspace(0.0, 2.0, 40), [300 + 50 * (i % 7) for i in range(40)],
+              [5 + (i % 11) for i in range(40)])
+    result = simulate(RunSpec(config(asynchronous)), t)
+    assert result.summary["num_finished"] == 40
+    reqs = result.recorders[0].requests
+    assert all(r.arrival_s < r.first_token_s <= r.finish_s for r in reqs)
