@@ -213,6 +213,7 @@ class GpuEngine:
         start_t = self.timer()
         step = InFlight(out, stats, None, None, False, None, start_t, (math.nan,) * 3)
         if not out.scheduled:
+            self.mirror.launched(())  # no ids will come from it
             return step
         build_start = time.perf_counter()
         self.elastic.ensure_mapped(out)
