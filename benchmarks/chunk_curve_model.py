@@ -1,13 +1,15 @@
 """The cost model against engine_bench's chunk-size curves: data no calibration is fitted on.
 
     .venv/bin/python benchmarks/chunk_curve_model.py [--result FILE] [--calibration FILE]
-        [--attention-backend auto]
+        [--attention-backend auto] [--async-scheduling]
 
 engine_bench.py times a prompt prefilled chunk by chunk, alone and beside decode rows, on
 each attention backend (`chunk_curve`, `chunk_curve_<backend>`). This prices the same steps
 with `CostModel.step` (each chunk over the prefix before it, the decodes at engine_bench's
 context) under a calibration, and prints measured and predicted TTFT per point, their ratio,
-and the chunk penalty (TTFT at each chunk over the largest chunk's) both ways.
+and the chunk penalty (TTFT at each chunk over the largest chunk's) both ways. With
+`--async-scheduling`, the curve timed with each step launched ahead (`chunk_curve_async`,
+engine_bench --async-scheduling) against the cost model's async pricing.
 """
 
 from __future__ import annotations
@@ -39,17 +41,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--result", type=Path, default=RESULT, help="engine_bench result JSON")
     parser.add_argument("--calibration", default="calibration/h200/llama-3.1-8b-auto.json")
     parser.add_argument("--attention-backend", default="auto", choices=("triton", "split", "auto"))
+    parser.add_argument("--async-scheduling", action="store_true",
+                        help="the curve timed launched ahead, priced as async scheduling")
     args = parser.parse_args(argv)
     result = json.loads(args.result.read_text())
-    key = "chunk_curve" if args.attention_backend == "triton" else \
-        f"chunk_curve_{args.attention_backend}"
+    key = "chunk_curve_async" if args.async_scheduling else "chunk_curve"
+    if args.attention_backend != result.get("attention_backends", ["triton"])[0]:
+        key = f"{key}_{args.attention_backend}"  # engine_bench names the first backend's plain
     if key not in result:
         print(f"error: {args.result} has no {key}", file=sys.stderr)
         return 2
     calibration = load_calibration(args.calibration)
     cost = CostModel(get_model(result["model"]), get_gpu(calibration.provenance.gpu_preset
                                                           or "h200"),
-                     1, calibration.efficiency, attention_backend=args.attention_backend)
+                     1, calibration.efficiency, attention_backend=args.attention_backend,
+                     host_hidden=args.async_scheduling)
     rows = result[key]
     print(f"{args.result.name} {key}, priced with {args.calibration}")
     print(f"{'prompt':>7} {'decodes':>7} {'chunk':>6} {'measured s':>11} {'model s':>9} "
