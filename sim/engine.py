@@ -24,7 +24,7 @@ as the one before it starts (a decode run's next step: as its last step starts),
 scheduler closes it at once, as the GPU engine does (gpu_backend/engine/engine.py): a request
 arriving during a step is seen one step later, a decode run may go one step past the next
 arrival, and a step's requests are stamped with its end only when it ends. The cost model
-then hides a step's host work behind the step before (`CostModel.host_hidden`).
+then hides a step's host work behind the step before (CostModel's `host_hidden`).
 
 Nothing polls. An idle replica sleeps on an event its next request triggers; the arrivals
 process sleeps until the next arrival; the fleet's `done` event fires when the last request
@@ -95,7 +95,7 @@ class Replica:
         if self._ahead:
             yield from self._run_ahead(env)
             return
-        sched, fleet, recorder = self.scheduler, self.fleet, self.recorder
+        sched, fleet = self.scheduler, self.fleet
         limit = self._decode_run_limit
         while True:
             if not sched.has_unfinished():
@@ -107,20 +107,14 @@ class Replica:
             out = sched.schedule(decode_run_limit=limit)
             stats = sched.make_stats()
             if out.elastic is not None:
-                pause_s = self._pause_s(out.elastic)
-                recorder.elastic(env.now, out.elastic, pause_s)
-                yield env.timeout(pause_s)
+                yield from self._pause(env, out.elastic)
             start_s = env.now
             durations, duration_s = self._durations(out)
             yield env.timeout(duration_s)
             due_s = fleet.next_arrival_s
             if due_s is not None and due_s <= env.now:
                 fleet.deliver_due(env.now)  # same-time arrivals join before the step closes
-            for req in sched.update(out, env.now):
-                self.outstanding_tokens -= req.num_prompt_tokens + req.max_output_tokens
-                self.num_finished += req.status is RequestStatus.FINISHED
-                recorder.done(req)
-            recorder.step(start_s, out, stats, durations, duration_s=duration_s)
+            self._close(out, stats, sched.update(out, env.now), start_s, durations, duration_s)
             if fleet.next_arrival_s is None:
                 fleet.check_done()
 
@@ -136,7 +130,7 @@ class Replica:
                     yield self._wakeup
                     continue
                 step = self._schedule_ahead(env.now)
-                yield from self._pause(env, step)
+                yield from self._pause(env, step.out.elastic)
             start_s = env.now
             head_s = step.duration_s - step.durations[-1] if step.out.num_steps > 1 else 0.0
             if head_s > 0:  # a decode run: the next step is scheduled as its last one starts
@@ -150,7 +144,7 @@ class Replica:
             self._close_ahead(step, start_s)
             step = after
             if step is not None:
-                yield from self._pause(env, step)
+                yield from self._pause(env, step.out.elastic)
             if fleet.next_arrival_s is None:
                 fleet.check_done()
 
@@ -183,25 +177,34 @@ class Replica:
         return [duration_s], duration_s
 
     def _pause(self, env: simpy.Environment,
-               step: AheadStep) -> Generator[simpy.Event, None, None]:
-        """A step's elastic action waits for the step before it to end (the device idle)."""
-        if step.out.elastic is not None:
-            pause_s = self._pause_s(step.out.elastic)
-            self.recorder.elastic(env.now, step.out.elastic, pause_s)
+               action: ElasticAction | None) -> Generator[simpy.Event, None, None]:
+        """A step's elastic action, if any, before the step (under async scheduling, after the
+        step before it ended: the device idle)."""
+        if action is not None:
+            pause_s = self._pause_s(action)
+            self.recorder.elastic(env.now, action, pause_s)
             yield env.timeout(pause_s)
 
+    def _close(self, out: SchedulerOutput, stats: SchedulerStats, ended: list[RequestState],
+               start_s: float, durations: list[float], duration_s: float) -> None:
+        """Record a step (or decode run) that ended now and the requests that ended in it."""
+        recorder = self.recorder
+        for req in ended:
+            self.outstanding_tokens -= req.num_prompt_tokens + req.max_output_tokens
+            self.num_finished += req.status is RequestStatus.FINISHED
+            recorder.done(req)
+        recorder.step(start_s, out, stats, durations, duration_s=duration_s)
+
     def _close_ahead(self, step: AheadStep, start_s: float) -> None:
-        now, recorder = self.env.now, self.recorder
+        """`_close` of a step scheduled ahead: its requests stamped with its end first."""
+        now = self.env.now
         self._num_ahead -= 1
         for req in step.first:
             req.first_token_s = now
         for req in step.ended:
             if req.status is RequestStatus.FINISHED:
                 req.finish_s = now
-                self.num_finished += 1
-            self.outstanding_tokens -= req.num_prompt_tokens + req.max_output_tokens
-            recorder.done(req)
-        recorder.step(start_s, step.out, step.stats, step.durations, duration_s=step.duration_s)
+        self._close(step.out, step.stats, step.ended, start_s, step.durations, step.duration_s)
 
     def _pause_s(self, action: ElasticAction) -> float:
         """The engine's pause for an elastic action: VMM time, then migration copies."""

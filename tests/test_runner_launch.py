@@ -63,3 +63,21 @@ def test_a_step_without_tokens_launches_nothing():
     assert empty.num_tokens == 0
     assert runner.launch(empty).collect().shape == (0,)
     assert runner.num_eager_steps == 0
+
+
+def test_an_eager_step_takes_its_pending_ids_from_the_step_launched_before():
+    """Rows whose input id is the launched step's sample (async scheduling) are filled on
+    the device, in reversed order here: the same ids as the batch with them filled on the
+    host."""
+    runner, num_blocks = runner_and_blocks()
+    first = runner.launch(host_batch(decode_shape(4, 50), 16, num_blocks))
+    sampled = first.collect()
+    second = host_batch(decode_shape(4, 51), 16, num_blocks)
+    rows, sources = np.arange(4, dtype=np.int64), np.array([3, 2, 1, 0], dtype=np.int64)
+    pending = replace(second, input_ids=np.zeros(4, np.int64), pending_rows=rows,
+                      pending_sources=sources)
+    fed = runner.launch(pending, after=first).collect()
+    resolved = replace(second, input_ids=sampled[sources])
+    assert np.array_equal(fed, runner.execute(resolved))
+    assert not np.array_equal(fed, runner.execute(replace(pending, pending_rows=rows[:0],
+                                                          pending_sources=rows[:0])))

@@ -121,7 +121,6 @@ class GpuEngine:
     prompt_len: dict[int, int] = field(default_factory=dict)
     num_real_oom: int = 0
     timer: Callable[[], float] = time.perf_counter  # measures each step (tests inject one)
-    _phases: tuple[float, float, float] = field(default=(math.nan,) * 3, init=False, repr=False)
     _in_flight: InFlight | None = field(default=None, init=False, repr=False)
     _last_end_t: float = field(default=-math.inf, init=False, repr=False)
 
@@ -157,24 +156,36 @@ class GpuEngine:
         out = self.scheduler.schedule()
         stats = self.scheduler.make_stats()
         if out.elastic is not None:
-            pause_start_s = clock.now()
-            pause_s = self._agree_seconds(self.elastic.apply(out))
-            self.recorder.elastic(pause_start_s, out.elastic, pause_s)
-            clock.advance(pause_s)
+            self._pause(out, clock)
         self.mirror.apply(out, self.prompt_len)
         start_s = clock.now()
-        duration_s, graph, failed = self._run(out, stats)
+        duration_s, graph, failed, phases = self._run(out, stats)
         duration_s = self._agree_seconds(duration_s)
         clock.advance(duration_s)
         end_s = clock.now()
         duration_s = end_s - start_s if isinstance(clock, WallClock) else duration_s
         ended = self.scheduler.update(out, end_s)
+        return self._close(out, stats, ended, start_s, duration_s, graph, failed, phases)
+
+    def _pause(self, out: SchedulerOutput, clock: Clock) -> None:
+        """Carry out the step's elastic action on the pool, timed, and record it."""
+        assert out.elastic is not None
+        pause_start_s = clock.now()
+        pause_s = self._agree_seconds(self.elastic.apply(out))
+        self.recorder.elastic(pause_start_s, out.elastic, pause_s)
+        clock.advance(pause_s)
+
+    def _close(self, out: SchedulerOutput, stats: SchedulerStats, ended: list[RequestState],
+               start_s: float, duration_s: float, graph: bool, failed: OutOfMemory | None,
+               phases: tuple[float, float, float]) -> list[RequestState]:
+        """Record a step that ran and the requests that ended in it (`ended`, stamped);
+        returns those that finished."""
         finished = [r for r in ended if r.status is RequestStatus.FINISHED]
         self.mirror.finish(r.request_id for r in finished)
         for req in ended:
             self.recorder.done(req)
         self.recorder.step(start_s, out, stats, [duration_s], failed)
-        self._record_step(out, stats, start_s, duration_s, graph, failed)
+        self._record_step(out, stats, start_s, duration_s, graph, failed, phases)
         return finished
 
     # ------------------------------------------------------------ async scheduling
@@ -186,10 +197,7 @@ class GpuEngine:
         finished: list[RequestState] = []
         if out.elastic is not None:
             finished += self._collect(clock)  # map / unmap with nothing running
-            pause_start_s = clock.now()
-            pause_s = self._agree_seconds(self.elastic.apply(out))
-            self.recorder.elastic(pause_start_s, out.elastic, pause_s)
-            clock.advance(pause_s)
+            self._pause(out, clock)
         self.mirror.apply(out, self.prompt_len)
         step = self._launch(out, stats, clock, finished)
         finished += self._collect(clock)  # the step before, while this one runs
@@ -215,13 +223,9 @@ class GpuEngine:
         if not out.scheduled:
             self.mirror.launched(())  # no ids will come from it
             return step
-        build_start = time.perf_counter()
-        self.elastic.ensure_mapped(out)
-        batch = self.mirror.build(out, stats.num_usable_blocks)
-        self._check_mapped(batch.block_tables)
-        step.phases = (time.perf_counter() - build_start, math.nan, math.nan)
+        batch, build_s, step.graph = self._build(out, stats)
+        step.phases = (build_s, math.nan, math.nan)
         step.batch = batch
-        step.graph = bool(getattr(self.runner, "graphs", None)) and batch.is_decode_only
         before = self._in_flight
         holds_host = getattr(self.runner, "launch_holds_host", None)
         if before is not None and holds_host is not None and holds_host(batch):
@@ -229,7 +233,7 @@ class GpuEngine:
             batch = self._resolved(batch, before)  # its ids are on the host now
             before = None
         after = before.launched if before is not None else None
-        launched, oom = self._launch_batch(batch, after)
+        launched, oom = self._guarded(self.runner.launch, batch, after)  # type: ignore[attr-defined]
         compiled = getattr(self.runner, "compiled_since_last_call", bool)()
         oom, compiled = self._agree_flags(oom, compiled)
         if compiled and not oom:  # a JIT compile is no part of the step: time a re-run
@@ -240,7 +244,7 @@ class GpuEngine:
             if before is not None:  # nor of the step in flight, which ended meanwhile
                 before.stall_s = rerun_t - step.start_t
             step.start_t = rerun_t
-            launched, oom = self._launch_batch(resolved, None)
+            launched, oom = self._guarded(self.runner.launch, resolved, None)  # type: ignore[attr-defined]
             oom, _ = self._agree_flags(oom, False)
         if oom:
             step.failed = self._fail_step(out, stats)
@@ -250,12 +254,6 @@ class GpuEngine:
         step.launched = launched
         self.mirror.launched(batch.sample_request_ids)
         return step
-
-    def _launch_batch(self, batch: HostBatch, after) -> tuple[object | None, bool]:
-        try:
-            return self.runner.launch(batch, after), False  # type: ignore[attr-defined]
-        except self.oom_errors:
-            return None, True
 
     def _resolved(self, batch: HostBatch, before: InFlight | None) -> HostBatch:
         """`batch` with its pending input ids read from the step before (collected now)."""
@@ -291,17 +289,11 @@ class GpuEngine:
         end_s = clock.now()
         for req in step.first:
             req.first_token_s = end_s
-        finished = [r for r in step.ended if r.status is RequestStatus.FINISHED]
-        for req in finished:
-            req.finish_s = end_s
-        self.mirror.finish(r.request_id for r in finished)
         for req in step.ended:
-            self.recorder.done(req)
-        self._phases = step.phases
-        start_s = end_s - duration_s
-        self.recorder.step(start_s, step.out, step.stats, [duration_s], step.failed)
-        self._record_step(step.out, step.stats, start_s, duration_s, step.graph, step.failed)
-        return finished
+            if req.status is RequestStatus.FINISHED:
+                req.finish_s = end_s
+        return self._close(step.out, step.stats, step.ended, end_s - duration_s, duration_s,
+                           step.graph, step.failed, step.phases)
 
     # Agreement points: one GPU agrees with itself; the TP engine reduces over its ranks.
     def _agree_seconds(self, seconds: float) -> float:
@@ -310,40 +302,46 @@ class GpuEngine:
     def _agree_flags(self, oom: bool, compiled: bool) -> tuple[bool, bool]:
         return oom, compiled
 
-    def _run(self, out: SchedulerOutput,
-             stats: SchedulerStats) -> tuple[float, bool, OutOfMemory | None]:
-        """(seconds, ran as a CUDA graph?, the out-of-memory that failed the step or None)."""
+    def _run(self, out: SchedulerOutput, stats: SchedulerStats
+             ) -> tuple[float, bool, OutOfMemory | None, tuple[float, float, float]]:
+        """(seconds, ran as a CUDA graph?, the out-of-memory that failed the step or None,
+        the step's phases: build_s, enqueue_s, device_s)."""
         start = self.timer()
-        self._phases = (math.nan, math.nan, math.nan)
         if not out.scheduled:
-            return self.timer() - start, False, None
-        build_start = time.perf_counter()  # phases: wall-clock diagnostics beside the timer
-        self.elastic.ensure_mapped(out)
-        batch = self.mirror.build(out, stats.num_usable_blocks)
-        self._check_mapped(batch.block_tables)
-        build_s = time.perf_counter() - build_start
-        graph = bool(getattr(self.runner, "graphs", None)) and batch.is_decode_only
-        ids, oom = self._execute(batch)
+            return self.timer() - start, False, None, (math.nan,) * 3
+        batch, build_s, graph = self._build(out, stats)
+        ids, oom = self._guarded(self.runner.execute, batch)  # type: ignore[attr-defined]
         end = self.timer()
         compiled = getattr(self.runner, "compiled_since_last_call", bool)()
         oom, compiled = self._agree_flags(oom, compiled)
         if compiled and not oom:  # a JIT compile is no part of the step: time a re-run
             start = self.timer()
-            ids, oom = self._execute(batch)  # idempotent: same KV writes, same ids
+            # idempotent: same KV writes, same ids
+            ids, oom = self._guarded(self.runner.execute, batch)  # type: ignore[attr-defined]
             end = self.timer()
             oom, _ = self._agree_flags(oom, False)
-        phases = getattr(self.runner, "phases", None)
-        self._phases = (build_s, getattr(phases, "enqueue_s", math.nan),
-                        getattr(phases, "device_s", math.nan))
+        runner_phases = getattr(self.runner, "phases", None)
+        phases = (build_s, getattr(runner_phases, "enqueue_s", math.nan),
+                  getattr(runner_phases, "device_s", math.nan))
         if oom:
-            return end - start, False, self._fail_step(out, stats)
+            return end - start, False, self._fail_step(out, stats), phases
         self.mirror.append_sampled(batch.sample_request_ids, ids)
-        return end - start, graph, None
+        return end - start, graph, None, phases
 
-    def _execute(self, batch):
-        """(sampled ids, False), or (None, True) when the GPU ran out of memory."""
+    def _build(self, out: SchedulerOutput, stats: SchedulerStats) -> tuple[HostBatch, float, bool]:
+        """The step's host batch, its build seconds (wall clock, a diagnostic beside the
+        timer) and whether it runs as a CUDA graph; the elastic mapping checked under it."""
+        build_start = time.perf_counter()
+        self.elastic.ensure_mapped(out)
+        batch = self.mirror.build(out, stats.num_usable_blocks)
+        self._check_mapped(batch.block_tables)
+        build_s = time.perf_counter() - build_start
+        return batch, build_s, bool(getattr(self.runner, "graphs", None)) and batch.is_decode_only
+
+    def _guarded(self, call: Callable, *args):
+        """(call(*args), False), or (None, True) when the GPU ran out of memory."""
         try:
-            return self.runner.execute(batch), False
+            return call(*args), False
         except self.oom_errors:
             return None, True
 
@@ -365,7 +363,8 @@ class GpuEngine:
         return OutOfMemory(stats.activation_bytes, stats.activation_available_bytes, failed)
 
     def _record_step(self, out: SchedulerOutput, stats: SchedulerStats, start_s: float,
-                     duration_s: float, graph: bool, failed: OutOfMemory | None) -> None:
+                     duration_s: float, graph: bool, failed: OutOfMemory | None,
+                     phases: tuple[float, float, float]) -> None:
         """One STEP_COLUMNS row; a step failed by a real OOM ran no tokens."""
         ran = failed is None
         items = out.scheduled if ran else ()
@@ -378,4 +377,4 @@ class GpuEngine:
                            max((s.num_computed_tokens + 1 for s in items if s.is_decode),
                                default=0),
                            ";".join(f"{c}:{p}" for c, p in out.prefill_chunks) if ran else "",
-                           *self._phases))
+                           *phases))

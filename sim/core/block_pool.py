@@ -214,14 +214,7 @@ class BlockPool:
         ids = np.asarray(block_ids, dtype=np.int64)
         if not len(ids):
             return
-        ref_count = self._ref_count
-        counts = ref_count[ids]
-        if np.count_nonzero(counts) < len(ids):  # (count_nonzero: a fraction of all()'s cost)
-            raise ValueError(f"block {int(ids[np.argmin(counts)])} freed but not allocated")
-        counts -= 1
-        ref_count[ids] = counts
-        # blocks no request holds now
-        freed = ids[counts == 0] if np.count_nonzero(counts) else ids
+        freed = self._unref(ids)
         if not len(freed):
             return
         # only while some elastic block is used can a freed one be elastic
@@ -249,9 +242,7 @@ class BlockPool:
             base = freed < num_base
             self._elastic.freed += freed[~base].tolist()
             freed = freed[base]
-        stacked = self._num_stacked
-        self._stack[stacked:stacked + len(freed)] = freed
-        self._num_stacked = stacked + len(freed)
+        self._stack_free(freed)
 
     def free_table(self, own: Blocks, named: Blocks) -> None:
         """`free` of a request's blocks split in two, each last first: `own`, which no other
@@ -263,13 +254,7 @@ class BlockPool:
         if self.num_used_elastic:  # elastic blocks go elsewhere: counted the general way
             self.free(np.concatenate((own, named)))
             return
-        ref_count = self._ref_count
-        counts = ref_count[named]
-        if np.count_nonzero(counts) < len(named):
-            raise ValueError(f"block {int(named[np.argmin(counts)])} freed but not allocated")
-        counts -= 1
-        ref_count[named] = counts
-        kept = named[counts == 0] if np.count_nonzero(counts) else named
+        kept = self._unref(named)
         num_freed = len(own) + len(kept)
         self.num_used_base -= num_freed
         self.num_freed_blocks += num_freed
@@ -277,10 +262,25 @@ class BlockPool:
             self._cache.push(kept, len(kept))
             self._cache.maybe_sweep()
         if len(own):
-            ref_count[own] = 0
-            stacked = self._num_stacked
-            self._stack[stacked:stacked + len(own)] = own
-            self._num_stacked = stacked + len(own)
+            self._ref_count[own] = 0
+            self._stack_free(own)
+
+    def _unref(self, ids: Blocks) -> Blocks:
+        """Drop one reference to each of `ids` (distinct, all allocated); the blocks no
+        request holds now."""
+        ref_count = self._ref_count
+        counts = ref_count[ids]
+        if np.count_nonzero(counts) < len(ids):  # (count_nonzero: a fraction of all()'s cost)
+            raise ValueError(f"block {int(ids[np.argmin(counts)])} freed but not allocated")
+        counts -= 1
+        ref_count[ids] = counts
+        return ids[counts == 0] if np.count_nonzero(counts) else ids
+
+    def _stack_free(self, blocks: Blocks) -> None:
+        """Unnamed free base blocks onto the free stack (taken last in, first out)."""
+        stacked = self._num_stacked
+        self._stack[stacked:stacked + len(blocks)] = blocks
+        self._num_stacked = stacked + len(blocks)
 
     # ------------------------------------------------------------ prefix cache
     def cached_block(self, key: int) -> int | None:

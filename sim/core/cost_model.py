@@ -166,8 +166,7 @@ class CostModel(OperatorCosts):
                  token_graph_sizes: Sequence[int] = (), attention_backend: str = "triton",
                  host_hidden: bool = False) -> None:
         super().__init__(model, gpu, tp, efficiency, attention_backend)
-        self.host_hidden = host_hidden
-        self.hidden_s = self.eff.host_gap_s if host_hidden else 0.0
+        self.hidden_s = self.eff.host_gap_s if host_hidden else 0.0  # step_total_s's
         self.graph_sizes = tuple(sorted(graph_sizes))
         self.token_graph_sizes = tuple(sorted(token_graph_sizes))
         self._decode_terms: dict[int, tuple[float, float, float, float, float]] = {}
