@@ -8,7 +8,6 @@ time when the host's work fits behind it."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from test_engine_helpers import (
@@ -198,26 +197,27 @@ def test_a_compile_stalls_no_step_and_the_compiling_step_runs_again():
     assert third.input_ids.tolist() == again.input_ids.tolist()
 
 
-def test_a_launch_that_holds_the_host_waits_for_the_step_in_flight():
-    """Request 1's prompt takes 1.5 s of host to launch (an eager step's Python loop); decode
-    steps launch at once and run 1 s. Request 1 arrives during step 2 and is scheduled into
-    step 4; step 3 (request 0's decode, ending at 4.5 s) is collected before the prompt's launch, so its token is stamped when the device made
-    it (4.5 s), not when the launch ended (5 s)."""
+def test_a_slow_launch_overlaps_the_step_in_flight_which_is_stamped_when_it_ended():
+    """Prompt steps take 1.5 s of host to launch (an eager step's Python loop); decode steps
+    launch at once; every step runs 1 s on the device. Request 1 (arriving at 2.6 s) is
+    scheduled into step 4 at 3.5 s; its launch ends at 5.0 s, while step 3 (request 0's
+    decode) ended on the device at 4.5 s: step 3 is collected at 5.0 s but its token is
+    stamped 4.5 s, and step 4 runs from 5.0 s to 6.0 s (1.5 s after step 3's end)."""
     def prompt(batch):
         return batch.max_query_len > 1
 
     timer = FakeTimer()
-    runner = FakeRunner(timer, step_s=1.0, host_s=1.5, holds_host=prompt)
+    runner = FakeRunner(timer, step_s=1.0, host_s=1.5, slow_launch=prompt)
     engine = fake_engine(runner, timer)
     replay(engine, [Request(0, 0.0, 8, 6), Request(1, 2.6, 8, 2)], wait=False)
     measured = [row[STEP_COLUMNS.index("measured_s")] for row in engine.steps]
-    # prompt 0: 1.5 s launch + 1 s; decodes of 1 s; step 4 (request 1's prompt beside
-    # request 0's decode) launched after step 3 was collected: 1.5 + 1
-    assert measured == [2.5, 1.0, 1.0, 2.5, 1.0, 1.0]
-    ends = np.cumsum(measured).tolist()
-    assert ends[2] == 4.5
-    (zero,) = [r for r in engine.recorder.requests if r.request_id == 0]
-    assert zero.finish_s == ends[-1]
+    starts = [row[STEP_COLUMNS.index("start_s")] for row in engine.steps]
+    assert measured == [2.5, 1.0, 1.0, 1.5, 1.0, 1.0]
+    assert starts == [0.0, 2.5, 3.5, 4.5, 6.0, 7.0]
+    first = {r.request_id: r.first_token_s for r in engine.recorder.requests}
+    finish = {r.request_id: r.finish_s for r in engine.recorder.requests}
+    assert first == {0: 2.5, 1: 6.0}
+    assert finish == {0: 8.0, 1: 7.0}
 
 
 def test_tensor_parallelism_refuses_async_scheduling():

@@ -68,22 +68,19 @@ class FakeRunner:
 
     `execute` takes `step_s` of the timer. `launch` models a device queue: the host spends
     `host_s` launching, the device runs each step for `step_s` once the host has launched it
-    and the step before has ended, and `collect` waits until then. `holds_host(batch)` says
-    which launches hold the host (the engine collects the step in flight before them; only
-    those take `host_s` then). A launched step's pending
-    input ids come from the ids of the step given as `after` (as the device gather does)."""
+    and the step before has ended, and `collect` waits until then; a launched step's `done_t`
+    is that end, as the device's timer dates it. `slow_launch(batch)` says which launches take
+    `host_s` (None: all of them). A launched step's pending input ids come from the ids of the
+    step given as `after` (as the device gather does)."""
 
     graphs = None
 
     def __init__(self, timer: FakeTimer | None = None, step_s: float = 1.0,
-                 fail_when=None, host_s: float = 0.0, holds_host=None) -> None:
+                 fail_when=None, host_s: float = 0.0, slow_launch=None) -> None:
         self.timer, self.step_s, self.fail_when, self.host_s = timer, step_s, fail_when, host_s
-        self.holds_host = holds_host  # which batches' launch holds the host (None: none)
+        self.slow_launch = slow_launch
         self.batches: list[HostBatch] = []
         self._device_free_t = 0.0
-
-    def launch_holds_host(self, batch: HostBatch) -> bool:
-        return self.holds_host is not None and self.holds_host(batch)
 
     def _ids(self, batch: HostBatch) -> np.ndarray:
         self.batches.append(batch)
@@ -104,7 +101,7 @@ class FakeRunner:
         ids = self._ids(batch)
         now = 0.0
         if self.timer is not None:
-            if self.holds_host is None or self.holds_host(batch):
+            if self.slow_launch is None or self.slow_launch(batch):
                 self.timer.t += self.host_s
             now = self.timer.t
         self._device_free_t = max(now, self._device_free_t) + self.step_s

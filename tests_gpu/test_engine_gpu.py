@@ -5,8 +5,8 @@ Checks: a short replay per policy completes with graphs and the simulator's outp
 elastic run with attach/detach leaves base blocks untouched; migration copies whole blocks
 (every layer) on the VMM pool; a real torch.OutOfMemoryError fails the step, not the run;
 piecewise graphs give the eager forward's logits and K/V, and a replay through them runs
-every step with a prompt as graphs; decode steps launched back to back keep their own ids;
-async scheduling gives every request the synchronous engine's tokens.
+every step with a prompt as graphs; decode steps launched back to back keep their own ids; a
+step collected late is dated when the device finished it; async scheduling gives every request the synchronous engine's tokens.
 """
 
 from __future__ import annotations
@@ -303,6 +303,41 @@ def test_decode_graph_steps_launched_back_to_back_keep_their_own_ids():
     assert runner.num_graph_steps == 4
     graphs.release()
     del graphs, runner, model, caches
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def test_a_step_collected_late_is_dated_when_the_device_finished_it():
+    """The host sleeps 200 ms between launching a 4k-token prompt and collecting it: the
+    step's end (`done_t`) is dated by the device's timer, within its launch plus its device
+    span, not at the collection. A step collected after a later one (which anchored the
+    timers) is dated back from it by about the later step's span."""
+    import time
+
+    device = torch.device("cuda")
+    model = load_model(config(Policy.STATIC), device, seed=0)
+    num_blocks = 512
+    caches = kv_caches_of(dummy_store(MODEL, num_blocks, 16, device), MODEL.num_layers)
+    runner = ModelRunner(model, caches, device)
+    batch = host_batch(prefill_shape(4096), 16, num_blocks)
+    for _ in range(3):  # compiles and warms up
+        runner.execute(batch)
+    launch_t = time.perf_counter()
+    step = runner.launch(batch)
+    time.sleep(0.2)
+    collect_t = time.perf_counter()
+    step.collect()
+    span_s = step.phases.device_s
+    assert span_s > 0
+    assert launch_t + span_s <= step.done_t <= launch_t + step.enqueue_s + span_s + 0.005
+    assert step.done_t < collect_t - 0.15
+    first, second = runner.launch(batch), runner.launch(batch)
+    second.collect()  # waits: anchors the timers at the second step's end
+    first.collect()   # ended before: dated back from the anchor
+    gap_s = second.done_t - first.done_t  # the second's span, or its launch if longer
+    assert 0.95 * second.phases.device_s - 0.2e-3 <= gap_s
+    assert gap_s <= second.phases.device_s + second.enqueue_s + 0.5e-3
+    del runner, model, caches
     gc.collect()
     torch.cuda.empty_cache()
 

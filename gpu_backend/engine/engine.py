@@ -14,11 +14,12 @@ flight: step N is launched, then step N-1 is collected (its ids read back, its r
 stamped and recorded), then the scheduler closes step N at once (the trace fixes every output
 length, so which requests N finishes is known before its ids are), and the next `step()`
 schedules N+1 while N runs. N+1's decode rows take their input ids from N's on the device
-(`HostBatch.pending_rows`). A step's measured time runs from the later of the last step's
-collection and its own start to its own collection: the host's work between two steps
-overlaps the device's. An elastic action waits for the step in flight first (unmap needs an
-idle device), as does a step that compiled a kernel (re-timed synchronously); the step in
-flight meanwhile is timed without the compile's seconds, at least at its device span. Unlike vLLM,
+(`HostBatch.pending_rows`). An eager or piecewise launch keeps the host busy while N runs, so N
+may be collected well after it ended: it is stamped when the device finished it
+(`LaunchedStep.done_t`, dated by the device's timer). A step's measured time runs from the
+later of the last step's end and its own start to its own end: the host's work between two
+steps overlaps the device's. An elastic action waits for the step in flight first (unmap needs
+an idle device), as does a step that compiled a kernel (re-timed synchronously). Unlike vLLM,
 which frees a finished request's blocks when its step's output arrives, the scheduler frees
 them as it closes the step, one step earlier.
 
@@ -55,6 +56,7 @@ STEP_COLUMNS = ("step_id", "start_s", "num_prefill_tokens", "num_decode_tokens",
 class Clock(Protocol):
     def now(self) -> float: ...
     def advance(self, seconds: float) -> None: ...
+    def before(self, seconds: float) -> float: ...
 
 
 class VirtualClock:
@@ -68,6 +70,10 @@ class VirtualClock:
 
     def advance(self, seconds: float) -> None:
         self._now += seconds
+
+    def before(self, seconds: float) -> float:
+        """Now: only measured durations move this clock, so nothing happened since them."""
+        return self._now
 
     def advance_to(self, when_s: float) -> None:
         self._now = max(self._now, when_s)
@@ -84,6 +90,10 @@ class WallClock:
 
     def advance(self, seconds: float) -> None:
         pass
+
+    def before(self, seconds: float) -> float:
+        """The time `seconds` ago."""
+        return self.now() - seconds
 
     def advance_to(self, when_s: float) -> None:
         delay = when_s - self.now()
@@ -104,8 +114,6 @@ class InFlight:
     phases: tuple[float, float, float]  # build_s, then enqueue_s and device_s once collected
     first: list[RequestState] = field(default_factory=list)  # first token sampled in it
     ended: list[RequestState] = field(default_factory=list)  # finished or failed in it
-    # host seconds the next step's launch stalled on a kernel compile while this step ran
-    stall_s: float = 0.0
 
 
 @dataclass
@@ -199,7 +207,7 @@ class GpuEngine:
             finished += self._collect(clock)  # map / unmap with nothing running
             self._pause(out, clock)
         self.mirror.apply(out, self.prompt_len)
-        step = self._launch(out, stats, clock, finished)
+        step = self._launch(out, stats)
         finished += self._collect(clock)  # the step before, while this one runs
         requests = self.scheduler.requests
         if step.failed is None:
@@ -211,13 +219,11 @@ class GpuEngine:
             finished += self._collect(clock)
         return finished
 
-    def _launch(self, out: SchedulerOutput, stats: SchedulerStats, clock: Clock,
-                finished: list[RequestState]) -> InFlight:
-        """Build and launch `out` behind the step in flight (a real OOM fails it here). A
-        step whose launch holds the host (every kernel launched from Python: eager and
-        piecewise steps) is launched only once the step in flight is collected (its
-        finished requests added to `finished`): that step's ids would otherwise wait on the
-        host for the whole launch, although the device had them long before."""
+    def _launch(self, out: SchedulerOutput, stats: SchedulerStats) -> InFlight:
+        """Build and launch `out` behind the step in flight (a real OOM fails it here). An
+        eager or piecewise launch (every kernel launched from Python) keeps the host busy
+        while the step in flight runs; that step is collected afterwards but stamped when the
+        device finished it (`LaunchedStep.done_t`)."""
         start_t = self.timer()
         step = InFlight(out, stats, None, None, False, None, start_t, (math.nan,) * 3)
         if not out.scheduled:
@@ -227,23 +233,15 @@ class GpuEngine:
         step.phases = (build_s, math.nan, math.nan)
         step.batch = batch
         before = self._in_flight
-        holds_host = getattr(self.runner, "launch_holds_host", None)
-        if before is not None and holds_host is not None and holds_host(batch):
-            finished += self._collect(clock)
-            batch = self._resolved(batch, before)  # its ids are on the host now
-            before = None
         after = before.launched if before is not None else None
         launched, oom = self._guarded(self.runner.launch, batch, after)  # type: ignore[attr-defined]
         compiled = getattr(self.runner, "compiled_since_last_call", bool)()
         oom, compiled = self._agree_flags(oom, compiled)
         if compiled and not oom:  # a JIT compile is no part of the step: time a re-run
             assert launched is not None
-            launched.collect()
             resolved = self._resolved(batch, before)  # collects the step before
-            rerun_t = self.timer()
-            if before is not None:  # nor of the step in flight, which ended meanwhile
-                before.stall_s = rerun_t - step.start_t
-            step.start_t = rerun_t
+            launched.collect()
+            step.start_t = self.timer()
             launched, oom = self._guarded(self.runner.launch, resolved, None)  # type: ignore[attr-defined]
             oom, _ = self._agree_flags(oom, False)
         if oom:
@@ -273,20 +271,19 @@ class GpuEngine:
         if step is None:
             return []
         ids = step.launched.collect() if step.launched is not None else None  # type: ignore[attr-defined]
-        end_t = self.timer()
-        seconds = end_t - max(step.start_t, self._last_end_t)
+        now_t = self.timer()
+        done_t = getattr(step.launched, "done_t", None)  # when the device finished it
+        end_t = now_t if done_t is None else min(done_t, now_t)
+        seconds = max(end_t - max(step.start_t, self._last_end_t), 0.0)
         self._last_end_t = end_t
         if ids is not None and step.batch is not None:
             self.mirror.append_sampled(step.batch.sample_request_ids, ids, known_only=True)
             phases = getattr(step.launched, "phases", None)
             step.phases = (step.phases[0], getattr(phases, "enqueue_s", math.nan),
                            getattr(phases, "device_s", math.nan))
-        if step.stall_s > 0:  # without the compile, at least the step's own device span
-            device_s = step.phases[2]
-            seconds = max(seconds - step.stall_s, 0.0 if math.isnan(device_s) else device_s)
         duration_s = self._agree_seconds(seconds)
         clock.advance(duration_s)
-        end_s = clock.now()
+        end_s = clock.before(now_t - end_t)
         for req in step.first:
             req.first_token_s = end_s
         for req in step.ended:

@@ -244,38 +244,83 @@ class StepPhases:
     device_s: float = math.nan
 
 
+class DeviceClock:
+    """When work on one stream ended, on the host's clock (`time.perf_counter`).
+
+    An event the host waits on ends about when the wait returns: that pair anchors the
+    device's timer to the host's. An event that had ended before the host looked (the host was
+    busy launching the next step) is dated from the latest anchor by the device's own timer
+    (CUDA events' elapsed time), so its step is stamped when the device finished it, not when
+    the host got round to it. The anchor is the latest event waited on in stream order, a step
+    old when the host keeps up; the two timers drift apart by parts per million, so a date
+    taken from an anchor a second old is off by microseconds."""
+
+    def __init__(self) -> None:
+        self._anchor: tuple[float, int, torch.cuda.Event] | None = None
+        self._count = 0
+
+    def mark(self) -> tuple[int, torch.cuda.Event]:
+        """A timing event recorded on the current stream now, with its place in stream order
+        (the first one is waited on at once, to anchor the timers)."""
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        self._count += 1
+        mark = (self._count, event)
+        if self._anchor is None:
+            self.ended(mark)
+        return mark
+
+    def ended(self, mark: tuple[int, torch.cuda.Event]) -> float:
+        """Block until `mark`'s event has run; the host time at which it ran."""
+        order, event = mark
+        if self._anchor is not None and event.query():
+            anchor_t, anchor_order, anchor = self._anchor
+            if order >= anchor_order:
+                return anchor_t + anchor.elapsed_time(event) * 1e-3
+            return anchor_t - event.elapsed_time(anchor) * 1e-3
+        event.synchronize()
+        ended_t = time.perf_counter()
+        if self._anchor is None or order > self._anchor[1]:
+            self._anchor = (ended_t, order, event)
+        return ended_t
+
+
 class SpanEvents:
     """Timing events around one step on the current stream (no-ops on the CPU)."""
 
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        if self.cuda:
-            self.start = torch.cuda.Event(enable_timing=True)
-            self.end = torch.cuda.Event(enable_timing=True)
-            self.copied = self.end  # what `wait` waits for: the step, or its ids' copy
+    def __init__(self, device: torch.device, clock: DeviceClock) -> None:
+        self.cuda, self.clock = device.type == "cuda", clock
+        self.start: torch.cuda.Event | None = None
+        self.end: torch.cuda.Event | None = None
+        self.last: tuple[int, torch.cuda.Event] | None = None  # what `wait` waits for
 
     def record_start(self) -> None:
         if self.cuda:
-            self.start.record()
+            self.start = self.clock.mark()[1]
 
     def record_end(self) -> None:
         if self.cuda:
-            self.end.record()
+            self.last = self.clock.mark()
+            self.end = self.last[1]
 
     def record_copied(self) -> None:
         """After the copy of the step's ids to the host was queued: `wait` waits for it."""
         if self.cuda:
-            self.copied = torch.cuda.Event()
-            self.copied.record()
+            self.last = self.clock.mark()
 
-    def wait(self) -> None:
-        """Block until the step's work, and the copy of its ids when there is one, is done."""
-        if self.cuda:
-            self.copied.synchronize()
+    def wait(self) -> float | None:
+        """Block until the step's work, and the copy of its ids when there is one, is done;
+        the host time (`time.perf_counter`) at which the device finished it (None on the
+        CPU, where the step ran as it was launched)."""
+        if self.last is None:
+            return None
+        return self.clock.ended(self.last)
 
     def span_s(self) -> float:
         """Seconds between the two events; call after `wait`."""
-        return self.start.elapsed_time(self.end) * 1e-3 if self.cuda else math.nan
+        if self.start is None or self.end is None:
+            return math.nan
+        return self.start.elapsed_time(self.end) * 1e-3
 
 
 class ModelRunner:
@@ -287,6 +332,7 @@ class ModelRunner:
         self.model, self.kv_caches, self.device = model, kv_caches, device
         self.graphs, self.piecewise = graphs, piecewise
         self.copier = InputCopier(device)
+        self.device_clock = DeviceClock()  # dates each step's end (LaunchedStep.done_t)
         self.compile_watch = CompileWatch() if device.type == "cuda" else None
         self.num_graph_steps = 0
         self.num_eager_steps = 0
@@ -318,12 +364,6 @@ class ModelRunner:
         self.phases = step.phases
         return ids
 
-    def launch_holds_host(self, batch: HostBatch) -> bool:
-        """Does launching `batch` keep the host busy for about as long as the device runs it
-        (every kernel launched from Python: an eager or piecewise step), rather than a
-        decode graph's single replay?"""
-        return self.graphs is None or self.graphs.bucket(batch) is None
-
     def launch(self, batch: HostBatch, after: LaunchedStep | None = None) -> LaunchedStep:
         """Queue the step's work on the device and return without waiting for it: its ids
         come back with `LaunchedStep.collect`. Steps launched one after another run in order
@@ -338,7 +378,7 @@ class ModelRunner:
             return LaunchedStep(None, None, None, math.nan)
         start = time.perf_counter()
         feed = self._feed(batch, after)
-        events = SpanEvents(self.device)
+        events = SpanEvents(self.device, self.device_clock)
         events.record_start()
         size = self.graphs.bucket(batch) if self.graphs is not None else None
         if size is not None:
@@ -384,19 +424,23 @@ class LaunchedStep:
     the events around it; `events` None for a step with no tokens. `phases` are known once
     collected. `device_ids`: the ids where the forward wrote them, which the next step may
     read (`launch(after=...)`); a decode graph's are overwritten by its next replay, which
-    the stream orders after that read."""
+    the stream orders after that read. `done_t`: once collected, the host time
+    (`time.perf_counter`) at which the device finished the step, dated by the device's timer
+    when it ended before the host looked (`DeviceClock`); None on the CPU."""
     ids: Tensor | None
     rows: np.ndarray | None
     events: SpanEvents | None
     enqueue_s: float
     device_ids: Tensor | None = None
     phases: StepPhases = StepPhases()
+    done_t: float | None = None
 
     def collect(self) -> np.ndarray:
         """Block until the step's ids are on the host and return them (and set `phases`)."""
         if self.ids is None or self.events is None:
             return np.zeros(0, dtype=np.int64)
-        self.events.wait()  # the sync, also for a step whose ids copy is empty
+        if self.done_t is None:  # the sync, also for a step whose ids copy is empty
+            self.done_t = self.events.wait()
         self.phases = StepPhases(self.enqueue_s, self.events.span_s())
         ids = self.ids.numpy()
         return ids[self.rows] if self.rows is not None else ids
