@@ -24,7 +24,9 @@ as the one before it starts (a decode run's next step: as its last step starts),
 scheduler closes it at once, as the GPU engine does (gpu_backend/engine/engine.py): a request
 arriving during a step is seen one step later, a decode run may go one step past the next
 arrival, and a step's requests are stamped with its end only when it ends. The cost model
-then hides a step's host work behind the step before (CostModel's `host_hidden`).
+then hides a step's host work behind the step before (CostModel's `host_hidden`), except
+where nothing runs before it: a step scheduled on an idle replica, or after an elastic pause
+(the engine drains the step in flight to map or unmap), is priced as a synchronous one.
 
 Nothing polls. An idle replica sleeps on an event its next request triggers; the arrivals
 process sleeps until the next arrival; the fleet's `done` event fires when the last request
@@ -77,6 +79,7 @@ class Replica:
         self._ahead = core.config.async_scheduling
         self._run_start_s = 0.0  # when the step being scheduled starts (after any pause)
         self._num_ahead = 0  # async: steps scheduled and closed, not yet ended (up to two)
+        self._exposed = False  # async: the step being scheduled has none in flight before it
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or self._num_ahead > 0
@@ -129,7 +132,7 @@ class Replica:
                     self._wakeup = env.event()
                     yield self._wakeup
                     continue
-                step = self._schedule_ahead(env.now)
+                step = self._schedule_ahead(env.now, exposed=True)
                 yield from self._pause(env, step.out.elastic)
             start_s = env.now
             head_s = step.duration_s - step.durations[-1] if step.out.num_steps > 1 else 0.0
@@ -148,15 +151,18 @@ class Replica:
             if fleet.next_arrival_s is None:
                 fleet.check_done()
 
-    def _schedule_ahead(self, start_s: float) -> AheadStep:
+    def _schedule_ahead(self, start_s: float, exposed: bool = False) -> AheadStep:
         """Schedule the step that starts at `start_s` (after its elastic pause, if any) and
-        close it in the scheduler at once; its requests are stamped when it ends."""
+        close it in the scheduler at once; its requests are stamped when it ends. `exposed`:
+        the replica is idle, so no step runs before this one to hide its host work (nor does
+        one after an elastic pause, which waits for the device to drain)."""
         sched = self.scheduler
         self._run = None
         self._run_start_s = start_s
+        self._exposed = exposed
         out = sched.schedule(decode_run_limit=self._decode_run_limit)
         stats = sched.make_stats()
-        durations, duration_s = self._durations(out)
+        durations, duration_s = self._durations(out, exposed or out.elastic is not None)
         requests = sched.requests
         first = [req for req in (requests.get(s.request_id) for s in out.scheduled if s.samples)
                  if req is not None and req.first_token_s is None]
@@ -164,14 +170,20 @@ class Replica:
         self._num_ahead += 1
         return AheadStep(out, stats, durations, duration_s, first, ended)
 
-    def _durations(self, out: SchedulerOutput) -> tuple[list[float], float]:
+    def _durations(self, out: SchedulerOutput,
+                   exposed: bool = False) -> tuple[list[float], float]:
         """The durations of `out`'s steps and their sum (a decode run's, as its limit priced
-        them)."""
+        them); `exposed`: a step with no step in flight before it hides none of its host work
+        (async scheduling; the synchronous price)."""
         if out.num_steps > 1:
             assert self._run is not None
             return self._run
         if out.oom is not None:  # the step never ran: the engine failed and dropped it
             duration_s = self.cost.eff.step_overhead_s
+        elif exposed and self.cost.hidden_s > 0:
+            cost = self.cost.step(out)
+            duration_s = step_total_s(cost.device_s, cost.launch_s,
+                                      cost.launch_serial_fraction, cost.overhead_s)
         else:
             duration_s = self.cost.step(out).total_s
         return [duration_s], duration_s
@@ -220,12 +232,13 @@ class Replica:
         arrival: step i starts at the run's start plus the first i durations, added in order,
         and the run lasts their sum, added the same way. Under async scheduling a step is
         scheduled as the one before it starts, so the run goes up to the first step whose
-        predecessor starts at or after the arrival."""
+        predecessor starts at or after the arrival; its first step hides no host work when
+        none runs before it (an idle replica, or the attach's drain)."""
         next_arrival_s = self.fleet.next_arrival_for(self.replica_id)
         start_s = self._run_start_s + (0.0 if attach is None else self._pause_s(attach))
         due_s = float("inf") if next_arrival_s is None else next_arrival_s
         fixed_s, per_token_s, launch, fraction, overhead = self.cost.decode_step_terms(batch_size)
-        hidden = self.cost.hidden_s
+        hidden = 0.0 if attach is not None or self._exposed else self.cost.hidden_s
         durations: list[float] = []
         elapsed_s = 0.0
         context = context_tokens
@@ -234,6 +247,7 @@ class Replica:
             duration_s = step_total_s(fixed_s + context * per_token_s, launch, fraction,
                                       overhead, hidden)
             durations.append(duration_s)
+            hidden = self.cost.hidden_s
             begun_s = elapsed_s
             elapsed_s += duration_s
             # the next step is scheduled as it would start (async: as this one starts)

@@ -11,6 +11,7 @@ import simpy
 
 from sim.core.catalog import get_gpu, get_model
 from sim.core.cost_model import CostModel, Efficiency, step_total_array, step_total_s
+from sim.core.elastic import Policy
 from sim.core.engine_config import EngineConfig, build_core
 from sim.core.step import SchedulerOutput
 from sim.engine import Fleet, Replica
@@ -86,14 +87,31 @@ def test_async_scheduling_takes_the_host_gap_off_every_step():
 
 
 def test_a_lone_request_decodes_faster_by_the_host_gap():
-    """Each step's 1 s of overhead is all host gap: hidden under async scheduling."""
+    """Each step's 1 s of overhead is all host gap: hidden under async scheduling behind the
+    step before, so not in the first step, which starts on an idle replica."""
     t = trace([0.0], [100], [10])
     hidden = replace(SLOW_STEPS, host_gap_s=1.0)
     (ahead,) = requests(True, t, hidden).values()
     (sync,) = requests(False, t, hidden).values()
-    assert ahead.first_token_s < 0.1
+    assert 1.0 < ahead.first_token_s == pytest.approx(sync.first_token_s, abs=1e-12)
     assert (sync.finish_s - sync.first_token_s) - (ahead.finish_s - ahead.first_token_s) == \
         pytest.approx(9.0, abs=1e-9)
+
+
+def test_a_step_after_an_elastic_pause_hides_no_host_work():
+    """Elastic: the reserve is lent before the decodes (an attach), which waits for the
+    prompt's step to drain, so the first decode step has nothing to hide behind: of nine
+    decode steps, eight lose the 1 s host gap."""
+    t = trace([0.0], [100], [10])
+    hidden = replace(SLOW_STEPS, host_gap_s=1.0)
+    runs = []
+    for asynchronous in (False, True):
+        engine = replace(config(asynchronous), policy=Policy.ELASTIC)
+        result = simulate(RunSpec(engine, efficiency=hidden), t)
+        assert result.summary["num_attach"] == 1
+        (req,) = result.recorders[0].requests
+        runs.append(req.finish_s - req.first_token_s)
+    assert runs[0] - runs[1] == pytest.approx(8.0, abs=1e-9)
 
 
 def test_a_request_arriving_during_a_step_runs_one_step_later():

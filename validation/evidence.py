@@ -226,6 +226,7 @@ ENGINES = {"eager": "eager prefill steps, decode CUDA graphs",
            "auto": "eager prefill steps on the auto attention backend (SPLIT from 2,048 new "
                    "tokens), decode CUDA graphs",
            "async": "eager prefill steps, decode CUDA graphs, async scheduling",
+           "piecewise-async": "piecewise CUDA graphs, async scheduling",
            "tp2": "tensor parallel 2 on two GPUs (torch layers, even decode split)"}
 EVIDENCE_MARKERS = ("<!-- results:begin -->", "<!-- results:end -->")
 README_MARKERS = ("<!-- validation-results:begin -->", "<!-- validation-results:end -->")
