@@ -96,6 +96,26 @@ def test_step_prediction_equals_the_simulators_step_times(eff):
         assert (predicted > plain * 1.02).sum() >= 3
 
 
+def test_step_prediction_equals_the_simulators_async_step_times():
+    """Under async scheduling the simulator hides the host gap behind the step in flight, but
+    not in a step after an idle gap or an elastic pause; the start times tell the validation's
+    pricing which steps those are."""
+    trace = load_trace("azure-code").head(60)
+    eff = replace(TRUE, host_gap_s=4e-4)
+    engine = config(Policy.ELASTIC, 1024).with_(async_scheduling=True)
+    result, recorder = simulate_logged(RunSpec(engine, efficiency=eff), trace)
+    table = recorder.table()
+    exposed = table.exposed()
+    assert 3 <= exposed.sum() < len(table) // 2  # the first step, idle gaps and attaches
+    assert result.summary["num_attach"] > 0
+    cost = CostModel(LLAMA_8B, H200, 1, eff, host_hidden=True)
+    np.testing.assert_allclose(predict_step_times(cost, table), table.duration_s, rtol=1e-9)
+    no_starts = replace(table, extra={})
+    gap = table.duration_s - predict_step_times(cost, no_starts)
+    np.testing.assert_allclose(gap[exposed], 4e-4, rtol=1e-6)
+    np.testing.assert_allclose(gap[~exposed], 0.0, atol=1e-12)
+
+
 def test_compare_with_true_efficiencies_reports_no_error(runs):
     v = validate(runs, TRUE, None, "true", fit=False, log=lambda _: None)
     assert len(v.runs) == 4

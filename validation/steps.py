@@ -45,6 +45,11 @@ OPTIONAL_COLUMNS = ("start_s", "num_preempted", "kv_blocks_used", "kv_blocks_usa
                     *PHASE_COLUMNS)
 
 
+# A step starts this much (relative, at least in seconds) after the step before it ended: more
+# than the rounding of the clocks' sums, less than any idle gap or elastic pause.
+EXPOSED_GAP_S = 1e-9
+
+
 @dataclass(frozen=True)
 class StepTable:
     """Column arrays, one element per engine step, in execution order."""
@@ -81,6 +86,18 @@ class StepTable:
     @property
     def start_s(self) -> np.ndarray | None:
         return self.extra.get("start_s")
+
+    def exposed(self) -> np.ndarray:
+        """Per step, whether it started later than the step before it ended (bool [S]): the
+        first step, one after an idle gap or an elastic pause. Under async scheduling such a
+        step has no step in flight to hide its host work behind (sim.engine). All False where
+        the table has no start times."""
+        start = self.start_s
+        if start is None or not len(self):
+            return np.zeros(len(self), dtype=bool)
+        ends = start[:-1] + self.duration_s[:-1]
+        gap = start[1:] - ends > EXPOSED_GAP_S * np.maximum(1.0, np.abs(ends))
+        return np.concatenate(([True], gap))
 
     def take(self, index: np.ndarray | slice) -> StepTable:
         """The rows picked by `index` (a slice, bool mask or positions)."""
@@ -235,7 +252,9 @@ def split_attention(cost: CostModel, table: StepTable) -> np.ndarray | None:
 
 
 def predict_step_times(cost: CostModel, table: StepTable) -> np.ndarray:
-    """Cost-model time of every step from its composition alone (no scheduling, no clock)."""
+    """Cost-model time of every step from its composition (no scheduling); under async
+    scheduling, whether a step had one in flight before it from the start times
+    (`StepTable.exposed`)."""
     if len(table) == 0:
         return np.zeros(0)
     tokens = table.num_tokens
@@ -262,9 +281,15 @@ def predict_step_times(cost: CostModel, table: StepTable) -> np.ndarray:
     launch = launch + np.where(splits > 1, cost.eff.split_launch_s, 0.0)  # CostModel.step's
     device = (_per_unique(padded, cost.linear_s) + _per_unique(padded, cost.allreduce_s)
               + _per_unique(sampled, cost.logits_s) + attention)
-    total = step_total_array(device, launch, cost.eff.launch_serial_fraction,  # StepCost's
-                             cost.eff.step_overhead_s, cost.eff.per_seq_overhead_s * table.num_seqs,
+    overheads = (cost.eff.step_overhead_s, cost.eff.per_seq_overhead_s * table.num_seqs)
+    fraction = cost.eff.launch_serial_fraction
+    total = step_total_array(device, launch, fraction, *overheads,  # StepCost's
                              hidden_s=cost.hidden_s)
+    if cost.hidden_s > 0:  # async: a step with none in flight before it hides nothing
+        exposed = table.exposed()
+        if exposed.any():
+            total = np.where(exposed, step_total_array(device, launch, fraction, *overheads),
+                             total)
     # A step that scheduled nothing (an OOM the engine dropped) costs the fixed overhead only.
     return np.where(tokens > 0, total, cost.eff.step_overhead_s)
 
