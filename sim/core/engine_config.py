@@ -190,9 +190,10 @@ class EngineConfig:
 
     # vLLM's scheduler config `async_scheduling` (on by default since v0.14): step N+1 is
     # scheduled and launched while step N runs; a request arriving during step N is seen by
-    # step N+2, and the host's work of a step hides behind the device's. Off here until its
-    # pricing is validated: its one slice (h200_llama-3.1-8b_azure-conv_async, replayed on
-    # slow hosts) misses TTFT p50 by 13% (docs/engine.md, "Async scheduling").
+    # step N+2, and the host's work of a step hides behind the device's. Off here until every
+    # engine's slices are replayed with it: Llama-3.1-8B on the default engine (four slices)
+    # and Qwen2.5-0.5B piecewise are; the 3B, auto, piecewise512, study and TP slices are not,
+    # and the TP engine runs synchronously (docs/engine.md, "Async scheduling").
     async_scheduling: bool = field(default=False, metadata=setting(
         "schedule and launch each step while the one before it still runs on the GPU (the "
         "next step's decode inputs taken from the running step's ids on the device): the "
