@@ -218,13 +218,3 @@ def test_a_slow_launch_overlaps_the_step_in_flight_which_is_stamped_when_it_ende
     finish = {r.request_id: r.finish_s for r in engine.recorder.requests}
     assert first == {0: 2.5, 1: 6.0}
     assert finish == {0: 8.0, 1: 7.0}
-
-
-def test_tensor_parallelism_refuses_async_scheduling():
-    from gpu_backend.engine.engine import VirtualClock
-    from gpu_backend.tp.engine import TpEngine
-
-    timer = FakeTimer()
-    engine = TpEngine.wrap(fake_engine(FakeRunner(timer), timer), group=None)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="--no-async-scheduling"):
-        engine.step(VirtualClock())

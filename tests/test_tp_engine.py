@@ -1,6 +1,7 @@
 """TP=2 replay on CPU (gloo, 2 processes, plain-tensor KV store): the same per-request
-tokens and scheduler decisions as TP=1, identical clocks on both ranks although each rank
-measures different step times, and an OOM on one rank failing the step on every rank."""
+tokens and scheduler decisions as TP=1, synchronously and under async scheduling, identical
+clocks on both ranks although each rank measures different step times, and an OOM on one rank
+failing the step on every rank."""
 
 from __future__ import annotations
 
@@ -27,11 +28,14 @@ from sim.core.elastic import DrainStrategy, Policy
 pytestmark = pytest.mark.skipif(not torch.distributed.is_gloo_available(),
                                 reason="torch.distributed has no gloo backend in this build")
 
-# name -> (policy, drain, base KV blocks, requests, step of a fake OOM on rank 1 or None)
+# name -> (policy, drain, base KV blocks, requests, step of a fake OOM on rank 1 or None,
+# async scheduling)
 SCENARIOS = {
-    "preempt": (Policy.STATIC, DrainStrategy.PREEMPT, 12, REQUESTS, None),
-    "migrate": (Policy.ELASTIC, DrainStrategy.MIGRATE, 30, MIGRATION, None),
-    "elastic-oom": (Policy.ELASTIC, DrainStrategy.PREEMPT, 30, REQUESTS, 6),
+    "preempt": (Policy.STATIC, DrainStrategy.PREEMPT, 12, REQUESTS, None, False),
+    "migrate": (Policy.ELASTIC, DrainStrategy.MIGRATE, 30, MIGRATION, None, False),
+    "elastic-oom": (Policy.ELASTIC, DrainStrategy.PREEMPT, 30, REQUESTS, 6, False),
+    "async-migrate": (Policy.ELASTIC, DrainStrategy.MIGRATE, 30, MIGRATION, None, True),
+    "async-preempt": (Policy.STATIC, DrainStrategy.PREEMPT, 12, REQUESTS, None, True),
 }
 DECISION_FIELDS = (0, 2, 3, 4, 5, 7, 8, 10, 11, 12)  # all but start_s, measured_s, mapped bytes
 
@@ -65,12 +69,15 @@ def replay_rank(group: TpGroup, out_dir: str) -> None:
     model = build_tp_model(TINY, group, "cpu", torch.float32, attention_backend="torch",
                            max_position=256, seed=1)
     results = {}
-    for name, (policy, drain, blocks, requests, fail_at) in SCENARIOS.items():
-        core = toy_core(toy_config(policy, drain), blocks)
+    for name, (policy, drain, blocks, requests, fail_at, ahead) in SCENARIOS.items():
+        core = toy_core(toy_config(policy, drain, async_scheduling=ahead), blocks)
         engine = assemble_tp_engine(core, model, tp_plain_store(core, 2), group, seed=3)
-        engine.runner = OomAfterForward(engine.runner, fail_at if group.rank == 1 else None)
+        if not ahead:  # an async step is launched and collected apart: no execute to wrap
+            engine.runner = OomAfterForward(engine.runner,
+                                            fail_at if group.rank == 1 else None)
         engine.mirror.keep_outputs = True
-        engine.timer = TickTimer(1.0 + group.rank)  # rank 1 measures 2 s steps, rank 0 1 s
+        # rank 1 measures 2 s steps, rank 0 1 s (an async step reads the timer twice)
+        engine.timer = TickTimer((1.0 + group.rank) / (2.0 if ahead else 1.0))
         replay(engine, requests, wait=False)
         results[name] = result(engine)
     results["summary"] = tp2_core_outputs(group, model, out_dir)
@@ -93,13 +100,15 @@ def tp2_core_outputs(group: TpGroup, model, out_dir: str) -> dict | None:
 
 
 def reference(model, name: str) -> dict:
-    policy, drain, blocks, requests, fail_at = SCENARIOS[name]
-    core = toy_core(toy_config(policy, drain), blocks)
+    policy, drain, blocks, requests, fail_at, ahead = SCENARIOS[name]
+    core = toy_core(toy_config(policy, drain, async_scheduling=ahead), blocks)
     engine = assemble_engine(core, model, plain_store(core, "cpu", torch.float32),
                              torch.device("cpu"), None, seed=3)
-    engine.runner = OomAfterForward(engine.runner, fail_at)
+    if not ahead:
+        engine.runner = OomAfterForward(engine.runner, fail_at)
     engine.mirror.keep_outputs = True
-    engine.timer = TickTimer(2.0)  # the slower rank's step: what the TP clock advances by
+    # the slower rank's step: what the TP clock advances by
+    engine.timer = TickTimer(1.0 if ahead else 2.0)
     replay(engine, requests, wait=False)
     return result(engine)
 
@@ -130,8 +139,10 @@ def test_tp2_replay_matches_tp1(ranks, name):
                [tuple(s[i] for i in DECISION_FIELDS) for s in want["steps"]]
     if name == "preempt":
         assert want["preemptions"] > 0
-    if name == "migrate":
+    if name in ("migrate", "async-migrate"):
         assert want["attach"] > 0
+    if name == "async-preempt":
+        assert want["preemptions"] > 0
     if name == "elastic-oom":
         assert want["num_real_oom"] == 1
 
@@ -141,7 +152,10 @@ def test_clock_is_identical_on_both_ranks(ranks):
         steps0, steps1 = ranks[0][name]["steps"], ranks[1][name]["steps"]
         assert [s[1] for s in steps0] == [s[1] for s in steps1]  # start_s
         assert [s[6] for s in steps0] == [s[6] for s in steps1]  # measured_s: the MAX
-        assert {s[6] for s in steps0 if s[5]} == {2.0}  # every run step lasted the slower 2 s
+        # every run step lasted the slower rank's 2 s; under async scheduling a step launched
+        # on an idle engine reads that rank's timer once before it is collected: 1 s
+        want = {1.0, 2.0} if SCENARIOS[name][5] else {2.0}
+        assert {s[6] for s in steps0 if s[5]} == want
 
 
 def test_rank0_writes_the_replay_outputs(ranks, out_dir):

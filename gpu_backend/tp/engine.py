@@ -10,6 +10,9 @@ below is called by every rank at the same point of the same step:
                                                             every rank; an OOM fails it on all
     step  = MAX over ranks of the measured step time -> every rank's clock advances by it
 
+Under async scheduling the same agreements are made at the same points (the flags after a
+launch, the seconds when a step is collected), and every rank keeps the same step in flight.
+
 Limitation: an OOM raised in the middle of a forward leaves the other ranks waiting inside a
 layer's all-reduce; only an OOM before the first collective (or none) is recoverable.
 """
@@ -36,9 +39,6 @@ class TpEngine(GpuEngine):
         if isinstance(clock, WallClock):
             raise ValueError("tensor parallelism needs the virtual clock (--no-wait): wall "
                              "clocks differ across ranks and so would their schedules")
-        if self.core.config.async_scheduling:
-            raise ValueError("tensor parallelism runs steps synchronously: give "
-                             "--no-async-scheduling")
         assert self.group is not None
         return super().step(clock)
 

@@ -193,7 +193,8 @@ class EngineConfig:
     # step N+2, and the host's work of a step hides behind the device's. Off here until every
     # engine's slices are replayed with it: Llama-3.1-8B on the default engine (four slices)
     # and Qwen2.5-0.5B piecewise are; the 3B, auto, piecewise512, study and TP slices are not,
-    # and the TP engine runs synchronously (docs/engine.md, "Async scheduling").
+    # and the TP engine's async steps are checked on the CPU only (docs/engine.md, "Async
+    # scheduling").
     async_scheduling: bool = field(default=False, metadata=setting(
         "schedule and launch each step while the one before it still runs on the GPU (the "
         "next step's decode inputs taken from the running step's ids on the device): the "
