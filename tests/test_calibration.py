@@ -5,7 +5,7 @@ priced an output, and a calibration carried to another model."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -59,13 +59,29 @@ def test_a_saved_calibration_loads_back_with_its_parts_and_provenance(tmp_path):
     path = tmp_path / "out" / "cal.json"
     save_calibration(path, calibration_data())
     cal = load_calibration(path)
-    assert cal.parts() == (EFF, PROFILE, VMM)
+    # its non-torch bytes hold the pool of its piecewise graphs, the largest of 8,192 tokens
+    assert cal.parts() == (EFF, replace(PROFILE, graph_tokens=8192), VMM)
     assert cal.piecewise_sizes == tuple(SIZES)
     p = cal.provenance
     assert (p.model, p.gpu_preset, p.gpu_name, p.measured_on) == (
         "llama-3.2-3b", "h200-141gb", "NVIDIA H200", "2026-11-30")
     assert (p.driver, p.torch, p.engine) == ("580.159.04", "2.11.0+cu130", EngineKind(True))
     assert p.command == "python -m gpu_backend profile --model llama-3.2-3b"
+
+
+def test_a_profiles_non_torch_bytes_hold_its_largest_piecewise_graph(tmp_path):
+    """The graph pool in a profile's non-torch bytes is that of its own piecewise graphs."""
+    def loaded(sizes, **activation):
+        data = calibration_data(sizes=sizes)
+        data["activation"] = {**data["activation"], "non_torch_bytes": 10**9, **activation}
+        return load_calibration(write(tmp_path / "cal.json", data)).activation
+
+    assert loaded(SIZES).graph_tokens == 8192
+    assert loaded(None).graph_tokens == 0
+    assert loaded(SIZES, graph_tokens=512).graph_tokens == 512  # the file's own word
+    with pytest.raises(ValueError, match="activation.graph_tokens is -1"):
+        loaded(SIZES, graph_tokens=-1)
+    assert loaded(SIZES, non_torch_bytes=None).graph_tokens is None  # nothing to adjust
 
 
 @pytest.mark.parametrize("change, named", [
@@ -314,7 +330,7 @@ def test_a_replays_fit_records_its_engine_model_and_command(tmp_path, monkeypatc
                                                  EngineKind(True, 512))
     assert p.command == "python -m validation fit --gpu-dir runs"
     assert p.derived_from == "fitted on the replays in runs"
-    assert cal.parts() == (EFF, PROFILE, VMM)
+    assert cal.parts() == (EFF, replace(PROFILE, graph_tokens=512), VMM)
 
 
 def test_a_named_engine_must_match_the_piecewise_sizes(tmp_path):

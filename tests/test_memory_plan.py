@@ -64,6 +64,26 @@ def test_activation_profile_overrides_formula():
     assert activation_bytes(QWEN_7B, 4096, profile=profile) == 5 * MIB + 4_096_000
 
 
+def test_a_profiles_graph_pool_follows_the_largest_piecewise_graph():
+    """A profile measured with piecewise graphs up to 8,192 tokens holds their pool in its
+    1 GB of non-torch bytes; an engine capturing up to 2,048 tokens keeps 6,144 tokens' worth
+    of activations (100 kB each) less, one without piecewise graphs 8,192 tokens' less."""
+    profile = ActivationProfile(bytes_per_token=100_000.0, fixed_bytes=5 * MIB,
+                                non_torch_bytes=1_000_000_000, graph_tokens=8192)
+    def non_torch(max_tokens: int, p: ActivationProfile = profile) -> int:
+        cfg = MemoryConfig(LLAMA_8B, H100, piecewise_max_tokens=max_tokens)
+        return plan_memory(cfg, p).non_torch_bytes
+
+    assert non_torch(8192) == 1_000_000_000
+    assert non_torch(2048) == 1_000_000_000 - 614_400_000
+    assert non_torch(0) == 1_000_000_000 - 819_200_000
+    assert non_torch(16384) == 1_000_000_000 + 819_200_000
+    assert non_torch(0, replace(profile, graph_tokens=None)) == 1_000_000_000  # not known
+    plans = [plan_memory(MemoryConfig(LLAMA_8B, H100, piecewise_max_tokens=n), profile)
+             for n in (8192, 2048)]
+    assert plans[1].kv_pool_bytes - plans[0].kv_pool_bytes == 614_400_000
+
+
 def test_plan_llama_8b_h100_hand_figures():
     plan = plan_memory(MemoryConfig(LLAMA_8B, H100))
     weights = 16_060_522_496  # 8,030,261,248 params * 2 B (14.96 GiB, as vLLM logs)

@@ -33,12 +33,17 @@ class ActivationProfile:
     """Calibration measured on a GPU; replaces the analytic activation formula.
 
     ``fixed_bytes`` covers everything that does not scale with tokens (sampler included).
-    ``non_torch_bytes``, when given, replaces the non-torch constants.
+    ``non_torch_bytes``, when given, replaces the non-torch constants. It holds the CUDA
+    graphs' pool, whose piecewise graphs keep the activations of the largest one:
+    ``graph_tokens`` is that graph's token count (0: no piecewise graphs; None: not known), so
+    that an engine capturing up to another size is planned with the pool grown or shrunk by
+    ``bytes_per_token`` a token (sim.core.memory_plan.plan_memory).
     """
 
     bytes_per_token: float
     fixed_bytes: int
     non_torch_bytes: int | None = None
+    graph_tokens: int | None = None
 
 
 def _attention_block_width(model: ModelSpec, tp: int) -> int:

@@ -241,6 +241,7 @@ class EngineConfig:
             gpu_memory_utilization=self.gpu_memory_utilization, max_num_seqs=self.num_seqs,
             max_model_len=self.effective_max_model_len, block_size=self.block_size,
             vmm_handle_bytes=self.vmm_handle_bytes,
+            piecewise_max_tokens=max(self.piecewise_graph_sizes, default=0),
         )
 
     def scheduler_config(self) -> SchedulerConfig:

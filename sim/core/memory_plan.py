@@ -58,6 +58,7 @@ class MemoryConfig:
     max_model_len: int | None = None  # None: DEFAULT_MAX_MODEL_LEN or the model's context
     block_size: int = 16
     vmm_handle_bytes: int = 512 * MIB  # the elastic reserve is attached in handles of this size
+    piecewise_max_tokens: int = 0  # the largest piecewise CUDA graph captured (0: none)
 
     def __post_init__(self) -> None:
         tp, model = self.tensor_parallel_size, self.model
@@ -167,6 +168,9 @@ def plan_memory(cfg: MemoryConfig, profile: ActivationProfile | None = None) -> 
     )
     if profile is not None and profile.non_torch_bytes is not None:
         non_torch = profile.non_torch_bytes
+        if profile.graph_tokens is not None:  # piecewise graphs up to another size
+            grown = profile.bytes_per_token * (cfg.piecewise_max_tokens - profile.graph_tokens)
+            non_torch = max(0, non_torch + round(grown))
     else:
         non_torch = non_torch_bytes(tp)
     kv_pool = usable - weights - reserve - non_torch

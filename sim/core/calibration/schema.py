@@ -96,7 +96,7 @@ def parse_calibration(data: Mapping, source: str) -> Calibration:
     kinds = timed_launch_kinds(data, source)  # checks the measurement records too
     return Calibration(
         source=source, efficiency=efficiency_of(data, source),
-        activation=activation_of(data, source), vmm_costs=vmm_costs_of(data, source),
+        activation=activation_of(data, source, sizes), vmm_costs=vmm_costs_of(data, source),
         piecewise_sizes=sizes, provenance=provenance_of(data, source, sizes, kinds),
         data=dict(data))
 
@@ -126,7 +126,11 @@ def efficiency_of(data: Mapping, source: str) -> Efficiency:
         raise ValueError(f"{source}: {exc}") from None
 
 
-def activation_of(data: Mapping, source: str) -> ActivationProfile | None:
+def activation_of(data: Mapping, source: str,
+                  piecewise_sizes: tuple[int, ...] = ()) -> ActivationProfile | None:
+    """The measured activation profile; its non-torch bytes hold the graphs of
+    `piecewise_sizes` (the file's), whose largest is its `graph_tokens` unless the file gives
+    one."""
     values = data.get("activation")
     if values is None:
         return None
@@ -142,6 +146,12 @@ def activation_of(data: Mapping, source: str) -> ActivationProfile | None:
     if extra is not None and (not _is_number(extra) or extra < 0):
         raise ValueError(f"{source}: activation.non_torch_bytes is {extra!r}; expected a "
                          "number of bytes >= 0, or null (the simulator's own figure)")
+    graphs = values.get("graph_tokens")
+    if graphs is not None and (not isinstance(graphs, int) or graphs < 0):
+        raise ValueError(f"{source}: activation.graph_tokens is {graphs!r}; expected the "
+                         "largest piecewise graph's token count (0: none), or leave it out")
+    if extra is not None and graphs is None:
+        values = {**values, "graph_tokens": max(piecewise_sizes, default=0)}
     return ActivationProfile(**values)
 
 
