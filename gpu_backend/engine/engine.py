@@ -239,7 +239,7 @@ class GpuEngine:
         oom, compiled = self._agree_flags(oom, compiled)
         if compiled and not oom:  # a JIT compile is no part of the step: time a re-run
             assert launched is not None
-            resolved = self._resolved(batch, before)  # collects the step before
+            resolved = self._resolved(batch, before)  # its ids from the step before, on the host
             launched.collect()
             step.start_t = self.timer()
             launched, oom = self._guarded(self.runner.launch, resolved, None)  # type: ignore[attr-defined]
