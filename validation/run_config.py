@@ -51,6 +51,8 @@ def legacy_config(summary: dict) -> EngineConfig:
         enable_prefix_caching=bool(get("enable_prefix_caching")),
         cuda_graph_sizes=measured_sizes(summary, "graph_sizes"),
         piecewise_graph_sizes=measured_sizes(summary, "piecewise_sizes"),
+        # what the engine ran before config.json, whatever the defaults are now
+        attention_backend="triton", async_scheduling=False,
     )
 
 
