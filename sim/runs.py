@@ -89,6 +89,8 @@ def run_all(specs: Sequence[RunSpec], trace: Trace, outputs: Outputs, *,
             result = _run_one(spec, trace, outputs, len(done.results), show_progress)
             if pricing is not None:
                 result.summary["pricing"] = pricing
+            # what was simulated, every setting (loads with --engine-config)
+            result.summary["engine_config"] = spec.engine.to_dict()
             done.results.append(result)
             _save(outputs, done, trace)
             done.saved.append(spec.label)

@@ -170,6 +170,26 @@ def test_rejections_and_overload_warn_on_stderr(tmp_path, capsys):
     assert run["overloaded"] and "static/chunk=2048 is overloaded" in err
 
 
+def test_each_run_says_which_engine_it_simulated_and_that_engine_runs_again(tmp_path):
+    """summary.json holds each run's EngineConfig; saved alone, `--engine-config` runs it
+    again to the same figures (the policies to compare still come from `--policy`)."""
+    argv = ["--trace", "azure-conv", "--limit", "60", "--policy", "elastic", "--chunk", "2048",
+            "--async-scheduling", "--max-num-seqs", "64", "--no-progress", "--calibration",
+            "none"]
+    assert main([*argv, "--out", str(tmp_path / "a")]) == 0
+    (run,) = json.loads((tmp_path / "a" / "summary.json").read_text())["runs"]
+    saved = run["engine_config"]
+    assert (saved["async_scheduling"], saved["max_num_seqs"], saved["policy"],
+            saved["max_num_batched_tokens"]) == (True, 64, "elastic", 2048)
+    (tmp_path / "engine.json").write_text(json.dumps(saved))
+    assert main(["--trace", "azure-conv", "--limit", "60", "--engine-config",
+                 str(tmp_path / "engine.json"), "--policy", "elastic", "--no-progress",
+                 "--calibration", "none", "--out", str(tmp_path / "b")]) == 0
+    (again,) = json.loads((tmp_path / "b" / "summary.json").read_text())["runs"]
+    assert again["engine_config"] == saved
+    assert (again["ttft_s"], again["tpot_s"]) == (run["ttft_s"], run["tpot_s"])
+
+
 # ---------------------------------------------------------------------------------- plots
 def test_binned_timeline_integrates_rows_exactly():
     """Two steps: [0, 1) s with 10 tokens and batch 2, [2, 4) s with 40 tokens and batch 4;
