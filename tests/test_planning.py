@@ -244,6 +244,42 @@ def test_sweep_flags_are_the_engine_flags_with_the_grid_axes_several_valued(caps
     assert "unrecognized arguments: --dtype" in capsys.readouterr().err
 
 
+def test_every_engine_setting_is_a_sweep_axis_option_or_named_fixed():
+    """A setting the planning commands accept as a flag reaches the cases' EngineConfig: each
+    EngineConfig field is a grid axis, an EngineOptions setting, piecewise graphs, or named
+    in SWEEP_FIXED (and then no flag of these commands)."""
+    from dataclasses import fields
+
+    from sim.core.engine_config import EngineConfig
+    from sim.planning.spec import OPTION_SETTINGS, SWEEP_FIXED
+
+    axes = {"model", "gpu", "tensor_parallel_size", "max_num_batched_tokens", "policy",
+            "piecewise_graph_sizes"}
+    carried = axes | set(OPTION_SETTINGS.values()) | set(SWEEP_FIXED)
+    assert {f.name for f in fields(EngineConfig)} - carried == set()
+
+
+def test_async_scheduling_reaches_each_case_and_its_row(capsys):
+    """`sim sweep --async-scheduling` prices every case scheduled ahead (a lone request's
+    decode steps each lose the host gap), and the rows say so."""
+    import json
+
+    from sim.planning.cli import main
+
+    rows = {}
+    for flag in ("--no-async-scheduling", "--async-scheduling"):
+        assert main(["sweep", "--trace", "azure-conv", "--limit", "1", "--model",
+                     "llama-3.1-8b", "--chunk", "2048", "--policy", "static", "--workers", "1",
+                     "--no-progress", "--json", flag]) == 0
+        (rows[flag],) = json.loads(capsys.readouterr().out)
+    sync, ahead = rows["--no-async-scheduling"], rows["--async-scheduling"]
+    assert (sync["async_scheduling"], ahead["async_scheduling"]) == (False, True)
+    assert ahead["tpot_s_p50"] < sync["tpot_s_p50"]
+    case = Case("llama-3.1-8b", "h200", 1, 2048, "static", small_trace(),
+                options=EngineOptions(async_scheduling=True))
+    assert case.engine().async_scheduling and case.input_fields()["async_scheduling"]
+
+
 @pytest.mark.parametrize("text, says", [
     ("grid: {tp: [1, two], trace: azure-conv}", "grid.tp[1]: expected an integer, got 'two'"),
     ("grid: {trace: azure-conv}\nengine: {max_num_seqs: many}",

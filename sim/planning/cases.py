@@ -190,6 +190,7 @@ class EngineOptions:
     piecewise_graphs: bool = False  # EngineConfig.piecewise_graph_sizes, at the case's chunk
     piecewise_max_tokens: int | None = None  # ... or up to this cap (sim.core.cost_model.piecewise_sizes_for)
     attention_backend: str = setting_default("attention_backend")
+    async_scheduling: bool = setting_default("async_scheduling")
 
 
 @dataclass(frozen=True)
@@ -225,6 +226,7 @@ class Case:
             drain=DrainStrategy.parse(o.drain), vmm_handle_bytes=o.vmm_handle_mib * MIB,
             reclaim=o.reclaim, enable_prefix_caching=o.enable_prefix_caching,
             cuda_graph_sizes=o.cuda_graph_sizes, attention_backend=o.attention_backend,
+            async_scheduling=o.async_scheduling,
         )
         if not o.piecewise_graphs:
             return config
@@ -254,6 +256,7 @@ class Case:
             "piecewise_graphs": o.piecewise_graphs,
             "piecewise_max_tokens": ("none" if o.piecewise_max_tokens is None
                                      else o.piecewise_max_tokens),
+            "attention_backend": o.attention_backend, "async_scheduling": o.async_scheduling,
             "num_replicas": self.num_replicas, "router": self.router,
             "slo_ttft_s": self.slo.ttft_s, "slo_tpot_s": self.slo.tpot_s,
         }
