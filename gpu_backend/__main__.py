@@ -35,8 +35,10 @@ from traces import TraceError, add_trace_arguments, trace_from_args
 # Engine settings the GPU engine decides itself (it captures its own decode graph sizes and
 # records them in config.json), or that a profile does not use.
 REPLAY_EXCLUDED = ("cuda_graph_sizes",)
+# a profile times each grid step on its own, synchronously: the simulator derives async
+# scheduling's pricing from it (Efficiency.host_gap_s)
 PROFILE_EXCLUDED = ("cuda_graph_sizes", "policy", "drain", "reclaim", "enable_prefix_caching",
-                    "hash_block_tokens")
+                    "hash_block_tokens", "async_scheduling")
 
 
 class NoGpu(ValueError):
