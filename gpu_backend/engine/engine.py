@@ -101,6 +101,13 @@ class WallClock:
             time.sleep(delay)
 
 
+def step_phases(build_s: float, runner_phases: object) -> tuple[float, float, float]:
+    """A step's phases row: its build seconds, then the runner's enqueue seconds and device
+    span where it kept them (`StepPhases`; NaN otherwise)."""
+    return (build_s, getattr(runner_phases, "enqueue_s", math.nan),
+            getattr(runner_phases, "device_s", math.nan))
+
+
 @dataclass
 class InFlight:
     """A step launched under async scheduling and not collected yet."""
@@ -278,9 +285,7 @@ class GpuEngine:
         self._last_end_t = end_t
         if ids is not None and step.batch is not None:
             self.mirror.append_sampled(step.batch.sample_request_ids, ids, known_only=True)
-            phases = getattr(step.launched, "phases", None)
-            step.phases = (step.phases[0], getattr(phases, "enqueue_s", math.nan),
-                           getattr(phases, "device_s", math.nan))
+            step.phases = step_phases(step.phases[0], getattr(step.launched, "phases", None))
         duration_s = self._agree_seconds(seconds)
         clock.advance(duration_s)
         end_s = clock.before(now_t - end_t)
@@ -317,9 +322,7 @@ class GpuEngine:
             ids, oom = self._guarded(self.runner.execute, batch)  # type: ignore[attr-defined]
             end = self.timer()
             oom, _ = self._agree_flags(oom, False)
-        runner_phases = getattr(self.runner, "phases", None)
-        phases = (build_s, getattr(runner_phases, "enqueue_s", math.nan),
-                  getattr(runner_phases, "device_s", math.nan))
+        phases = step_phases(build_s, getattr(self.runner, "phases", None))
         if oom:
             return end - start, False, self._fail_step(out, stats), phases
         self.mirror.append_sampled(batch.sample_request_ids, ids)
