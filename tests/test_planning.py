@@ -391,3 +391,26 @@ def test_a_sweep_on_the_auto_attention_backend_prices_it_with_its_calibration(tm
         shipped = "llama-3.1-8b-auto.json" if backend == "auto" else "llama-3.1-8b.json"
         assert shipped in out.err or shipped in out.out
     assert ttft["auto"] < 0.9 * ttft["triton"]
+
+
+def test_plan_map_runs_every_case_with_the_drain_and_scheduling_given(tmp_path, capsys):
+    """--drain and --async-scheduling reach each case of the map (its runs table names them)
+    and its title; left out, the cases run EngineConfig's defaults (migrate, async)."""
+    import csv
+
+    from sim.planning.cli import main
+
+    def runs(*flags: str) -> tuple[list[dict], str]:
+        out = tmp_path / "_".join(flags or ("default",))
+        assert main(["plan", "map", "--models", "qwen2.5-0.5b", "--prompts", "1024", "--tps",
+                     "1", "--chunks", "2048", "--num-requests", "8", "--workers", "1",
+                     "--no-progress", "--out", str(out), *flags]) == 0
+        with open(out / "map_runs.csv") as f:
+            return list(csv.DictReader(f)), " ".join(capsys.readouterr().out.split())
+
+    rows, title = runs()
+    assert {(r["drain"], r["async_scheduling"]) for r in rows} == {("migrate", "True")}
+    assert "migrate drain, async scheduling" in title
+    rows, title = runs("--drain", "preempt", "--no-async-scheduling")
+    assert {(r["drain"], r["async_scheduling"]) for r in rows} == {("preempt", "False")}
+    assert "preempt drain, synchronous scheduling" in title

@@ -54,6 +54,9 @@ class MapQuery:
     tie_pct: float = 1.0
     slo: Slo = field(default_factory=Slo)
     seed: int = 0
+    # engine settings every case of the map runs with (EngineConfig's defaults)
+    drain: str = EngineOptions.drain
+    async_scheduling: bool = EngineOptions.async_scheduling
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,8 @@ def cell_cases(query: MapQuery, model: str, prompt_tokens: int, tp: int) -> list
     """Static and elastic cases of one cell (empty when the cell cannot run at all)."""
     if _longest(prompt_tokens) > get_model(model).max_position_embeddings:
         return []
-    options = EngineOptions(max_model_len=_longest(prompt_tokens))
+    options = EngineOptions(max_model_len=_longest(prompt_tokens), drain=query.drain,
+                            async_scheduling=query.async_scheduling)
     probe = [Case(model, query.gpu, tp, c, "static", _trace(query, prompt_tokens, 1.0), 1.0,
                   options) for c in query.chunks]
     fitting = [c for c in probe if fit_error(c) is None]

@@ -10,6 +10,7 @@ the end).
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from dataclasses import replace
@@ -46,7 +47,8 @@ def map_main(argv: list[str]) -> int:
         tps=tuple(parse_int_list(args.tps, "--tps")),
         chunks=tuple(parse_int_list(args.chunks, "--chunks")), num_requests=args.num_requests,
         load=args.load, pays_pct=args.pays_pct, slo=Slo(args.slo_ttft, args.slo_tpot),
-        seed=args.seed)
+        seed=args.seed, drain=_drain(args, d.drain),
+        async_scheduling=getattr(args, "async_scheduling", d.async_scheduling))
     gain_map.check_names(query)
     folder = claim_out(args, MAP_FILES)
     finished: list[gain_map.FinishedCell] = []
@@ -67,6 +69,11 @@ def map_main(argv: list[str]) -> int:
     except KeyboardInterrupt:
         return _map_stopped(args.out, folder, finished, gain_map.num_cells(query))
     return 0
+
+
+def _drain(args: argparse.Namespace, default: str) -> str:
+    drain = getattr(args, "drain", None)
+    return default if drain is None else drain.value
 
 
 def _write_tables(folder: OutputFolder, finished: list[gain_map.FinishedCell]) -> None:
@@ -94,7 +101,8 @@ def _map_parser(d: gain_map.MapQuery) -> CommandParser:
         description="Elastic's goodput gain over the best static chunk across models x prompt "
                     "lengths x TP degrees, on small synthetic traces that stress the KV pool. "
                     "Stopped with Ctrl-C, it keeps the tables of the cells that ended in --out.")
-    add_engine_flags(parser, include=("gpu",), keep_text=("gpu",), config_file=False)
+    add_engine_flags(parser, include=("gpu", "drain", "async_scheduling"), keep_text=("gpu",),
+                     config_file=False)
     g = parser.add_argument_group("map")
     g.add_argument("--models", default=",".join(d.models),
                    help="models, comma-separated (default: %(default)s)")

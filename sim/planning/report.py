@@ -120,8 +120,10 @@ def kept_files(out: Path | None, patterns: Sequence[str]) -> list[str]:
 def print_map(cells: Sequence[Cell], query: MapQuery, console: Console | None = None) -> None:
     console = console or Console(width=max(Console().width, 140))
     for tp in query.tps:
-        table = Table(title=f"elastic goodput gain over best static, %, {query.gpu}, TP {tp} "
-                            f"(* pays: >= {query.pays_pct:g}%)")
+        engine = (f"{query.drain} drain, "
+                  f"{'async' if query.async_scheduling else 'synchronous'} scheduling")
+        table = Table(title=f"elastic goodput gain over best static, %, {query.gpu}, TP {tp}, "
+                            f"{engine} (* pays: >= {query.pays_pct:g}%)")
         table.add_column("model")
         for prompt in query.prompts:
             table.add_column(f"{prompt:,} tok", justify="right")
