@@ -280,6 +280,20 @@ def test_validation_reads_a_replays_config_json_as_written(tmp_path):
         load_summary(tmp_path)
 
 
+def test_a_config_json_from_before_async_scheduling_ran_synchronously_a_users_file_async(
+        tmp_path):
+    from validation.runs import engine_config as run_config
+    from validation.runs import load_summary
+
+    before = {k: v for k, v in EngineConfig(max_num_batched_tokens=2048).to_dict().items()
+              if k not in ("async_scheduling", "attention_backend")}
+    (tmp_path / "summary.json").write_text(json.dumps({"chunk": 2048}))
+    (tmp_path / "config.json").write_text(json.dumps(before))
+    ran = run_config(load_summary(tmp_path).summary)
+    assert (ran.async_scheduling, ran.attention_backend) == (False, "triton")
+    assert EngineConfig.from_dict(before).async_scheduling is True
+
+
 def test_a_replay_without_config_json_is_read_with_the_defaults_it_ran_under():
     from validation.runs import engine_config as run_config
 
@@ -290,7 +304,7 @@ def test_a_replay_without_config_json_is_read_with_the_defaults_it_ran_under():
     assert config == EngineConfig(max_num_batched_tokens=8192, policy=Policy.ELASTIC,
                                   max_num_seqs=256, max_model_len=32768,
                                   drain=DrainStrategy.PREEMPT, enable_prefix_caching=False,
-                                  cuda_graph_sizes=(1, 2, 4))
+                                  cuda_graph_sizes=(1, 2, 4), async_scheduling=False)
 
 
 def test_a_replay_records_the_graph_sizes_its_engine_captured():

@@ -26,7 +26,9 @@ def toy_config(policy: Policy = Policy.STATIC, drain: DrainStrategy = DrainStrat
     base = EngineConfig(TINY, TOY_GPU, max_num_batched_tokens=64, max_num_seqs=8,
                         gpu_memory_utilization=0.9, max_model_len=256, block_size=16,
                         policy=policy, drain=drain, vmm_handle_bytes=2 * MIB,
-                        reclaim="release")
+                        reclaim="release", async_scheduling=False)
+    # the fake runners' clocks in these tests are worked for synchronous steps; the async
+    # cases (tests/test_engine_async.py) pass async_scheduling=True
     return replace(base, **changes)
 
 

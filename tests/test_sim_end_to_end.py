@@ -116,10 +116,11 @@ def test_mooncake_rejects_only_prompts_longer_than_max_model_len(slices):
 
 
 # --------------------------------------------------------------- hand-computed latencies
+# Synchronous steps, each priced in full (tests/test_sim_async.py works the async ones).
 def test_single_request_ttft_is_the_predicted_chunked_prefill_time():
     chunk = 2048
     arrival_s = 1.5
-    result = simulate(RunSpec(engine(max_num_batched_tokens=chunk)),
+    result = simulate(RunSpec(engine(max_num_batched_tokens=chunk, async_scheduling=False)),
                       hand_trace([arrival_s], [3000], [4]))
     cost = CostModel(LLAMA_8B, H200)
     eff = cost.eff
@@ -139,7 +140,7 @@ def test_single_request_ttft_is_the_predicted_chunked_prefill_time():
 
 def test_decode_only_batch_tpot_is_the_predicted_decode_step():
     num_reqs, prompt, output = 8, 100, 50
-    result = simulate(RunSpec(engine()),
+    result = simulate(RunSpec(engine(async_scheduling=False)),
                       hand_trace([0.0] * num_reqs, [prompt] * num_reqs, [output] * num_reqs))
     cost = CostModel(LLAMA_8B, H200)
     eff = cost.eff

@@ -33,7 +33,9 @@ SLICE = TraceSlice("azure-code", limit=120)
 
 
 def config(policy: Policy, chunk: int) -> EngineConfig:
-    return EngineConfig(LLAMA_8B, H200, policy=policy, max_num_batched_tokens=chunk)
+    """Synchronous steps, each priced in full; the async pricing has its own test below."""
+    return EngineConfig(LLAMA_8B, H200, policy=policy, max_num_batched_tokens=chunk,
+                        async_scheduling=False)
 
 
 @pytest.fixture(scope="module")
@@ -436,7 +438,8 @@ def test_step_prediction_prices_the_split_launch_as_the_simulator(tmp_path):
     qwen = get_model("qwen2.5-0.5b")
     eff = Efficiency(eager_launch_s=3e-3, split_launch_s=1.3e-3, step_overhead_s=1.4e-3,
                      launch_serial_fraction=0.3)
-    engine = EngineConfig(qwen, H200, policy=Policy.STATIC, max_num_batched_tokens=2048)
+    engine = EngineConfig(qwen, H200, policy=Policy.STATIC, max_num_batched_tokens=2048,
+                          async_scheduling=False)
     spec = RunSpec(engine, efficiency=eff)
     _, recorder = simulate_logged(spec, load_trace("azure-conv").head(40))
     table = recorder.table()

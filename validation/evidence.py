@@ -220,14 +220,18 @@ def rebuild(folders: Sequence[Path], *, check: bool = False, plots: bool = True,
 
 
 # A slice's engine is the last part of its folder name (none: eager prefill steps).
-ENGINES = {"eager": "eager prefill steps, decode CUDA graphs",
-           "piecewise": "piecewise CUDA graphs",
-           "piecewise512": "piecewise CUDA graphs up to 512 tokens",
+ENGINES = {"eager": "eager prefill steps, decode CUDA graphs, synchronous",
+           "piecewise": "piecewise CUDA graphs, synchronous",
+           "piecewise512": "piecewise CUDA graphs up to 512 tokens, synchronous",
            "auto": "eager prefill steps on the auto attention backend (SPLIT from 2,048 new "
-                   "tokens), decode CUDA graphs",
+                   "tokens), decode CUDA graphs, synchronous",
            "async": "eager prefill steps, decode CUDA graphs, async scheduling",
            "piecewise-async": "piecewise CUDA graphs, async scheduling",
-           "tp2": "tensor parallel 2 on two GPUs (torch layers, even decode split)"}
+           "piecewise512-async": "piecewise CUDA graphs up to 512 tokens, async scheduling",
+           "auto-async": "eager prefill steps on the auto attention backend, decode CUDA "
+                         "graphs, async scheduling",
+           "tp2": "tensor parallel 2 on two GPUs (torch layers, even decode split), "
+                  "synchronous"}
 EVIDENCE_MARKERS = ("<!-- results:begin -->", "<!-- results:end -->")
 README_MARKERS = ("<!-- validation-results:begin -->", "<!-- validation-results:end -->")
 

@@ -127,7 +127,8 @@ def load_summary(folder: Path) -> RunSummary:
         measured_sizes(summary, key, folder / "summary.json")  # malformed: named with its path
     config_path = folder / CONFIG_FILE
     if config_path.is_file():  # checked here, so that a bad one is named with its path
-        config = EngineConfig.from_json(config_path.read_text(), source=config_path)
+        config = EngineConfig.from_json(config_path.read_text(), source=config_path,
+                                         recorded=True)
         summary[ENGINE_CONFIG_KEY] = config.to_dict()
     return RunSummary(folder, summary)
 

@@ -29,9 +29,10 @@ def to_json(config: DataclassInstance) -> str:
     return json.dumps(to_dict(config), indent=2)
 
 
-def from_dict(cls: type[Config], data: object, source: object) -> Config:
-    """The inverse of `to_dict`; a missing key takes its Setting's `absent` value where it
-    has one, else the field's default. Errors name `source` and the key."""
+def from_dict(cls: type[Config], data: object, source: object, recorded: bool = False) -> Config:
+    """The inverse of `to_dict`; a missing key takes the field's default, or, in a `recorded`
+    configuration (what a run ran), its Setting's `absent` value where it has one. Errors name
+    `source` and the key."""
     if not isinstance(data, dict):
         raise ValueError(f"{source}: expected an object of engine settings, got "
                          f"{type(data).__name__}")
@@ -40,7 +41,7 @@ def from_dict(cls: type[Config], data: object, source: object) -> Config:
     if unknown:
         raise ValueError(f"{source}: unknown setting(s) {unknown}; known: {list(known)}")
     values = {name: setting_of(f).absent for name, f in known.items()
-              if name not in data and setting_of(f).absent is not None}
+              if recorded and name not in data and setting_of(f).absent is not None}
     for name, value in data.items():
         try:
             values[name] = setting_of(known[name]).codec.decode(value)
@@ -52,10 +53,10 @@ def from_dict(cls: type[Config], data: object, source: object) -> Config:
         raise ValueError(f"{source}: {exc}") from None
 
 
-def from_json(cls: type[Config], text: str, source: object) -> Config:
+def from_json(cls: type[Config], text: str, source: object, recorded: bool = False) -> Config:
     """`from_dict` of a JSON text; text that is not JSON is an error naming `source`."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"{source} is not valid JSON: {exc}") from None
-    return from_dict(cls, data, source)
+    return from_dict(cls, data, source, recorded)

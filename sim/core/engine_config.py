@@ -188,14 +188,13 @@ class EngineConfig:
         "--attention-backend", codec=choice(ATTENTION_BACKENDS), choices=ATTENTION_BACKENDS,
         absent="triton"))
 
-    # vLLM's scheduler config `async_scheduling` (on by default since v0.14): step N+1 is
-    # scheduled and launched while step N runs; a request arriving during step N is seen by
-    # step N+2, and the host's work of a step hides behind the device's. Off here until every
-    # engine's slices are replayed with it: Llama-3.1-8B on the default engine (four slices)
-    # and Qwen2.5-0.5B piecewise are; the 3B, auto, piecewise512, study and TP slices are not,
-    # and the TP engine's async steps are checked on the CPU only (docs/engine.md, "Async
+    # vLLM's scheduler config `async_scheduling` (on by default since v0.14, unless an option
+    # it cannot run with is set): step N+1 is scheduled and launched while step N runs; a
+    # request arriving during step N is seen by step N+2, and the host's work of a step hides
+    # behind the device's. The profile prices a step timed alone; the simulator derives the
+    # overlap (sim/engine.py) and validation checks it per engine (docs/engine.md, "Async
     # scheduling").
-    async_scheduling: bool = field(default=False, metadata=setting(
+    async_scheduling: bool = field(default=True, metadata=setting(
         "schedule and launch each step while the one before it still runs on the GPU (the "
         "next step's decode inputs taken from the running step's ids on the device): the "
         "host's per-step work hides behind the device's, and a request arriving during a "
@@ -270,17 +269,20 @@ class EngineConfig:
         return config_json.to_dict(self)
 
     @classmethod
-    def from_dict(cls, data: object, source: object = "engine config") -> EngineConfig:
-        """The inverse of `to_dict`; a missing key takes its default. Errors name `source`
-        and the key."""
-        return config_json.from_dict(cls, data, source)
+    def from_dict(cls, data: object, source: object = "engine config",
+                  recorded: bool = False) -> EngineConfig:
+        """The inverse of `to_dict`; a missing key takes its default, or in a `recorded`
+        configuration (a replay's config.json) the value engines ran before the key existed.
+        Errors name `source` and the key."""
+        return config_json.from_dict(cls, data, source, recorded)
 
     def to_json(self) -> str:
         return config_json.to_json(self)
 
     @classmethod
-    def from_json(cls, text: str, source: object = "engine config") -> EngineConfig:
-        return config_json.from_json(cls, text, source)
+    def from_json(cls, text: str, source: object = "engine config",
+                  recorded: bool = False) -> EngineConfig:
+        return config_json.from_json(cls, text, source, recorded)
 
 
 @dataclass(frozen=True)

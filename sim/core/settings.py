@@ -43,8 +43,9 @@ class Setting:
     # the default as help shows it, where it is a rule rather than the field's value
     default_text: str | None = None
     choices: tuple[str, ...] = ()
-    # what a configuration file without this key ran, where that is not the default: the
-    # setting came after files that were written by engines with one fixed behaviour
+    # what a recorded configuration (a replay's config.json) without this key ran, where that
+    # is not the default: the setting came after records written by engines with one fixed
+    # behaviour. A configuration a user writes takes the default for a key left out.
     absent: Any = None
 
     @property
