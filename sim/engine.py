@@ -164,8 +164,10 @@ class Replica:
         stats = sched.make_stats()
         durations, duration_s = self._durations(out, exposed or out.elastic is not None)
         requests = sched.requests
+        # only a step with prefill tokens gives a request its first token (a decode row's came
+        # before, or is due from the step in flight, which stamps it)
         first = [req for req in (requests.get(s.request_id) for s in out.scheduled if s.samples)
-                 if req is not None and req.first_token_s is None]
+                 if req is not None and req.first_token_s is None] if out.num_prefill_tokens else []
         ended = sched.update(out, math.nan)
         self._num_ahead += 1
         return AheadStep(out, stats, durations, duration_s, first, ended)
