@@ -9,8 +9,9 @@ says whether the simulator's core ran compiled (setup.py builds it with mypyc wh
 ELASTIC_KV_PURE=1 at install time keeps it pure Python).
 
     conv       the bundled Azure conv trace (19,366 requests, an hour) through Llama-3.1-8B
-               on one H200 with the engine's defaults, static and elastic. Targets: static
-               within 1.5 s on a 2-core machine; elastic within 1.2x of static.
+               on one H200 with the engine's defaults, static and elastic, and static with
+               synchronous scheduling. Targets: static within 1.5 s on a 2-core machine;
+               elastic within 1.2x of static.
     mooncake   the bundled Mooncake conversation trace (12,031 requests, max_model_len
                131,072), prefix caching off and on. Target: on within 1.3x of off.
     synthetic  conv-like synthetic traces (lengths resampled from the conv trace, Poisson
@@ -51,7 +52,7 @@ def machine() -> dict:
 def case_names(cases: list[str], sizes: list[int]) -> list[str]:
     names = []
     if "conv" in cases:
-        names += ["conv-static", "conv-elastic"]
+        names += ["conv-static", "conv-elastic", "conv-static-sync"]
     if "mooncake" in cases:
         names += ["mooncake-no-prefix-caching", "mooncake-prefix-caching"]
     if "synthetic" in cases:
@@ -72,7 +73,8 @@ def run_case(name: str) -> dict:
     recorder = None
     if name.startswith("conv"):
         trace = load_trace("azure-conv")
-        config = base.with_(policy=Policy.ELASTIC if name.endswith("elastic") else Policy.STATIC)
+        config = base.with_(policy=Policy.ELASTIC if name.endswith("elastic") else Policy.STATIC,
+                            async_scheduling=not name.endswith("sync"))
     elif name.startswith("mooncake"):
         trace = load_trace("mooncake-conv")
         config = base.with_(max_model_len=131072,
@@ -136,6 +138,9 @@ def print_report(rows: dict[str, dict]) -> None:
     if "conv-elastic" in cpu:
         print(f"elastic / static: {cpu['conv-elastic'] / cpu['conv-static']:.2f}x "
               f"(target <= {ELASTIC_RATIO_TARGET}x)")
+    if "conv-static-sync" in cpu:
+        print(f"synchronous / async scheduling (static): "
+              f"{cpu['conv-static-sync'] / cpu['conv-static']:.2f}x")
     if "mooncake-prefix-caching" in cpu:
         ratio = cpu["mooncake-prefix-caching"] / cpu["mooncake-no-prefix-caching"]
         print(f"mooncake prefix caching on / off: {ratio:.2f}x (target <= {PREFIX_RATIO_TARGET}x)")
