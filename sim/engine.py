@@ -241,23 +241,16 @@ class Replica:
         due_s = float("inf") if next_arrival_s is None else next_arrival_s
         fixed_s, per_token_s, launch, fraction, overhead = self.cost.decode_step_terms(batch_size)
         hidden_s = self.cost.hidden_s
-        # step_total_s, term by term in its order, with the run's constants taken out of the
-        # loop: the first step's overhead hides nothing when no step runs before it
-        overhead_s = overhead if hidden_s <= 0 else (
-            overhead - hidden_s if overhead > hidden_s else 0.0)
-        first_overhead_s = overhead if attach is not None or self._exposed else overhead_s
+        hidden = 0.0 if attach is not None or self._exposed else hidden_s
         durations: list[float] = []
         elapsed_s = 0.0
         context = context_tokens
         ahead = self._ahead
-        step_overhead_s = first_overhead_s
         while True:
-            device = fixed_s + context * per_token_s
-            busy = (device + fraction * launch if device > launch
-                    else launch + fraction * device)
-            duration_s = busy + step_overhead_s
+            duration_s = step_total_s(fixed_s + context * per_token_s, launch, fraction,
+                                      overhead, hidden)
             durations.append(duration_s)
-            step_overhead_s = overhead_s
+            hidden = hidden_s
             begun_s = elapsed_s
             elapsed_s += duration_s
             # the next step is scheduled as it would start (async: as this one starts)
