@@ -119,9 +119,9 @@ def kept_files(out: Path | None, patterns: Sequence[str]) -> list[str]:
 
 def print_map(cells: Sequence[Cell], query: MapQuery, console: Console | None = None) -> None:
     console = console or Console(width=max(Console().width, 140))
+    engine = (f"{query.drain} drain, "
+              f"{'async' if query.async_scheduling else 'synchronous'} scheduling")
     for tp in query.tps:
-        engine = (f"{query.drain} drain, "
-                  f"{'async' if query.async_scheduling else 'synchronous'} scheduling")
         table = Table(title=f"elastic goodput gain over best static, %, {query.gpu}, TP {tp}, "
                             f"{engine} (* pays: >= {query.pays_pct:g}%)")
         table.add_column("model")
