@@ -30,7 +30,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gpu_backend.batch import ForwardBatch, HostLens
-from gpu_backend.kernels import attention as attention_switches  # MIXED_SPLIT, read per step
 from gpu_backend.kernels import (
     paged_attention,
     paged_attention_ref,
@@ -126,6 +125,10 @@ class PagedAttention(nn.Module):
         self.backend = backend
         self.split_shapes = SplitShapes()  # SPLIT's padded SDPA shapes
         self.split_min_query = SPLIT_MIN_QUERY  # auto: fewer new tokens run the Triton kernel
+        # a mixed step on the Triton kernel runs its decode rows apart from this many keys on
+        # (sim.core.launch_shapes.mixed_split_min_keys of EngineConfig.mixed_split_bytes; 0:
+        # never, one launch); set_mixed_split sets it on every layer
+        self.mixed_split_min_keys = 0
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,
                 batch: ForwardBatch) -> Tensor:
@@ -146,20 +149,21 @@ class PagedAttention(nn.Module):
         (Triton decode path), and on the split backend with prefill rows the SPLIT plan
         (its segment buffers shaped like `k_cache`, a layer's K cache, when given).
 
-        A decode step's plan covers the batch. With MIXED_SPLIT (off by default, see
-        gpu_backend.kernels.attention), a mixed step with leading decode rows gets a plan for
-        those and the prefill rows' own offsets: `attend` runs the decode rows with the decode
-        tiles and the rest with the prefill tiles, as two launches. One launch of prefill
-        tiles gives each decode row a 128-row tile on one program per SM (a 512-token chunk
-        beside 32 decodes of 2k keys: 29.1 ms, 19.7 ms split), but the extra launches cost
-        host time on these eager steps (Azure-conv's small mixed steps: 18.8 -> 31.3 ms)."""
+        A decode step's plan covers the batch. A mixed step whose leading decode rows hold
+        `mixed_split_min_keys` keys or more (`runs_apart`) gets a plan for those and the
+        prefill rows' own offsets: `attend` runs the decode rows with the decode tiles and the
+        rest with the prefill tiles, as two launches. One launch of prefill tiles gives each
+        decode row a 128-row tile per KV head (a 512-token chunk beside 32 decodes of 2k keys:
+        29.1 ms one launch, 19.7 ms apart), but the extra launches cost host time on these
+        eager steps (Azure-conv's small mixed steps, ~25 decodes of ~1k keys: 18.8 -> 31.3 ms
+        apart, synchronous)."""
         if self.runs_split(batch):
             return self._prepare_split(batch, k_cache)
         if self.backend == "torch" or not uses_split_plan(1):
             return batch
         num_seqs = batch.seq_lens.shape[0]
         decodes = (num_seqs if batch.max_query_len <= 1
-                   else batch.num_decodes if attention_switches.MIXED_SPLIT else 0)
+                   else batch.num_decodes if self.runs_apart(batch) else 0)
         if decodes == 0:
             return batch
         plan = self._decode_plan(batch, decodes)
@@ -167,6 +171,15 @@ class PagedAttention(nn.Module):
             return replace(batch, decode_plan=plan)
         return replace(batch, decode_plan=plan,
                        prefill_query_start_loc=batch.query_start_loc[decodes:] - decodes)
+
+    def runs_apart(self, batch: ForwardBatch) -> bool:
+        """Whether a mixed step on the Triton kernel runs its decode rows apart: they hold
+        `mixed_split_min_keys` keys or more (counted from the host lengths; a batch without
+        them runs one launch)."""
+        if not self.mixed_split_min_keys or not batch.num_decodes or batch.host_lens is None:
+            return False
+        keys = int(batch.host_lens.seq_lens[:batch.num_decodes].sum())
+        return keys >= self.mixed_split_min_keys
 
     def runs_split(self, batch: ForwardBatch) -> bool:
         """Whether this step's attention runs SPLIT: on split any step with prefill rows, on

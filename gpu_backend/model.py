@@ -209,6 +209,15 @@ def set_fused(model: Model, fused: bool) -> None:
         layer.fused = fused and layer.attn.backend in FUSED_BACKENDS
 
 
+def set_mixed_split(model: Model, min_keys: int) -> None:
+    """Run a mixed step's decode rows apart from `min_keys` keys on (0: never; see
+    PagedAttention.runs_apart), on every layer."""
+    if min_keys < 0:
+        raise ValueError(f"mixed split from {min_keys} keys: give 0 (never) or more")
+    for layer in model.layers:
+        layer.attn.mixed_split_min_keys = min_keys
+
+
 def set_attention_backend(model: Model, backend: AttentionBackend) -> None:
     """Run attention on `backend` from the next step on (A/B runs over one set of weights):
     between the backends whose layers run the fused Triton kernels (FUSED_BACKENDS), so

@@ -120,6 +120,32 @@ def test_decode_rows_beside_a_chunk_cost_a_tile_of_flops_per_key():
         cost.mixed_decode_attention_s(10_000), rel=1e-9)
 
 
+def test_decode_rows_apart_from_a_chunk_cost_their_reads_and_two_launches_per_layer():
+    # From mixed_split_min_keys on (32,768 for Llama-3.1-8B at the default 128 MiB), a mixed
+    # step's decode rows run on a launch of their own: each key read once (128 KiB of K/V per
+    # token) at kv_memory, and two more launches per layer (their attention and its merge),
+    # priced as split_launch_s each; the chunk's launch keeps its FLOPs.
+    eff = Efficiency(attention_compute=0.25, kv_memory=0.8, split_launch_s=1e-3,
+                     attention_program=None)
+    cost = CostModel(LLAMA_8B, H200, efficiency=eff, mixed_split_min_keys=32_768)
+    chunk_flops = 4 * 512 * (0 + 512 / 2) * 32 * 128 * 32  # 4 c (p + c/2) heads hd layers
+    chunk_s = chunk_flops / (H200.peak_bf16_flops * 0.25)
+    def mixed(keys):
+        return output(num_prefill=512, prefill_chunks=((512, 0),), num_decode=4,
+                      decode_context=keys, num_rows=5, num_seqs=5)
+    apart = cost.step(mixed(40_000))
+    assert apart.attention_s == pytest.approx(
+        chunk_s + 40_000 * 32 * 8 * 128 * 2 * 2 / (H200.memory_bandwidth_bytes_s * 0.8),
+        rel=1e-12)
+    tile_s = 30_000 * 8 * (4 * 128 * 128) * 32 / (H200.peak_bf16_flops * 0.25)
+    one_launch = cost.step(mixed(30_000))  # under the key count: the tiles, one launch
+    assert one_launch.attention_s == pytest.approx(chunk_s + tile_s, rel=1e-12)
+    assert apart.launch_s - one_launch.launch_s == pytest.approx(2e-3, rel=1e-12)
+    never = CostModel(LLAMA_8B, H200, efficiency=eff)  # 0: always one launch
+    assert never.step(mixed(40_000)).attention_s == pytest.approx(
+        chunk_s + tile_s * 40_000 / 30_000, rel=1e-12)
+
+
 def test_logits_only_for_sampled_rows(cost):
     assert cost.logits_s(0) == 0.0
     assert cost.logits_s(1) == cost.logits_s(8) > 0  # lm_head weight read dominates

@@ -294,6 +294,29 @@ def test_a_config_json_from_before_async_scheduling_ran_synchronously_a_users_fi
     assert EngineConfig.from_dict(before).async_scheduling is True
 
 
+def test_a_config_json_from_before_mixed_split_ran_one_launch_a_users_file_splits(tmp_path):
+    """Replays recorded before mixed_split_bytes existed ran every mixed step as one launch;
+    a user's file without the key takes the default, 128 MiB of KV per layer: 32,768 keys of
+    Llama-3.1-8B (8 KV heads x 128 x K and V x 2 bytes = 4 KiB a token per layer), twice as
+    many under TP 2 (half the heads per GPU) or with an fp8 cache."""
+    from validation.runs import engine_config as run_config
+    from validation.runs import load_summary
+
+    before = {k: v for k, v in EngineConfig(max_num_batched_tokens=2048).to_dict().items()
+              if k != "mixed_split_bytes"}
+    (tmp_path / "summary.json").write_text(json.dumps({"chunk": 2048}))
+    (tmp_path / "config.json").write_text(json.dumps(before))
+    ran = run_config(load_summary(tmp_path).summary)
+    assert (ran.mixed_split_bytes, ran.mixed_split_min_keys) == (0, 0)
+    written = EngineConfig.from_dict(before)
+    assert written.mixed_split_bytes == 128 * 2**20 and written.mixed_split_min_keys == 32768
+    assert written.with_(tensor_parallel_size=2).mixed_split_min_keys == 65536
+    assert written.with_(kv_cache_dtype="fp8").mixed_split_min_keys == 65536
+    assert written.with_(mixed_split_bytes=1).mixed_split_min_keys == 1
+    with pytest.raises(ValueError, match="--mixed-split-mib -1: give 0"):
+        written.with_(mixed_split_bytes=-2**20)
+
+
 def test_a_replay_without_config_json_is_read_with_the_defaults_it_ran_under():
     from validation.runs import engine_config as run_config
 
@@ -304,7 +327,8 @@ def test_a_replay_without_config_json_is_read_with_the_defaults_it_ran_under():
     assert config == EngineConfig(max_num_batched_tokens=8192, policy=Policy.ELASTIC,
                                   max_num_seqs=256, max_model_len=32768,
                                   drain=DrainStrategy.PREEMPT, enable_prefix_caching=False,
-                                  cuda_graph_sizes=(1, 2, 4), async_scheduling=False)
+                                  cuda_graph_sizes=(1, 2, 4), async_scheduling=False,
+                                  mixed_split_bytes=0)
 
 
 def test_a_replay_records_the_graph_sizes_its_engine_captured():

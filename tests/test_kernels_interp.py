@@ -161,13 +161,10 @@ def _run_store_case() -> float:
 
 def _run_model_case(mixed_split: bool = False) -> float:
     """The tiny paged model with the Triton kernels against the dense forward; with
-    mixed_split its mixed steps run their decode rows apart (GPU_BACKEND_MIXED_SPLIT)."""
-    from gpu_backend.kernels import attention
+    mixed_split its mixed steps run their decode rows apart (from one key on)."""
     from tests.test_model_cpu import run_scenario
 
-    attention.MIXED_SPLIT = mixed_split
-    max_err, ids_a, ids_b = run_scenario("triton")
-    attention.MIXED_SPLIT = False
+    max_err, ids_a, ids_b = run_scenario("triton", mixed_split_min_keys=1 if mixed_split else 0)
     assert ids_a[:len(ids_b)] == ids_b
     return max_err
 

@@ -98,6 +98,27 @@ def test_step_prediction_equals_the_simulators_step_times(eff):
         assert (predicted > plain * 1.02).sum() >= 3
 
 
+def test_step_prediction_equals_the_simulators_step_times_with_decode_rows_apart():
+    """Mixed steps whose decode rows hold mixed_split_min_keys keys or more run them apart;
+    the array pricing decides and prices them as CostModel.step does (the chunks' launch,
+    its longest program and split over the prefill rows alone, two more launches per layer)."""
+    trace = load_trace("azure-code").head(60)
+    eff = replace(TRUE, attention_program=0.2, split_launch_s=1e-3)
+    engine = config(Policy.ELASTIC, 1024).with_(mixed_split_bytes=2**20)  # 256 keys of 8B
+    assert engine.mixed_split_min_keys == 256
+    result, recorder = simulate_logged(RunSpec(engine, efficiency=eff), trace)
+    table = recorder.table()
+    cost = CostModel.for_engine(engine, eff)
+    np.testing.assert_allclose(predict_step_times(cost, table), table.duration_s, rtol=1e-9)
+    mixed = table.has_prefill & (table.num_decode_tokens > 0)
+    apart = mixed & (table.decode_context_tokens >= 256)
+    assert apart.sum() >= 5 and (mixed & ~apart).sum() >= 1
+    one_launch = predict_step_times(CostModel.for_engine(engine.with_(mixed_split_bytes=0), eff),
+                                    table)
+    assert not np.allclose(one_launch[apart], table.duration_s[apart])
+    np.testing.assert_allclose(one_launch[~mixed], table.duration_s[~mixed], rtol=1e-9)
+
+
 def test_step_prediction_equals_the_simulators_async_step_times():
     """Under async scheduling the simulator hides the host gap behind the step in flight, but
     not in a step after an idle gap or an elastic pause; the start times tell the validation's

@@ -53,15 +53,12 @@ def test_paged_attention_bf16(batch: str, shape: str, block_size: int) -> None:
 
 
 @pytest.mark.parametrize("shape", ["gqa4_d128", "gqa8_d64"])
-def test_mixed_step_runs_decode_rows_apart(shape: str, monkeypatch) -> None:
-    """A mixed step with its decode rows first and GPU_BACKEND_MIXED_SPLIT: PagedAttention
-    runs them with the decode tiles and plan and the prefill rows apart (two launches); same
-    output as the reference."""
-    from gpu_backend.kernels import attention
+def test_mixed_step_runs_decode_rows_apart(shape: str) -> None:
+    """A mixed step with its decode rows first, holding more keys than the layer's
+    mixed_split_min_keys: PagedAttention runs them with the decode tiles and plan and the
+    prefill rows apart (two launches); same output as the reference."""
+    from gpu_backend.batch import ForwardBatch, HostLens
     from gpu_backend.layers import PagedAttention
-
-    monkeypatch.setattr(attention, "MIXED_SPLIT", True)
-    from gpu_backend.batch import ForwardBatch
 
     heads, kv_heads, head_dim = SHAPES[shape]
     pb = make_problem([1] * 33 + [700, 64], [2048] * 32 + [15000, 0, 2000], heads, kv_heads,
@@ -72,8 +69,10 @@ def test_mixed_step_runs_decode_rows_apart(shape: str, monkeypatch) -> None:
                          block_tables=pb.block_tables, seq_lens=pb.seq_lens,
                          query_start_loc=pb.query_start_loc, logits_indices=empty,
                          max_query_len=pb.max_query_len, max_seq_len=pb.max_seq_len,
-                         num_decodes=33)
+                         num_decodes=33, host_lens=HostLens(pb.query_start_loc.cpu().numpy(),
+                                                            pb.seq_lens.cpu().numpy()))
     attn = PagedAttention(heads, kv_heads, head_dim)
+    attn.mixed_split_min_keys = 32 * 2048
     prepared = attn.prepare(batch)
     assert prepared.decode_plan is not None and prepared.decode_plan.num_seqs == 33
     err = rel_error(attn.attend(pb.q, pb.k_cache, pb.v_cache, prepared), dense_reference(pb))

@@ -98,8 +98,10 @@ def concat(tables: list[StepTable]) -> StepTable:
 def step_errors(model: ModelSpec, gpu: GpuSpec, tp: int, eff: Efficiency,
                 table: StepTable, graph_sizes: Sequence[int] = (),
                 token_graph_sizes: Sequence[int] = (),
-                attention_backend: str = TRITON_ATTENTION) -> np.ndarray:
-    cost = CostModel(model, gpu, tp, eff, graph_sizes, token_graph_sizes, attention_backend)
+                attention_backend: str = TRITON_ATTENTION,
+                mixed_split_min_keys: int = 0) -> np.ndarray:
+    cost = CostModel(model, gpu, tp, eff, graph_sizes, token_graph_sizes, attention_backend,
+                     mixed_split_min_keys=mixed_split_min_keys)
     return relative_errors(predict_step_times(cost, table), table.duration_s)
 
 
@@ -124,7 +126,8 @@ def fit_efficiency(model: ModelSpec, gpu: GpuSpec, tp: int, fit: StepTable,
                    free: Collection[str] | None = None,
                    graph_sizes: Sequence[int] = (),
                    token_graph_sizes: Sequence[int] = (),
-                   attention_backend: str = TRITON_ATTENTION) -> tuple[Efficiency, bool, str]:
+                   attention_backend: str = TRITON_ATTENTION,
+                mixed_split_min_keys: int = 0) -> tuple[Efficiency, bool, str]:
     """Least-squares efficiencies for the steps in `fit` (relative error, soft-L1 loss).
     `free`: the FIT_PARAMETERS to fit (default all); the others keep `initial`'s values.
     `graph_sizes`, `token_graph_sizes`, `attention_backend`: the engine's decode and piecewise
@@ -140,7 +143,8 @@ def fit_efficiency(model: ModelSpec, gpu: GpuSpec, tp: int, fit: StepTable,
         raise ValueError(f"{len(fit)} usable steps cannot fit {len(free)} parameters")
     held = [n for n in names if n not in free]
     # steps that run no decode graph: piecewise graphs where a size holds them, else eager
-    cost = CostModel(model, gpu, tp, initial, graph_sizes, token_graph_sizes, attention_backend)
+    cost = CostModel(model, gpu, tp, initial, graph_sizes, token_graph_sizes, attention_backend,
+                     mixed_split_min_keys=mixed_split_min_keys)
     ran = fit.num_tokens > 0
     eager = ran & (fit.has_prefill | cost.decode_rows_array(fit.num_tokens)[1])
     piecewise = eager & cost.eager_step_array(fit.num_tokens)[1]
@@ -151,8 +155,9 @@ def fit_efficiency(model: ModelSpec, gpu: GpuSpec, tp: int, fit: StepTable,
     held += [n for n in idle if n in free]
     def num_bound(eff: Efficiency) -> int:  # steps whose longest attention program binds
         def times(e: Efficiency) -> np.ndarray:
-            return predict_step_times(CostModel(model, gpu, tp, e, graph_sizes,
-                                                token_graph_sizes, attention_backend), fit)
+            return predict_step_times(CostModel(
+                model, gpu, tp, e, graph_sizes, token_graph_sizes, attention_backend,
+                mixed_split_min_keys=mixed_split_min_keys), fit)
         return num_program_bound(times(eff), times(replace(eff, attention_program=None)))
 
     _, _, splits = attention_terms(cost, fit)  # splits need no efficiency
@@ -163,7 +168,8 @@ def fit_efficiency(model: ModelSpec, gpu: GpuSpec, tp: int, fit: StepTable,
              if n in free]
     fitted, solution = fit_with_program_term(
         initial, lambda eff: step_errors(model, gpu, tp, eff, fit, graph_sizes,
-                                         token_graph_sizes, attention_backend),
+                                         token_graph_sizes, attention_backend,
+                                         mixed_split_min_keys),
         num_bound, fixed=held,
         loss="soft_l1", f_scale=0.05, diff_step=1e-3, x_scale=1.0)
     return fitted, bool(solution.success), str(solution.message)
@@ -173,17 +179,20 @@ def calibrate(model: ModelSpec, gpu: GpuSpec, tp: int, fit: StepTable, holdout: 
               initial: Efficiency | None = None,
               free: Collection[str] | None = None, graph_sizes: Sequence[int] = (),
               token_graph_sizes: Sequence[int] = (),
-              attention_backend: str = TRITON_ATTENTION) -> FitResult:
+              attention_backend: str = TRITON_ATTENTION,
+                mixed_split_min_keys: int = 0) -> FitResult:
     """Fit on `fit` (the `free` parameters, default all), then report the error on
     `holdout` before and after."""
     initial = initial or Efficiency()
     fitted, success, message = fit_efficiency(model, gpu, tp, fit, initial, free, graph_sizes,
-                                              token_graph_sizes, attention_backend)
+                                              token_graph_sizes, attention_backend,
+                                              mixed_split_min_keys)
     fit, holdout = usable_steps(fit), usable_steps(holdout)
 
     def errors(eff: Efficiency, table: StepTable) -> dict:
         return error_stats(step_errors(model, gpu, tp, eff, table, graph_sizes,
-                                       token_graph_sizes, attention_backend))
+                                       token_graph_sizes, attention_backend,
+                                       mixed_split_min_keys))
 
     return FitResult(
         efficiency=fitted, initial=initial, num_fit_steps=len(fit),

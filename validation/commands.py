@@ -216,10 +216,10 @@ def fit(args: argparse.Namespace) -> int:
     test_runs = load_runs(args.test_dir) if args.test_dir else []
     check_calibration_graphs(start, runs + test_runs)
     configs = [engine_config(r.summary, args.gpu) for r in runs + test_runs]
-    hardware = {(c.model.name, c.gpu.name, c.tensor_parallel_size, c.cuda_graph_sizes)
-                for c in configs}
+    hardware = {(c.model.name, c.gpu.name, c.tensor_parallel_size, c.cuda_graph_sizes,
+                 c.mixed_split_min_keys) for c in configs}
     if len(hardware) != 1:
-        raise ValueError(f"the runs mix model/GPU/TP/decode graph size combinations "
+        raise ValueError(f"the runs mix model/GPU/TP/decode graph size/mixed split combinations "
                          f"{sorted(hardware)}; fit one combination at a time")
     token_sizes = pooled_token_sizes([c.piecewise_graph_sizes for c in configs])
     if token_sizes is None:
@@ -236,7 +236,8 @@ def fit(args: argparse.Namespace) -> int:
         None if args.free is None else [n.strip() for n in args.free.split(",") if n.strip()])
     result = calibrate(config.model, config.gpu, config.tensor_parallel_size, fit_table,
                        holdout_table, efficiency, free, config.cuda_graph_sizes,
-                       token_graph_sizes=token_sizes, attention_backend=config.attention_backend)
+                       token_graph_sizes=token_sizes, attention_backend=config.attention_backend,
+                       mixed_split_min_keys=config.mixed_split_min_keys)
     provenance = {"gpu_dir": str(args.gpu_dir), "test_dir": str(args.test_dir or ""),
                   "holdout_fraction": None if test_runs else args.holdout,
                   "model": config.model.name, "gpu": config.gpu.name,

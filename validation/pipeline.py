@@ -174,11 +174,12 @@ def fit_on_runs(runs: Sequence[RunComparison], initial: Efficiency,
                 holdout_fraction: float) -> tuple[FitResult | None, str]:
     """Fit on the first part of every run's measured steps; test on the rest of each."""
     hardware = {(r.sim.spec.engine.model.name, r.sim.spec.engine.gpu.name,
-                 r.sim.spec.engine.tensor_parallel_size, r.sim.spec.engine.cuda_graph_sizes)
+                 r.sim.spec.engine.tensor_parallel_size, r.sim.spec.engine.cuda_graph_sizes,
+                 r.sim.spec.engine.mixed_split_min_keys)
                 for r in runs}
     if len(hardware) != 1:
-        return None, (f"not fitted: the runs mix {len(hardware)} model/GPU/TP/graph-size "
-                      "combinations; fit each with `python -m validation fit`")
+        return None, (f"not fitted: the runs mix {len(hardware)} model/GPU/TP/graph-size/"
+                      "mixed-split combinations; fit each with `python -m validation fit`")
     token_sizes = pooled_token_sizes([r.sim.spec.engine.piecewise_graph_sizes for r in runs])
     if token_sizes is None:
         return None, ("not fitted: the runs' piecewise graph sizes differ beyond their chunks "
@@ -191,7 +192,8 @@ def fit_on_runs(runs: Sequence[RunComparison], initial: Efficiency,
         fitted = calibrate(engine.model, engine.gpu, engine.tensor_parallel_size, fit_table,
                            holdout_table, initial, free=HELD_OUT_FREE,
                            graph_sizes=engine.cuda_graph_sizes, token_graph_sizes=token_sizes,
-                           attention_backend=engine.attention_backend)
+                           attention_backend=engine.attention_backend,
+                           mixed_split_min_keys=engine.mixed_split_min_keys)
     except ValueError as exc:
         return None, f"not fitted: {exc}"
     note = (f"fitted on the first {1 - holdout_fraction:.0%} of each run's steps "

@@ -52,7 +52,7 @@ def legacy_config(summary: dict) -> EngineConfig:
         cuda_graph_sizes=measured_sizes(summary, "graph_sizes"),
         piecewise_graph_sizes=measured_sizes(summary, "piecewise_sizes"),
         # what the engine ran before config.json, whatever the defaults are now
-        attention_backend="triton", async_scheduling=False,
+        attention_backend="triton", async_scheduling=False, mixed_split_bytes=0,
     )
 
 

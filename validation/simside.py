@@ -15,7 +15,7 @@ from sim.core.step import OutOfMemory, SchedulerOutput, SchedulerStats
 from sim.recording.metrics import ReplicaRecorder
 from sim.runner import RunResult, RunSpec, simulate
 from traces import Trace
-from validation.steps import StepTable, chunk_pairs, format_chunks
+from validation.steps import StepTable, chunk_pairs, format_chunks, parse_chunks
 
 # (start_s, prefill, decode, context, seqs, rows, pairs, duration, preempted, used, usable, lent,
 #  longest query, longest sequence)
@@ -56,8 +56,11 @@ class StepLogRecorder(ReplicaRecorder):
         extra = {"start_s": rows[:, 0], "num_preempted": rows[:, 8],
                  "kv_blocks_used": rows[:, 9], "kv_blocks_usable": rows[:, 10],
                  "reserve_lent_blocks": rows[:, 11]}
+        chunks = np.empty(len(rows), dtype=object)
+        chunks[:] = [tuple(parse_chunks(text)) for text in self.step_chunks]
         return StepTable(ints[0], ints[1], ints[2], ints[3], ints[4], rows[:, 6], rows[:, 7],
-                         True, extra, rows[:, 12].astype(np.int64), rows[:, 13].astype(np.int64))
+                         True, extra, rows[:, 12].astype(np.int64), rows[:, 13].astype(np.int64),
+                         chunks)
 
 
 def simulate_logged(spec: RunSpec, trace: Trace) -> tuple[RunResult, StepLogRecorder]:

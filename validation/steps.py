@@ -30,7 +30,7 @@ from typing import TextIO
 
 import numpy as np
 
-from sim.core.cost_model import CostModel, step_total_array
+from sim.core.cost_model import APART_LAUNCHES, CostModel, step_total_array
 from sim.core.split_shapes import TRITON_ATTENTION
 
 REQUIRED_COLUMNS = ("num_prefill_tokens", "num_decode_tokens", "decode_context_tokens",
@@ -215,23 +215,41 @@ def _per_unique(values: np.ndarray, fn) -> np.ndarray:
     return np.array([fn(int(v)) for v in unique], dtype=np.float64)[inverse]
 
 
+def runs_apart(cost: CostModel, table: StepTable) -> np.ndarray:
+    """Per step, whether its decode rows run apart from its chunks (CostModel.runs_apart):
+    a step with prefill tokens whose decode rows hold mixed_split_min_keys keys or more."""
+    least = cost.mixed_split_min_keys
+    return table.has_prefill & (least > 0) & (table.decode_context_tokens >= max(least, 1))
+
+
 def attention_terms(cost: CostModel, table: StepTable
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per step, as CostModel.step prices them: the attention's total work (prefill pairs and
-    decode rows' keys, linear in both: read on a decode-only step, a tile's FLOPs beside a
-    chunk), its longest program, and into how many programs a step with prefill tokens split
-    its keys (both 0 and 1 on decode-only steps, or where the table does not know its longest
-    query and sequence)."""
+    """Per step, as CostModel.step prices them: the Triton launch's total work (prefill pairs
+    and decode rows' keys, linear in both: read on a decode-only step, a tile's FLOPs beside a
+    chunk, neither where the decode rows run apart), its longest program, and into how many
+    programs a step with prefill tokens split its keys (both 0 and 1 on decode-only steps, or
+    where the table does not know its longest query and sequence). A step whose decode rows
+    run apart (`runs_apart`) launches its chunks alone: its longest program and splits are
+    those of its prefill rows."""
+    apart = runs_apart(cost, table)
     per_pair_s = cost.prefill_attention_s(((2, 0),)) / 2.0  # a 2-token chunk is 2 pairs
     per_key_s = np.where(table.has_prefill, cost.mixed_decode_attention_s(1),
                          cost.decode_attention_s(1))
-    work = table.prefill_pairs * per_pair_s + table.decode_context_tokens * per_key_s
+    work = (table.prefill_pairs * per_pair_s
+            + np.where(apart, 0.0, table.decode_context_tokens * per_key_s))
     longest, splits = np.zeros(len(table)), np.ones(len(table), dtype=np.int64)
     if table.max_query_len is not None and table.max_seq_len is not None:
+        tokens, seqs, max_seq = table.num_tokens, table.num_seqs, table.max_seq_len
+        if apart.any():
+            chunk_seq = (np.array([max((c + p for c, p in chunks), default=0)
+                                   for chunks in table.prefill_chunks], dtype=np.int64)
+                         if table.prefill_chunks is not None else max_seq)
+            tokens = np.where(apart, table.num_prefill_tokens, tokens)
+            seqs = np.where(apart, table.num_seqs - table.num_decode_tokens, seqs)
+            max_seq = np.where(apart, chunk_seq, max_seq)
         splits = np.where(table.has_prefill, cost.num_splits_array(
-            table.num_tokens, table.num_seqs, table.max_query_len, table.max_seq_len), 1)
-        longest = np.where(table.has_prefill,
-                           cost.longest_program_s(table.max_seq_len, splits), 0.0)
+            tokens, np.maximum(seqs, 1), table.max_query_len, max_seq), 1)
+        longest = np.where(table.has_prefill, cost.longest_program_s(max_seq, splits), 0.0)
     return work, longest, splits
 
 
@@ -271,14 +289,19 @@ def predict_step_times(cost: CostModel, table: StepTable) -> np.ndarray:
     # Prefill attention and decode KV reads are linear in pairs and context tokens.
     attention, longest, splits = attention_terms(cost, table)
     attention = cost.launch_attention_s(attention, longest)
+    apart = runs_apart(cost, table)  # their decode rows read on a launch of their own
+    attention = attention + np.where(apart, table.decode_context_tokens
+                                     * cost.decode_attention_s(1), 0.0)
     split = split_attention(cost, table)  # steps running SPLIT: no Triton launch of their own
     if split is not None:
         runs_split = np.isfinite(split)
         attention = np.where(runs_split, split, attention)
         splits = np.where(runs_split, 1, splits)
+        apart = apart & ~runs_split
     launch = np.where(eager & (tokens > 0),
                       np.where(piecewise, cost.eff.piecewise_launch, cost.eff.eager_launch_s), 0.0)
     launch = launch + np.where(splits > 1, cost.eff.split_launch_s, 0.0)  # CostModel.step's
+    launch = launch + np.where(apart, APART_LAUNCHES * cost.eff.split_launch_s, 0.0)
     device = (_per_unique(padded, cost.linear_s) + _per_unique(padded, cost.allreduce_s)
               + _per_unique(sampled, cost.logits_s) + attention)
     overheads = (cost.eff.step_overhead_s, cost.eff.per_seq_overhead_s * table.num_seqs)

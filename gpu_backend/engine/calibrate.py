@@ -190,7 +190,9 @@ def profile_engine(config: EngineConfig, grid: list[StepShape], seed: int = 0,
              "pool_blocks": num_blocks, "blocks": "scattered" if replay_setup else "side by side",
              "piecewise_sizes": list(pieces.sizes) if pieces is not None else None,
              "piecewise_capture_s": pieces.capture_s if pieces is not None else None,
-             "attention_backend": attention_backend}
+             "attention_backend": attention_backend,
+             # a mixed step's decode rows ran apart from this many keys (0: one launch)
+             "mixed_split_min_keys": config.mixed_split_min_keys}
     return ProfileEngine(config, runner, graphs, m, num_blocks, device, setup,
                          seed if replay_setup else None)
 
@@ -315,7 +317,8 @@ def fit_timed(engine: ProfileEngine, grid: list[StepShape], timed: list[dict],
     token_sizes = engine.setup["piecewise_sizes"] or ()
     outputs = [scheduler_output(shape) for shape in grid]
     cost_args = CostArgs(engine.config.model, engine.config.gpu, 1,
-                         engine.setup["attention_backend"])
+                         engine.setup["attention_backend"],
+                         engine.setup["mixed_split_min_keys"])
     attention = attention_inputs({"attention_measurements": records})
     if attention is not None:
         attention = ([scheduler_output(s) for s in attention[0]], attention[1])

@@ -120,15 +120,10 @@ def engine_summary(engine: GpuEngine, measured: dict, slo: Slo | None = None) ->
 def kernel_flags() -> dict[str, bool | int]:
     """Which engine kernels ran (the env switches of the A/B and fallback runs)."""
     from gpu_backend.engine.setup import fused_layers_enabled
-    from gpu_backend.kernels.attention import (
-        DECODE_SPLIT_PLAN,
-        DECODE_TARGET_WAVES,
-        MIXED_SPLIT,
-    )
+    from gpu_backend.kernels.attention import DECODE_SPLIT_PLAN, DECODE_TARGET_WAVES
 
     return {"fused_layers": fused_layers_enabled(), "decode_split_plan": DECODE_SPLIT_PLAN,
-            "decode_target_waves": DECODE_TARGET_WAVES,
-            "mixed_split": MIXED_SPLIT}
+            "decode_target_waves": DECODE_TARGET_WAVES}
 
 
 def _stats(values: list[float]) -> dict:

@@ -42,7 +42,7 @@ from gpu_backend.engine.runner import DecodeGraphs, ModelRunner
 from gpu_backend.engine.support import check_supported
 from gpu_backend.kernels.split_attention import warm_plans
 from gpu_backend.layers import SPLIT_BACKENDS
-from gpu_backend.model import build_model
+from gpu_backend.model import build_model, set_mixed_split
 from gpu_backend.vmm import ElasticKVPool
 from sim.core.cost_model import piecewise_sizes_for
 from sim.core.elastic import Policy
@@ -80,10 +80,12 @@ def load_model(config: EngineConfig, device: torch.device, seed: int,
     the fused layer kernels off (an A/B switch for the device scripts)."""
     spec = config.model
     max_len = config.memory_config().effective_max_model_len
-    return build_model(spec, device, dtype, qkv_bias=spec.attention_bias,
-                       rope_theta=rope_theta(spec.name), seed=seed,
-                       attention_backend=backend, max_position=max_len,  # type: ignore[arg-type]
-                       fused=fused_layers_enabled())
+    model = build_model(spec, device, dtype, qkv_bias=spec.attention_bias,
+                        rope_theta=rope_theta(spec.name), seed=seed,
+                        attention_backend=backend, max_position=max_len,  # type: ignore[arg-type]
+                        fused=fused_layers_enabled())
+    set_mixed_split(model, config.mixed_split_min_keys)
+    return model
 
 
 def measure_memory(config: EngineConfig, device: torch.device, seed: int, use_graphs: bool,

@@ -45,13 +45,6 @@ SPLIT_TARGET_WAVES = 2  # prefill/mixed launches, when splitting: programs per S
 # A decode plan spreads a step's keys over this many programs per SM (the decode tile fits 4
 # per SM by registers). GPU_BACKEND_DECODE_WAVES overrides it for A/B runs.
 DECODE_TARGET_WAVES = int(os.environ.get("GPU_BACKEND_DECODE_WAVES", "4"))
-# Mixed steps (prefill chunks beside decode rows): GPU_BACKEND_MIXED_SPLIT=1 runs the decode
-# rows with the decode tiles and a plan and the prefill rows apart (two launches per layer, see
-# PagedAttention.prepare). Off by default: on the eager (host-bound) mixed steps the extra
-# launches cost more host time than the GPU saves unless the decode rows are long (measured:
-# a 512-token chunk beside 32 decodes of 2k keys 29.1 -> 19.7 ms, but Azure-conv's small
-# chunks beside ~25 decodes of ~1k keys 18.8 -> 31.3 ms median).
-MIXED_SPLIT = os.environ.get("GPU_BACKEND_MIXED_SPLIT", "0") == "1"
 PLAN_CANDIDATES = 13  # share sizes a plan scores: 1x, 1.25x, ... 4x the smallest
 if not 1 <= DECODE_TARGET_WAVES <= 16:
     raise ValueError(f"GPU_BACKEND_DECODE_WAVES={DECODE_TARGET_WAVES}: use 1..16 programs per SM")

@@ -34,6 +34,7 @@ from gpu_backend.engine.setup import (
     trial_graph_bytes,
 )
 from gpu_backend.engine.support import check_supported
+from gpu_backend.model import set_mixed_split
 from gpu_backend.tp.engine import TpEngine
 from gpu_backend.tp.group import TpGroup
 from gpu_backend.tp.shard import build_tp_model, shard_spec
@@ -79,6 +80,7 @@ def measure_tp_memory(config: EngineConfig, group: TpGroup, seed: int, use_graph
                            rope_theta=rope_theta(spec.name), seed=seed,
                            max_position=config.memory_config().effective_max_model_len,
                            fused=fused_layers_enabled())
+    set_mixed_split(model, config.mixed_split_min_keys)
     torch.cuda.synchronize(device)
     weights = torch.cuda.memory_allocated(device) - allocated0
     peaks = {n: measure_activation_peak(model, shard, n, config.num_seqs, config.block_size,

@@ -7,7 +7,9 @@ with achieved rates = peak x an efficiency. Operators:
                once per step (small steps are weight-bandwidth bound, large ones compute bound)
     attention  prefill chunks: causal FLOPs of a chunk of c tokens on a prefix of p,
                4 x c x (p + c/2) x heads x head_dim per layer; decode: KV bytes read; a
-               decode row beside a chunk: its 128-row tile's FLOPs over its keys (below).
+               decode row beside a chunk: its 128-row tile's FLOPs over its keys (below),
+               or, where the decode rows run apart (EngineConfig.mixed_split_bytes), their
+               reads and two more launches per layer.
                A step that runs SPLIT (attention backends split, auto): its SPLIT
                sequences' padded SDPA products and calls, the rest as the Triton paged
                kernel's prefill, the decode rows as reads (OperatorCosts.split_chunks)
@@ -48,6 +50,7 @@ from sim.core.efficiency import (
     slower,
 )
 from sim.core.launch_shapes import (
+    APART_LAUNCHES,
     ATTENTION_TILE_ROWS,
     MAX_NUM_SPLITS,
     MIN_KEYS_PER_SPLIT,
@@ -67,7 +70,7 @@ if TYPE_CHECKING:
     from sim.core.engine_config import EngineConfig
 
 __all__ = [
-    "ATTENTION_TILE_ROWS", "FIT_PARAMETERS", "HOST_TERMS", "MAX_NUM_SPLITS",
+    "APART_LAUNCHES", "ATTENTION_TILE_ROWS", "FIT_PARAMETERS", "HOST_TERMS", "MAX_NUM_SPLITS",
     "MIN_KEYS_PER_SPLIT", "SERIAL_FRACTIONS", "SPLIT_TARGET_WAVES", "CostArgs", "CostModel",
     "Efficiency", "OperatorCosts", "StepCost", "attention_num_splits", "attention_num_splits_array",
     "efficiency_dict", "host_slower", "padded_batch", "padded_batch_array",
@@ -131,12 +134,14 @@ class CostArgs(NamedTuple):
     gpu: GpuSpec
     tp: int = 1
     attention_backend: str = "triton"
+    mixed_split_min_keys: int = 0  # EngineConfig.mixed_split_min_keys the steps ran with
 
     def cost_model(self, efficiency: Efficiency,
                    token_graph_sizes: Sequence[int] = ()) -> CostModel:
         return CostModel(self.model, self.gpu, self.tp, efficiency,
                          token_graph_sizes=token_graph_sizes,
-                         attention_backend=self.attention_backend)
+                         attention_backend=self.attention_backend,
+                         mixed_split_min_keys=self.mixed_split_min_keys)
 
 
 class CostModel(OperatorCosts):
@@ -164,8 +169,9 @@ class CostModel(OperatorCosts):
     def __init__(self, model: ModelSpec, gpu: GpuSpec, tp: int = 1,
                  efficiency: Efficiency | None = None, graph_sizes: Sequence[int] = (),
                  token_graph_sizes: Sequence[int] = (), attention_backend: str = "triton",
-                 host_hidden: bool = False) -> None:
+                 host_hidden: bool = False, mixed_split_min_keys: int = 0) -> None:
         super().__init__(model, gpu, tp, efficiency, attention_backend)
+        self.mixed_split_min_keys = mixed_split_min_keys
         self.hidden_s = self.eff.host_gap_s if host_hidden else 0.0  # step_total_s's
         self.graph_sizes = tuple(sorted(graph_sizes))
         self.token_graph_sizes = tuple(sorted(token_graph_sizes))
@@ -177,7 +183,8 @@ class CostModel(OperatorCosts):
         graph sizes, its attention backend and whether it schedules asynchronously."""
         return cls(engine.model, engine.gpu, engine.tensor_parallel_size, efficiency,
                    engine.cuda_graph_sizes, engine.piecewise_graph_sizes,
-                   engine.attention_backend, engine.async_scheduling)
+                   engine.attention_backend, engine.async_scheduling,
+                   engine.mixed_split_min_keys)
 
     def decode_rows(self, num_rows: int) -> tuple[int, bool]:
         """(rows computed, eager?) of a decode-only step of `num_rows` rows."""
@@ -227,21 +234,36 @@ class CostModel(OperatorCosts):
         if eager:  # no decode graph: piecewise graphs where a size holds the step, else eager
             rows, launch = self.eager_step(num_tokens)
         split = self.split_chunks(out.prefill_chunks) if out.num_prefill_tokens else None
+        apart = split is None and out.num_prefill_tokens > 0 and self.runs_apart(
+            out.decode_context_tokens)
+        decode = 0.0  # the decode rows' own launch, where they run apart
         if split is not None:  # SPLIT's sequences, the rest on the Triton paths
             attention = self.split_step_attention_s(split, out.decode_context_tokens)
+        elif apart:  # the decode rows read as a decode step's, the chunks launched alone
+            decode = self.decode_attention_s(out.decode_context_tokens)
+            attention = self.prefill_attention_s(out.prefill_chunks)
+            launch += APART_LAUNCHES * self.eff.split_launch_s
         else:
             attention = self.prefill_attention_s(out.prefill_chunks) + (
                 self.mixed_decode_attention_s(out.decode_context_tokens)
                 if out.num_prefill_tokens else self.decode_attention_s(out.decode_context_tokens))
         if split is None and out.num_prefill_tokens and (self.eff.split_launch_s
                                                          or self._program_flops_s):
-            max_query, max_seq = step_extents(out)
-            splits = self.num_splits(num_tokens, len(out.scheduled), max_query, max_seq)
+            if apart:  # the chunks' launch: the prefill rows alone
+                chunks = out.prefill_chunks
+                tokens, seqs = out.num_prefill_tokens, len(chunks)
+                max_query = max(c for c, _ in chunks)
+                max_seq = max(c + p for c, p in chunks)
+            else:
+                tokens, seqs = num_tokens, len(out.scheduled)
+                max_query, max_seq = step_extents(out)
+            splits = self.num_splits(tokens, seqs, max_query, max_seq)
             if splits > 1:
                 launch += self.eff.split_launch_s
             # the launch lasts at least its longest program (Efficiency.attention_program)
             attention = float(self.launch_attention_s(
                 attention, self.longest_program_s(max_seq, splits)))
+        attention += decode
         return StepCost(
             linear_s=self.linear_s(rows), attention_s=attention,
             allreduce_s=self.allreduce_s(rows), logits_s=self.logits_s(sampled),
@@ -249,6 +271,11 @@ class CostModel(OperatorCosts):
             launch_s=launch, launch_serial_fraction=self.eff.launch_serial_fraction,
             hidden_s=self.hidden_s,
         )
+
+    def runs_apart(self, decode_context_tokens: int) -> bool:
+        """Whether a step with prefill tokens on the Triton kernel runs its decode rows apart:
+        they hold `mixed_split_min_keys` keys or more (EngineConfig.mixed_split_bytes)."""
+        return 0 < self.mixed_split_min_keys <= decode_context_tokens
 
     def decode_step_terms(self, batch_size: int) -> tuple[float, float, float, float, float]:
         """(fixed seconds, seconds per context token, launch seconds, launch serial fraction,

@@ -10,7 +10,7 @@ from sim.core.split_shapes import ATTENTION_BACKENDS
 
 RECLAIM_MODES = ("remap", "release")
 _INTS = ("tensor_parallel_size", "max_num_batched_tokens", "max_num_seqs", "max_model_len",
-         "block_size", "vmm_handle_bytes", "hash_block_tokens")
+         "block_size", "vmm_handle_bytes", "hash_block_tokens", "mixed_split_bytes")
 
 
 def check_config(config: Any) -> None:
@@ -53,6 +53,9 @@ def _check_ranges(config: Any) -> None:
         raise ValueError(f"--vmm-handle-mib {config.vmm_handle_bytes / 2**20:g}: give a "
                          f"positive multiple of the {config.gpu.name} VMM granularity "
                          f"({granularity // 2**20} MiB)")
+    if config.mixed_split_bytes < 0:
+        raise ValueError(f"--mixed-split-mib {config.mixed_split_bytes / 2**20:g}: give 0 "
+                         "(never) or more MiB")
     if config.reclaim not in RECLAIM_MODES:
         raise ValueError(f"--reclaim {config.reclaim!r}: give one of {', '.join(RECLAIM_MODES)}")
     if config.attention_backend not in ATTENTION_BACKENDS:

@@ -54,6 +54,22 @@ def attention_num_splits_array(num_tokens: np.ndarray, num_seqs: np.ndarray,
     return np.where(tiles * num_kv_heads < num_sms, splits, 1).astype(np.int64)
 
 
+# A mixed step whose decode rows run apart (EngineConfig.mixed_split_bytes) launches, per
+# layer, their attention and its merge besides the chunks' launch: priced as two launches of
+# a split's merge kernel each (Efficiency.split_launch_s).
+APART_LAUNCHES = 2
+
+
+def mixed_split_min_keys(kv_bytes_per_token: int, num_layers: int, min_bytes: int) -> int:
+    """The fewest keys (context tokens of the decode rows together) at which a step with
+    prefill tokens on the Triton kernel runs its decode rows apart: EngineConfig's
+    mixed_split_bytes of KV per layer and GPU, `kv_bytes_per_token` being one token's over
+    every layer on one GPU. 0: never. The GPU engine and the cost model both decide by it."""
+    if min_bytes <= 0:
+        return 0
+    return max(1, -(-min_bytes * num_layers // kv_bytes_per_token))
+
+
 def step_extents(out: SchedulerOutput) -> tuple[int, int]:
     """(longest query, longest sequence after the step) of one step's scheduled rows."""
     max_query = max_seq = 0

@@ -191,6 +191,7 @@ class EngineOptions:
     piecewise_max_tokens: int | None = None  # ... or up to this cap (sim.core.cost_model.piecewise_sizes_for)
     attention_backend: str = setting_default("attention_backend")
     async_scheduling: bool = setting_default("async_scheduling")
+    mixed_split_mib: int = setting_default("mixed_split_bytes") // MIB
 
 
 @dataclass(frozen=True)
@@ -226,7 +227,7 @@ class Case:
             drain=DrainStrategy.parse(o.drain), vmm_handle_bytes=o.vmm_handle_mib * MIB,
             reclaim=o.reclaim, enable_prefix_caching=o.enable_prefix_caching,
             cuda_graph_sizes=o.cuda_graph_sizes, attention_backend=o.attention_backend,
-            async_scheduling=o.async_scheduling,
+            async_scheduling=o.async_scheduling, mixed_split_bytes=o.mixed_split_mib * MIB,
         )
         if not o.piecewise_graphs:
             return config
@@ -257,6 +258,6 @@ class Case:
             "piecewise_max_tokens": ("none" if o.piecewise_max_tokens is None
                                      else o.piecewise_max_tokens),
             "attention_backend": o.attention_backend, "async_scheduling": o.async_scheduling,
-            "num_replicas": self.num_replicas, "router": self.router,
+            "mixed_split_mib": o.mixed_split_mib, "num_replicas": self.num_replicas, "router": self.router,
             "slo_ttft_s": self.slo.ttft_s, "slo_tpot_s": self.slo.tpot_s,
         }

@@ -39,7 +39,8 @@ OPTION_SETTINGS = {"max_num_seqs": "max_num_seqs",
                    "enable_prefix_caching": "enable_prefix_caching",
                    "cuda_graph_sizes": "cuda_graph_sizes",
                    "attention_backend": "attention_backend",
-                   "async_scheduling": "async_scheduling"}
+                   "async_scheduling": "async_scheduling",
+                   "mixed_split_mib": "mixed_split_bytes"}
 PIECEWISE_KEYS = {"piecewise_graphs": BOOL, "piecewise_max_tokens": optional(INT)}
 _SETTINGS = {f.name: setting_of(f) for f in fields(EngineConfig)}
 
@@ -95,7 +96,8 @@ def engine_options(settings: Mapping[str, Any], piecewise_graphs: bool = False,
         reclaim=get("reclaim"), enable_prefix_caching=get("enable_prefix_caching"),
         cuda_graph_sizes=get("cuda_graph_sizes"), piecewise_graphs=piecewise_graphs,
         piecewise_max_tokens=piecewise_max_tokens,
-        attention_backend=get("attention_backend"), async_scheduling=get("async_scheduling"))
+        attention_backend=get("attention_backend"), async_scheduling=get("async_scheduling"),
+        mixed_split_mib=get("mixed_split_bytes") // MIB)
 
 
 def load_sweep(path: Path) -> SweepSpec:

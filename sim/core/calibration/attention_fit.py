@@ -100,5 +100,8 @@ def attention_start(cost_args: CostArgs,
     given."""
     if attention is None:
         return start, hold, None
-    fitted, error = fit_attention_terms(cost_args, *attention, start=start, hold=hold)
+    # each launch was timed alone as one launch (attention_profile.launch_ms), decode rows
+    # and chunks together, whatever the engine's mixed steps run
+    single = cost_args._replace(mixed_split_min_keys=0)
+    fitted, error = fit_attention_terms(single, *attention, start=start, hold=hold)
     return fitted, (*hold, *ATTENTION_PARAMETERS), error

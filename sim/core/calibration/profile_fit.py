@@ -114,8 +114,11 @@ def refit_profile(data: dict, outputs: Sequence[SchedulerOutput],
     """
     bandwidth = copy_bandwidth_bytes_s or data.get("copy_bandwidth_bytes_s")
     times = np.array([m["measured_s"] for m in data["measurements"]])
+    # the grid's mixed steps ran their decode rows apart from this many keys (a profile
+    # without the record ran one launch: 0)
+    apart = int((data.get("setup") or {}).get("mixed_split_min_keys") or 0)
     cost_args = CostArgs(get_model(data["model"]), get_gpu(data["gpu_preset"]), 1,
-                         data.get("attention_backend", TRITON_ATTENTION))
+                         data.get("attention_backend", TRITON_ATTENTION), apart)
     token_sizes = data.get("piecewise_sizes") or ()
     start, provenance = Efficiency(), {}
     hold: tuple[str, ...] = ()
