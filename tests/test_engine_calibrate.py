@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 import torch
 from test_engine_helpers import TINY, toy_config, toy_core
 
-from gpu_backend.engine.calibrate import time_step
+from gpu_backend.engine.calibrate import time_step, time_step_ahead
 from gpu_backend.engine.memory import (
     MemoryMeasurement,
     dummy_batch,
@@ -320,6 +321,47 @@ def test_time_step_reports_the_median_of_each_phase():
     assert runner.calls == 7
     assert timing["enqueue_s"] == 3 and timing["device_s"] == 30
     assert timing["measured_s"] >= timing["build_s"] >= 0
+
+
+class AheadRunner:
+    """Launches steps that end on a scripted device: each runs `device_s` once the step before
+    it has ended and its own launch is done (`launch_s` of host time after the launch before),
+    as a stream of steps launched ahead runs on one GPU."""
+
+    def __init__(self, launch_s: float, device_s: float) -> None:
+        self.launch_s, self.device_s = launch_s, device_s
+        self.host_t = self.device_t = 0.0
+        self.launches = 0
+
+    def launch(self, batch):
+        runner = self
+        self.launches += 1
+        self.host_t += self.launch_s
+        start = max(self.host_t, self.device_t)
+        self.device_t = start + self.device_s
+
+        class Launched:
+            done_t = None
+            phases = StepPhases()
+
+            def collect(self, end=self.device_t, span=self.device_t - start):
+                runner.host_t = max(runner.host_t, end)  # the host waits for the step
+                self.done_t, self.phases = end, StepPhases(math.nan, span)
+
+        return Launched()
+
+
+def test_time_step_ahead_reports_the_period_of_a_stream_of_steps():
+    # device-bound: 10 ms steps launched in 4 ms each run back to back, every 10 ms
+    runner = AheadRunner(launch_s=0.004, device_s=0.010)
+    timing = time_step_ahead(runner, lambda: None, warmup=2, repeat=5)
+    assert runner.launches == 8  # 2 warm-ups, 5 timed, one more launched behind the last
+    assert timing["ahead_s"] == pytest.approx(0.010)
+    assert timing["ahead_device_s"] == pytest.approx(0.010)
+    # host-bound: the launch (12 ms) sets the period; the device idles between steps
+    runner = AheadRunner(launch_s=0.012, device_s=0.010)
+    timing = time_step_ahead(runner, lambda: None, warmup=2, repeat=5)
+    assert timing["ahead_s"] == pytest.approx(0.012)
 
 
 def test_split_launch_is_fitted_where_the_grid_splits_and_held_where_it_barely_does():

@@ -86,6 +86,31 @@ def time_step(runner, build, warmup: int, repeat: int) -> dict[str, float]:
             for name, values in zip(("measured_s", "build_s", "enqueue_s", "device_s"), columns)}
 
 
+def time_step_ahead(runner, build, warmup: int, repeat: int) -> dict[str, float]:
+    """The step launched back to back, as async scheduling runs a stream of them: each one
+    built and launched (`runner.launch`) before the one before it is collected. `ahead_s`:
+    the median time between consecutive steps' ends on the device (the period of the
+    stream, the host's build and launch hidden where the device is the longer);
+    `ahead_device_s`: the median device span of those steps, which holds no wait for the
+    host where the launches ran ahead of the device (seconds; NaN where the runner reports
+    no end times, as on the CPU). `warmup` steps are launched first and not counted."""
+    ends: list[float] = []
+    spans: list[float] = []
+    launched = None
+    for index in range(warmup + repeat + 1):
+        step = runner.launch(build())
+        if launched is not None:
+            launched.collect()
+            if index > warmup:  # the steps after the warm-up, each ended before `step`'s
+                ends.append(math.nan if launched.done_t is None else launched.done_t)
+                spans.append(launched.phases.device_s)
+        launched = step
+    launched.collect()
+    periods = [b - a for a, b in zip(ends, ends[1:])]
+    return {"ahead_s": statistics.median(periods) if periods else math.nan,
+            "ahead_device_s": statistics.median(spans) if spans else math.nan}
+
+
 def measure_grid(shapes: list[StepShape], measure: Callable[[StepShape], dict[str, float]],
                  passes: int = 2) -> list[dict]:
     """`measure(shape)` of every shape, `passes` times, every other pass in reverse order: a
@@ -251,6 +276,7 @@ def time_profile(engine: ProfileEngine, grid: list[StepShape], warmup: int, repe
         host = probe()  # the host's speed next to this point (hostprobe)
         build = partial(mirror.build, out, engine.num_blocks)  # blocks laid over the pool
         return {**time_step(engine.runner, build, warmup, repeat),
+                **time_step_ahead(engine.runner, build, warmup, repeat),
                 "host_probe_s": host}
 
     timed = measure_grid(grid, measure, passes)

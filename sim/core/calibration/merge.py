@@ -12,7 +12,8 @@ import statistics
 
 import numpy as np
 
-TIMING_KEYS = ("measured_s", "build_s", "enqueue_s", "device_s", "host_probe_s")
+TIMING_KEYS = ("measured_s", "build_s", "enqueue_s", "device_s", "host_probe_s", "ahead_s",
+               "ahead_device_s")
 # a profile's timed records: whole steps, and the attention of those with prefill tokens
 MERGED_RECORDS = ("measurements", "attention_measurements")
 SAME_SETUP_KEYS = ("model", "gpu_preset", "piecewise_sizes")
