@@ -22,7 +22,7 @@ from validation.cli import main
 from validation.pipeline import validate
 from validation.runs import TraceSlice, find_runs, load_run
 from validation.simside import simulate_logged
-from validation.steps import attention_terms, predict_step_times
+from validation.steps import apart_steps, attention_terms, predict_step_times, step_classes
 from validation.synthetic import write_calibration_json, write_gpu_style_run
 
 LLAMA_8B, H200 = get_model("llama-3.1-8b"), get_gpu("h200")
@@ -117,6 +117,11 @@ def test_step_prediction_equals_the_simulators_step_times_with_decode_rows_apart
                                     table)
     assert not np.allclose(one_launch[apart], table.duration_s[apart])
     np.testing.assert_allclose(one_launch[~mixed], table.duration_s[~mixed], rtol=1e-9)
+    marked = apart_steps(cost, table)  # the reports' class of their own
+    np.testing.assert_array_equal(marked, apart)
+    classes = {row["class"]: row["count"] for row in step_classes(table.duration_s, table, marked)}
+    assert classes["mixed, decode rows apart"] == apart.sum()
+    assert sum(n for name, n in classes.items() if name.startswith("mixed")) == mixed.sum()
 
 
 def test_step_prediction_equals_the_simulators_async_step_times():

@@ -56,9 +56,10 @@ def tpot_p50(steps: StepTable, windows: tuple[np.ndarray, ...],
 
 
 def tpot_attribution(steps: StepTable, requests: dict[str, np.ndarray] | None,
-                     predicted_s: np.ndarray) -> dict | None:
+                     predicted_s: np.ndarray, apart: np.ndarray | None = None) -> dict | None:
     """TPOT p50 measured; with every step at the model's time; and with one class of step at
-    the model's time, the rest measured, per class (error relative to the measured p50)."""
+    the model's time, the rest measured, per class (error relative to the measured p50;
+    `apart`: the mixed steps whose decode rows ran apart, a class of their own)."""
     if requests is None:
         return None
     windows = request_windows(steps, requests)
@@ -74,4 +75,5 @@ def tpot_attribution(steps: StepTable, requests: dict[str, np.ndarray] | None,
     every = np.ones(len(steps), dtype=bool)
     return {"num_requests": int(windows[0].size),
             "measured_p50_s": measured, "all_steps_error": error(every),
-            "by_class": {name: error(mask) for name, mask in class_masks(steps) if mask.any()}}
+            "by_class": {name: error(mask) for name, mask in class_masks(steps, apart)
+                         if mask.any()}}

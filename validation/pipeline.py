@@ -34,6 +34,7 @@ from validation.runs import GpuRun, TraceSlice, engine_config, trace_slice
 from validation.simside import simulate_logged
 from validation.steps import (
     StepTable,
+    apart_steps,
     error_stats,
     predict_step_times,
     relative_errors,
@@ -112,6 +113,7 @@ def compare_run(gpu: GpuRun, efficiency: Efficiency | None, profile: ActivationP
     measured = metric_values(gpu.summary, gpu.measured_kv_capacity_tokens())
     cost = CostModel.for_engine(config, efficiency)
     step_predicted = predict_step_times(cost, gpu.steps)
+    apart = apart_steps(cost, gpu.steps)  # mixed steps whose decode rows ran apart
     sim_steps = recorder.table()
     moved = host_moved = None
     if sensitivity:
@@ -128,8 +130,8 @@ def compare_run(gpu: GpuRun, efficiency: Efficiency | None, profile: ActivationP
         gpu=gpu, sim=result, sim_steps=sim_steps, trace_slice=ts, arrival_s=trace.arrival_s,
         metrics=compare_metrics(predicted, measured), step_predicted_s=step_predicted,
         step_error=step_error_breakdown(step_predicted, gpu.steps),
-        step_classes=step_classes(step_predicted, gpu.steps),
-        tpot_attribution=tpot_attribution(gpu.steps, gpu.requests, step_predicted),
+        step_classes=step_classes(step_predicted, gpu.steps, apart),
+        tpot_attribution=tpot_attribution(gpu.steps, gpu.requests, step_predicted, apart),
         divergence=find_divergence(sim_steps, gpu.steps, trace.arrival_s), sensitivity=moved,
         host_sensitivity=host_moved,
     )

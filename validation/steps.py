@@ -340,28 +340,46 @@ def error_stats(rel_err: np.ndarray) -> dict[str, float | int | None]:
 SMALL_CHUNK_TOKENS = 512
 
 
-def class_masks(t: StepTable) -> list[tuple[str, np.ndarray]]:
+def class_masks(t: StepTable, apart: np.ndarray | None = None) -> list[tuple[str, np.ndarray]]:
+    """The step classes the reports break errors down by. `apart`: the mixed steps that ran
+    their decode rows apart (`apart_steps`), a class of their own; None: no step did."""
     ran, pre, seqs = t.num_tokens > 0, t.has_prefill, t.num_decode_tokens
     decode = ran & ~pre
     mixed = pre & (t.num_decode_tokens > 0)
+    apart = np.zeros(len(t), dtype=bool) if apart is None else mixed & apart
+    one_launch = mixed & ~apart
     return [
         ("decode, 1-8 sequences", decode & (seqs <= 8)),
         ("decode, 9-32 sequences", decode & (seqs > 8) & (seqs <= 32)),
         ("decode, 33+ sequences", decode & (seqs > 32)),
         ("prefill only", pre & (t.num_decode_tokens == 0)),
         (f"mixed, chunk <= {SMALL_CHUNK_TOKENS} tokens",
-         mixed & (t.num_prefill_tokens <= SMALL_CHUNK_TOKENS)),
+         one_launch & (t.num_prefill_tokens <= SMALL_CHUNK_TOKENS)),
         (f"mixed, chunk > {SMALL_CHUNK_TOKENS} tokens",
-         mixed & (t.num_prefill_tokens > SMALL_CHUNK_TOKENS)),
+         one_launch & (t.num_prefill_tokens > SMALL_CHUNK_TOKENS)),
+        ("mixed, decode rows apart", apart),
     ]
 
 
-def step_classes(predicted: np.ndarray, measured: StepTable) -> list[dict]:
+def apart_steps(cost: CostModel, table: StepTable) -> np.ndarray:
+    """Per step, whether it ran its decode rows apart from its chunks: `runs_apart`, less the
+    steps that run SPLIT (whose decode rows are read on SPLIT's own path)."""
+    apart = runs_apart(cost, table)
+    if apart.any():
+        split = split_attention(cost, table)
+        if split is not None:
+            apart &= ~np.isfinite(split)
+    return apart
+
+
+def step_classes(predicted: np.ndarray, measured: StepTable,
+                 apart: np.ndarray | None = None) -> list[dict]:
     """Where the time and the error sit: per class of step (decode by batch size, prefill
-    only, mixed by chunk size), the count, measured and predicted seconds in all, the error
-    of the sum and the median step error. Classes with no step are left out."""
+    only, mixed by chunk size, mixed with the decode rows apart where `apart` marks some),
+    the count, measured and predicted seconds in all, the error of the sum and the median
+    step error. Classes with no step are left out."""
     rows = []
-    for name, mask in class_masks(measured):
+    for name, mask in class_masks(measured, apart):
         if not mask.any():
             continue
         m, p = measured.duration_s[mask], np.asarray(predicted)[mask]
