@@ -167,7 +167,8 @@ def test_each_slice_command_parses_with_the_current_flags():
 # The settings a slice's command must reproduce: those a replay's config records beside the
 # policy, the chunk and the graph sizes (which the engine captures for itself).
 PINNED = ("max_model_len", "enable_prefix_caching", "drain", "reclaim", "max_num_seqs",
-          "gpu_memory_utilization", "block_size", "vmm_handle_bytes", "tensor_parallel_size")
+          "gpu_memory_utilization", "block_size", "vmm_handle_bytes", "tensor_parallel_size",
+          "attention_backend", "async_scheduling", "mixed_split_bytes")
 
 
 def test_each_slice_command_reproduces_its_runs_configuration():
