@@ -312,6 +312,10 @@ def test_yaml_engine_settings_left_out_take_the_engine_configs_defaults(tmp_path
     engine = case.engine()
     default = EngineConfig()
     assert engine.vmm_handle_bytes == 256 * 2**20 and engine.chunk_tokens == 8192
+    assert engine.mixed_split_bytes == 128 * 2**20  # left out: the default, in MiB
+    for mib in (0, 256):  # MiB in the file, bytes in the engine; 0: every step one launch
+        path.write_text(f"grid: {{trace: azure-conv}}\nengine: {{mixed_split_mib: {mib}}}")
+        assert load_sweep(path).cases()[0].engine().mixed_split_bytes == mib * 2**20
     assert (engine.enable_prefix_caching, engine.reclaim, engine.drain, engine.max_num_seqs) == (
         default.enable_prefix_caching, default.reclaim, default.drain, default.max_num_seqs)
 

@@ -152,11 +152,12 @@ def options_from_yaml(data: dict) -> EngineOptions:
     _check_keys("engine", data, (*OPTION_SETTINGS, *PIECEWISE_KEYS))
     settings = {}
     for key, name in OPTION_SETTINGS.items():
-        if key in data:
-            decode = (COUNT.decode if key == "vmm_handle_mib" else _SETTINGS[name].codec.decode)
+        if key in data:  # the keys in MiB: whole MiB here, bytes in EngineConfig
+            decode = ((COUNT if key == "vmm_handle_mib" else INT).decode
+                      if key.endswith("_mib") else _SETTINGS[name].codec.decode)
             settings[name] = _read(data, key, decode, "engine", None)
-    if "vmm_handle_bytes" in settings:
-        settings["vmm_handle_bytes"] *= MIB
+            if key.endswith("_mib"):
+                settings[name] *= MIB
     piecewise = {k: _read(data, k, codec.decode, "engine", None)
                  for k, codec in PIECEWISE_KEYS.items() if k in data}
     return engine_options(settings, **piecewise)
