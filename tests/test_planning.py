@@ -398,8 +398,9 @@ def test_a_sweep_on_the_auto_attention_backend_prices_it_with_its_calibration(tm
 
 
 def test_plan_map_runs_every_case_with_the_drain_and_scheduling_given(tmp_path, capsys):
-    """--drain and --async-scheduling reach each case of the map (its runs table names them)
-    and its title; left out, the cases run EngineConfig's defaults (migrate, async)."""
+    """--drain, --async-scheduling and --mixed-split-mib reach each case of the map (its runs
+    table names them) and its title; left out, the cases run EngineConfig's defaults
+    (migrate, async, 128 MiB)."""
     import csv
 
     from sim.planning.cli import main
@@ -413,8 +414,10 @@ def test_plan_map_runs_every_case_with_the_drain_and_scheduling_given(tmp_path, 
             return list(csv.DictReader(f)), " ".join(capsys.readouterr().out.split())
 
     rows, title = runs()
-    assert {(r["drain"], r["async_scheduling"]) for r in rows} == {("migrate", "True")}
-    assert "migrate drain, async scheduling" in title
-    rows, title = runs("--drain", "preempt", "--no-async-scheduling")
-    assert {(r["drain"], r["async_scheduling"]) for r in rows} == {("preempt", "False")}
-    assert "preempt drain, synchronous scheduling" in title
+    assert {(r["drain"], r["async_scheduling"], r["mixed_split_mib"]) for r in rows} == {
+        ("migrate", "True", "128")}
+    assert "migrate drain, async scheduling, mixed split from 128 MiB" in title
+    rows, title = runs("--drain", "preempt", "--no-async-scheduling", "--mixed-split-mib", "0")
+    assert {(r["drain"], r["async_scheduling"], r["mixed_split_mib"]) for r in rows} == {
+        ("preempt", "False", "0")}
+    assert "preempt drain, synchronous scheduling, mixed split off" in title

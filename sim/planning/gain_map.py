@@ -57,6 +57,7 @@ class MapQuery:
     # engine settings every case of the map runs with (EngineConfig's defaults)
     drain: str = EngineOptions.drain
     async_scheduling: bool = EngineOptions.async_scheduling
+    mixed_split_mib: int = EngineOptions.mixed_split_mib
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,8 @@ def cell_cases(query: MapQuery, model: str, prompt_tokens: int, tp: int) -> list
     if _longest(prompt_tokens) > get_model(model).max_position_embeddings:
         return []
     options = EngineOptions(max_model_len=_longest(prompt_tokens), drain=query.drain,
-                            async_scheduling=query.async_scheduling)
+                            async_scheduling=query.async_scheduling,
+                            mixed_split_mib=query.mixed_split_mib)
     probe = [Case(model, query.gpu, tp, c, "static", _trace(query, prompt_tokens, 1.0), 1.0,
                   options) for c in query.chunks]
     fitting = [c for c in probe if fit_error(c) is None]

@@ -16,6 +16,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from sim.core.catalog import MIB
 from sim.core.config_flags import CommandParser, add_engine_flags, positive_float, positive_int
 from sim.core.engine_config import DEFAULT_GPU
 from sim.planning import gain_map, report, reserve
@@ -48,7 +49,8 @@ def map_main(argv: list[str]) -> int:
         chunks=tuple(parse_int_list(args.chunks, "--chunks")), num_requests=args.num_requests,
         load=args.load, pays_pct=args.pays_pct, slo=Slo(args.slo_ttft, args.slo_tpot),
         seed=args.seed, drain=_drain(args, d.drain),
-        async_scheduling=getattr(args, "async_scheduling", d.async_scheduling))
+        async_scheduling=getattr(args, "async_scheduling", d.async_scheduling),
+        mixed_split_mib=_mixed_split_mib(args, d.mixed_split_mib))
     gain_map.check_names(query)
     folder = claim_out(args, MAP_FILES)
     finished: list[gain_map.FinishedCell] = []
@@ -69,6 +71,11 @@ def map_main(argv: list[str]) -> int:
     except KeyboardInterrupt:
         return _map_stopped(args.out, folder, finished, gain_map.num_cells(query))
     return 0
+
+
+def _mixed_split_mib(args: argparse.Namespace, default: int) -> int:
+    num_bytes = getattr(args, "mixed_split_bytes", None)  # the flag gives bytes
+    return default if num_bytes is None else num_bytes // MIB
 
 
 def _drain(args: argparse.Namespace, default: str) -> str:
@@ -101,7 +108,8 @@ def _map_parser(d: gain_map.MapQuery) -> CommandParser:
         description="Elastic's goodput gain over the best static chunk across models x prompt "
                     "lengths x TP degrees, on small synthetic traces that stress the KV pool. "
                     "Stopped with Ctrl-C, it keeps the tables of the cells that ended in --out.")
-    add_engine_flags(parser, include=("gpu", "drain", "async_scheduling"), keep_text=("gpu",),
+    add_engine_flags(parser, include=("gpu", "drain", "async_scheduling", "mixed_split_bytes"),
+                     keep_text=("gpu",),
                      config_file=False)
     g = parser.add_argument_group("map")
     g.add_argument("--models", default=",".join(d.models),

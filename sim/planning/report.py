@@ -117,10 +117,15 @@ def kept_files(out: Path | None, patterns: Sequence[str]) -> list[str]:
                   and any(fnmatch.fnmatch(p.name, pattern) for pattern in patterns))
 
 
+def _mib(mib: int) -> str:
+    return f"from {mib} MiB" if mib else "off"
+
+
 def print_map(cells: Sequence[Cell], query: MapQuery, console: Console | None = None) -> None:
     console = console or Console(width=max(Console().width, 140))
     engine = (f"{query.drain} drain, "
-              f"{'async' if query.async_scheduling else 'synchronous'} scheduling")
+              f"{'async' if query.async_scheduling else 'synchronous'} scheduling, "
+              f"mixed split {_mib(query.mixed_split_mib)}")
     for tp in query.tps:
         table = Table(title=f"elastic goodput gain over best static, %, {query.gpu}, TP {tp}, "
                             f"{engine} (* pays: >= {query.pays_pct:g}%)")
