@@ -256,6 +256,10 @@ def test_quick_profile_in_two_passes(flags, tmp_path):
     assert data["passes"] == 2
     assert all(len(m["passes_measured_s"]) == 2 and m["measured_s"] > 0
                for m in data["measurements"])
+    # launched back to back, a step's period is at most its time alone (the host's build and
+    # launch hide behind the device, or the device waits for them as it does alone)
+    assert all(0 < m["ahead_s"] <= 1.2 * m["measured_s"] and m["ahead_device_s"] > 0
+               for m in data["measurements"])
     assert bool(data["piecewise_sizes"]) == ("--piecewise-graphs" in flags)
     attention = data["attention_measurements"]
     if "--no-attention-profile" in flags:
