@@ -219,7 +219,7 @@ def runs_apart(cost: CostModel, table: StepTable) -> np.ndarray:
     """Per step, whether its decode rows run apart from its chunks (CostModel.runs_apart):
     a step with prefill tokens whose decode rows hold mixed_split_min_keys keys or more."""
     least = cost.mixed_split_min_keys
-    return table.has_prefill & (least > 0) & (table.decode_context_tokens >= max(least, 1))
+    return table.has_prefill & (least > 0) & (table.decode_context_tokens >= least)
 
 
 def attention_terms(cost: CostModel, table: StepTable
@@ -241,12 +241,12 @@ def attention_terms(cost: CostModel, table: StepTable
     if table.max_query_len is not None and table.max_seq_len is not None:
         tokens, seqs, max_seq = table.num_tokens, table.num_seqs, table.max_seq_len
         if apart.any():
-            chunk_seq = (np.array([max((c + p for c, p in chunks), default=0)
-                                   for chunks in table.prefill_chunks], dtype=np.int64)
-                         if table.prefill_chunks is not None else max_seq)
             tokens = np.where(apart, table.num_prefill_tokens, tokens)
             seqs = np.where(apart, table.num_seqs - table.num_decode_tokens, seqs)
-            max_seq = np.where(apart, chunk_seq, max_seq)
+            if table.prefill_chunks is not None:  # the longest prefill row, where apart
+                max_seq = max_seq.copy()
+                max_seq[apart] = [max(c + p for c, p in chunks)
+                                  for chunks in table.prefill_chunks[apart]]
         splits = np.where(table.has_prefill, cost.num_splits_array(
             tokens, np.maximum(seqs, 1), table.max_query_len, max_seq), 1)
         longest = np.where(table.has_prefill, cost.longest_program_s(max_seq, splits), 0.0)
@@ -289,15 +289,14 @@ def predict_step_times(cost: CostModel, table: StepTable) -> np.ndarray:
     # Prefill attention and decode KV reads are linear in pairs and context tokens.
     attention, longest, splits = attention_terms(cost, table)
     attention = cost.launch_attention_s(attention, longest)
-    apart = runs_apart(cost, table)  # their decode rows read on a launch of their own
+    split = split_attention(cost, table)  # steps running SPLIT: no Triton launch of their own
+    apart = _not_split(runs_apart(cost, table), split)  # decode rows read on their own launch
     attention = attention + np.where(apart, table.decode_context_tokens
                                      * cost.decode_attention_s(1), 0.0)
-    split = split_attention(cost, table)  # steps running SPLIT: no Triton launch of their own
     if split is not None:
         runs_split = np.isfinite(split)
         attention = np.where(runs_split, split, attention)
         splits = np.where(runs_split, 1, splits)
-        apart = apart & ~runs_split
     launch = np.where(eager & (tokens > 0),
                       np.where(piecewise, cost.eff.piecewise_launch, cost.eff.eager_launch_s), 0.0)
     launch = launch + np.where(splits > 1, cost.eff.split_launch_s, 0.0)  # CostModel.step's
@@ -365,11 +364,12 @@ def apart_steps(cost: CostModel, table: StepTable) -> np.ndarray:
     """Per step, whether it ran its decode rows apart from its chunks: `runs_apart`, less the
     steps that run SPLIT (whose decode rows are read on SPLIT's own path)."""
     apart = runs_apart(cost, table)
-    if apart.any():
-        split = split_attention(cost, table)
-        if split is not None:
-            apart &= ~np.isfinite(split)
-    return apart
+    return _not_split(apart, split_attention(cost, table)) if apart.any() else apart
+
+
+def _not_split(apart: np.ndarray, split: np.ndarray | None) -> np.ndarray:
+    """`apart` less the steps that run SPLIT (`split_attention` finite there)."""
+    return apart if split is None else apart & ~np.isfinite(split)
 
 
 def step_classes(predicted: np.ndarray, measured: StepTable,

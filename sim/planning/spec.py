@@ -42,6 +42,8 @@ OPTION_SETTINGS = {"max_num_seqs": "max_num_seqs",
                    "async_scheduling": "async_scheduling",
                    "mixed_split_mib": "mixed_split_bytes"}
 PIECEWISE_KEYS = {"piecewise_graphs": BOOL, "piecewise_max_tokens": optional(INT)}
+# the `engine:` keys given in whole MiB (EngineConfig holds bytes), and what each accepts
+MIB_KEYS = {"vmm_handle_mib": COUNT, "mixed_split_mib": INT}
 _SETTINGS = {f.name: setting_of(f) for f in fields(EngineConfig)}
 
 
@@ -152,11 +154,10 @@ def options_from_yaml(data: dict) -> EngineOptions:
     _check_keys("engine", data, (*OPTION_SETTINGS, *PIECEWISE_KEYS))
     settings = {}
     for key, name in OPTION_SETTINGS.items():
-        if key in data:  # the keys in MiB: whole MiB here, bytes in EngineConfig
-            decode = ((COUNT if key == "vmm_handle_mib" else INT).decode
-                      if key.endswith("_mib") else _SETTINGS[name].codec.decode)
-            settings[name] = _read(data, key, decode, "engine", None)
-            if key.endswith("_mib"):
+        if key in data:
+            codec = MIB_KEYS.get(key, _SETTINGS[name].codec)
+            settings[name] = _read(data, key, codec.decode, "engine", None)
+            if key in MIB_KEYS:
                 settings[name] *= MIB
     piecewise = {k: _read(data, k, codec.decode, "engine", None)
                  for k, codec in PIECEWISE_KEYS.items() if k in data}
