@@ -55,7 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     cost = CostModel(get_model(result["model"]), get_gpu(calibration.provenance.gpu_preset
                                                           or "h200"),
                      1, calibration.efficiency, attention_backend=args.attention_backend,
-                     host_hidden=args.async_scheduling)
+                     host_hidden=args.async_scheduling,
+                     # the split the curve ran with; a result without it ran one launch
+                     mixed_split_min_keys=result.get("mixed_split_min_keys", 0))
     rows = result[key]
     print(f"{args.result.name} {key}, priced with {args.calibration}")
     print(f"{'prompt':>7} {'decodes':>7} {'chunk':>6} {'measured s':>11} {'model s':>9} "

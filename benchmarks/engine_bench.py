@@ -33,6 +33,9 @@ Run from the repository root on the GPU machine (under ~3 minutes for Llama-3.1-
    the engine runs them under async scheduling, each step launched before the one before it
    is collected (`ModelRunner.launch`), so the host's work between steps overlaps the
    device's; under `decode_async`, `chunk_curve_async`, ... (and their chunk penalties).
+8. with `--mixed-split-mib N`: the engine's mixed split at N MiB (0: every mixed step one
+   launch); by default the engine's, under which the 64 decodes of 1k run apart from the
+   chunks. The result records the threshold in keys (`mixed_split_min_keys`).
 Steps are timed as the engine times them: host arrays -> device -> forward -> ids on host.
 """
 
@@ -75,6 +78,7 @@ from gpu_backend.kernels.split_attention import SplitShapes, warm_plans  # noqa:
 from gpu_backend.layers import SPLIT_BACKENDS  # noqa: E402
 from gpu_backend.model import set_attention_backend, set_fused  # noqa: E402
 from sim.core.catalog import get_gpu, get_model  # noqa: E402
+from sim.core.elastic import MIB  # noqa: E402
 from sim.core.engine_config import EngineConfig  # noqa: E402
 
 CHUNKS = (512, 1024, 2048, 4096, 8192, 16384)
@@ -398,6 +402,10 @@ def main() -> None:
                         help="also time the decode step and the chunk-size curves with each "
                              "step launched before the one before it is collected, as the "
                              "engine runs under async scheduling")
+    parser.add_argument("--mixed-split-mib", type=int, default=None, metavar="MIB",
+                        help="decode rows' KV per layer (MiB) from which a mixed step runs them "
+                             "apart from its chunks, as the engine's flag of that name; 0: one "
+                             "launch (default: the engine's, 128)")
     parser.add_argument("--blas", choices=("default", "cublaslt"), default="default",
                         help="torch's BLAS library for every matmul (torch.backends.cuda."
                              "preferred_blas_library), set before anything runs")
@@ -409,6 +417,8 @@ def main() -> None:
         suffix = (*suffix, "async")
     if args.blas != "default":
         suffix = (*suffix, args.blas)
+    if args.mixed_split_mib is not None:
+        suffix = (*suffix, f"mixed-split-{args.mixed_split_mib}mib")
     if not torch.cuda.is_available():
         sys.exit("engine_bench needs a CUDA GPU")
     if args.blas != "default":
@@ -431,7 +441,9 @@ def main() -> None:
         if chunks[0] < 1:
             sys.exit("engine_bench: --chunks: every chunk size must be at least 1")
     max_len = min(max(prompts) + bs, context)
-    config = EngineConfig(spec, get_gpu(args.gpu), max_model_len=max_len, block_size=bs)
+    split = ({} if args.mixed_split_mib is None
+             else {"mixed_split_bytes": args.mixed_split_mib * MIB})
+    config = EngineConfig(spec, get_gpu(args.gpu), max_model_len=max_len, block_size=bs, **split)
     bandwidth, matmul_peak = copy_bandwidth_bytes_s(), matmul_flops_s()
     allocated = torch.cuda.memory_allocated()
     model = load_model(config, torch.device("cuda"), seed=0, backend=backends[0])
@@ -444,7 +456,7 @@ def main() -> None:
     graphs.capture()
     runner = ModelRunner(model, caches, torch.device("cuda"), graphs)
     res = {"env": device_environment(), "model": spec.name, "attention_backends": list(backends),
-           "blas": args.blas,
+           "blas": args.blas, "mixed_split_min_keys": config.mixed_split_min_keys,
            "cudnn_sdpa_avoid_recompile": os.environ.get("TORCH_CUDNN_SDPA_AVOID_RECOMPILE"),
            "copy_bandwidth_bytes_s": bandwidth, "matmul_flops_s": matmul_peak,
            "weights_bytes": weights_bytes,
