@@ -3,25 +3,13 @@ out its grid, and their list schedule."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("attention_schedule",
-                                                  ROOT / "benchmarks" / "attention_schedule.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load()
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import attention_schedule as bench  # noqa: E402
 
 
 def test_a_fresh_prompt_gives_one_program_per_tile_and_head():
