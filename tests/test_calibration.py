@@ -378,7 +378,8 @@ def test_a_file_without_the_host_gap_takes_it_from_its_own_grid(tmp_path):
     import statistics
 
     shipped = json.loads((SHIPPED_DIR / "h200" / "llama-3.1-8b.json").read_text())
-    assert "host_gap_s" not in shipped["efficiency"]
+    # as a profile written before the host gap was stored: the grid without the key
+    shipped["efficiency"].pop("host_gap_s", None)
     gaps = [m["measured_s"] - m["device_s"] for m in shipped["measurements"]]
     loaded = load_calibration(write(tmp_path / "c.json", shipped))
     assert loaded.efficiency.host_gap_s == pytest.approx(statistics.median(gaps))
