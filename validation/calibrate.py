@@ -127,7 +127,7 @@ def fit_efficiency(model: ModelSpec, gpu: GpuSpec, tp: int, fit: StepTable,
                    graph_sizes: Sequence[int] = (),
                    token_graph_sizes: Sequence[int] = (),
                    attention_backend: str = TRITON_ATTENTION,
-                mixed_split_min_keys: int = 0) -> tuple[Efficiency, bool, str]:
+                   mixed_split_min_keys: int = 0) -> tuple[Efficiency, bool, str]:
     """Least-squares efficiencies for the steps in `fit` (relative error, soft-L1 loss).
     `free`: the FIT_PARAMETERS to fit (default all); the others keep `initial`'s values.
     `graph_sizes`, `token_graph_sizes`, `attention_backend`: the engine's decode and piecewise
@@ -180,7 +180,7 @@ def calibrate(model: ModelSpec, gpu: GpuSpec, tp: int, fit: StepTable, holdout: 
               free: Collection[str] | None = None, graph_sizes: Sequence[int] = (),
               token_graph_sizes: Sequence[int] = (),
               attention_backend: str = TRITON_ATTENTION,
-                mixed_split_min_keys: int = 0) -> FitResult:
+              mixed_split_min_keys: int = 0) -> FitResult:
     """Fit on `fit` (the `free` parameters, default all), then report the error on
     `holdout` before and after."""
     initial = initial or Efficiency()
