@@ -9,7 +9,7 @@ timed alone as one launch) is rebuilt as the kernel builds its grid: a program p
 BLOCK_Q query tokens (128 rows over the GQA group; a decode row's tile too), KV head and key
 split, in launch order (tiles fastest, then heads, then splits; tile counts, exits and the
 split rule as `gpu_backend.kernels.attention`). A program's time is a fixed part plus a
-part per 128-key block it reads; the programs are list-scheduled in launch order onto one
+part per key block it reads (128 keys at head_dim 128); the programs are list-scheduled in launch order onto one
 slot per SM (the prefill tile's shared memory holds one program per SM); the launch adds a
 fixed floor, and a combine kernel where it splits keys. Those four numbers are fitted by
 least squares on relative error, and so are the cost model's attention terms
@@ -43,21 +43,23 @@ from scipy.optimize import least_squares
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from gpu_backend.engine.shapes import StepShape, scheduler_output  # noqa: E402
+from gpu_backend.kernels.attention import prefill_config  # noqa: E402
 from sim.core.calibration.attention_fit import fit_attention_terms  # noqa: E402
 from sim.core.catalog import get_gpu, get_model  # noqa: E402
 from sim.core.cost_model import CostArgs, Efficiency  # noqa: E402
 from sim.core.launch_shapes import ATTENTION_TILE_ROWS, attention_num_splits  # noqa: E402
 from sim.core.step import SchedulerOutput  # noqa: E402
 
-KEY_BLOCK = 128  # the prefill tile's keys per block (head_dim 128: prefill_config's block_n)
-
 
 def launch_programs(prefills: list[tuple[int, int]], decode_contexts: list[int],
-                    num_kv_heads: int, group: int, num_sms: int) -> tuple[np.ndarray, int]:
+                    num_kv_heads: int, group: int, num_sms: int,
+                    key_block: int) -> tuple[np.ndarray, int]:
     """(key blocks of each program in launch order, key splits) of one launch of the
     Triton prefill kernel over decode rows (`decode_contexts`, keys each, placed first as
-    the engine places them) and prefill chunks (new tokens, prefix). A program that exits
-    at once (a tile past its sequence's tokens, a split past its keys) reads 0 blocks."""
+    the engine places them) and prefill chunks (new tokens, prefix), reading `key_block`
+    keys a block (the prefill tile's block_n). A program that exits at once (a tile past its
+    sequence's tokens, a split past its keys) reads 0 blocks."""
     seqs = [(1, c - 1) for c in decode_contexts] + [(c, p) for c, p in prefills]
     block_q = max(1, ATTENTION_TILE_ROWS // group)
     num_tokens = sum(q for q, _ in seqs)
@@ -73,12 +75,12 @@ def launch_programs(prefills: list[tuple[int, int]], decode_contexts: list[int],
                                   group, num_sms)
     kv_end = np.array(ends, dtype=np.int64)
     per_split = -(-kv_end // splits)  # the kernel's even cut, rounded up to whole blocks
-    share = -(-per_split // KEY_BLOCK) * KEY_BLOCK
+    share = -(-per_split // key_block) * key_block
     blocks = []
     for split in range(splits):
         lo = np.minimum(split * share, kv_end)
         hi = np.minimum(lo + share, kv_end)
-        per_head = -(-(hi - lo) // KEY_BLOCK)
+        per_head = -(-(hi - lo) // key_block)
         blocks.extend([per_head] * num_kv_heads)
     return np.concatenate(blocks), splits
 
@@ -113,7 +115,6 @@ def fit_schedule(launches, measured: np.ndarray, slots: int, num_layers: int) ->
 
 
 def scheduler_output_of(prefills, decode_contexts) -> SchedulerOutput:
-    from gpu_backend.engine.shapes import StepShape, scheduler_output
     return scheduler_output(StepShape("mixed" if decode_contexts else "prefill",
                                       tuple(map(tuple, prefills)), tuple(decode_contexts)))
 
@@ -141,7 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     shapes = [([tuple(p) for p in r["prefills"]],
                [int(c) for n, c in (r.get("decode_groups") or []) for _ in range(int(n))])
               for r in records]
-    launches = [launch_programs(p, d, model.num_kv_heads, group, gpu.num_sms) for p, d in shapes]
+    key_block = prefill_config(model.head_dim).block_n
+    launches = [launch_programs(p, d, model.num_kv_heads, group, gpu.num_sms, key_block)
+                for p, d in shapes]
     outputs = [scheduler_output_of(p, d) for p, d in shapes]
     measured = np.array([r["measured_s"] for r in records])
     slots = gpu.num_sms * args.slots_per_sm
@@ -169,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.calibration}: {len(records)} attention launches timed alone "
           f"({data['model']}, {gpu.name}, {slots} program slots)")
     print(f"schedule fit per layer: program {params[0] * 1e6:.2f} us + {params[1] * 1e6:.2f} us "
-          f"per {KEY_BLOCK}-key block, launch floor {params[2] * 1e6:.2f} us, combine "
+          f"per {key_block}-key block, launch floor {params[2] * 1e6:.2f} us, combine "
           f"{params[3] * 1e6:.2f} us")
     print(f"{'launch':<44} {'programs':>8} {'splits':>6} {'measured ms':>11} "
           f"{'cost model':>10} {'schedule':>9}")
