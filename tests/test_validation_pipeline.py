@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from sim.core.catalog import get_gpu, get_model
-from sim.core.cost_model import CostModel, Efficiency
+from sim.core.cost_model import CostArgs, CostModel, Efficiency
 from sim.core.elastic import Policy, VmmCostModel, VmmCosts
 from sim.core.engine_config import EngineConfig
 from sim.runner import RunSpec
@@ -173,7 +173,7 @@ def test_compare_with_default_efficiencies_reports_the_perturbation(runs):
 def test_fit_recovers_perturbed_efficiencies_on_held_out_steps(runs):
     splits = [split_tail(usable_steps(r.steps), 0.5) for r in runs]
     fit, holdout = concat([s[0] for s in splits]), concat([s[1] for s in splits])
-    result = calibrate(LLAMA_8B, H200, 1, fit, holdout, Efficiency())
+    result = calibrate(CostArgs(LLAMA_8B, H200), fit, holdout, Efficiency())
     assert result.holdout_before["median_abs"] > 0.03
     assert result.holdout_after["median_abs"] < 1e-3
     assert result.holdout_after["p99_abs"] < 1e-2
@@ -196,8 +196,8 @@ def test_fit_recovers_the_longest_attention_programs_speed(tmp_path):
     work, longest, _ = attention_terms(CostModel(LLAMA_8B, H200, 1, true), steps)
     assert (longest > work).sum() >= 50
     fit, holdout = split_tail(steps, 0.5)
-    result = calibrate(LLAMA_8B, H200, 1, fit, holdout, replace(true, attention_program=None),
-                       free=["attention_program"])
+    result = calibrate(CostArgs(LLAMA_8B, H200), fit, holdout,
+                       replace(true, attention_program=None), free=["attention_program"])
     assert result.efficiency.attention_program == pytest.approx(0.3, rel=1e-3)
     assert result.holdout_before["p99_abs"] > 0.01 and result.holdout_after["p99_abs"] < 1e-6
 
@@ -242,7 +242,7 @@ def test_fit_of_host_terms_only_keeps_the_device_efficiencies(runs, tmp_path):
     start = replace(TRUE, step_overhead_s=4e-3, per_seq_overhead_s=0.0, eager_launch_s=0.012)
     splits = [split_tail(usable_steps(r.steps), 0.5) for r in runs]
     fit, holdout = concat([s[0] for s in splits]), concat([s[1] for s in splits])
-    result = calibrate(LLAMA_8B, H200, 1, fit, holdout, start,
+    result = calibrate(CostArgs(LLAMA_8B, H200), fit, holdout, start,
                        free=("step_overhead_s", "per_seq_overhead_s", "eager_launch_s"))
     assert result.holdout_before["median_abs"] > 0.03
     assert result.holdout_after["median_abs"] < 1e-3
@@ -251,7 +251,7 @@ def test_fit_of_host_terms_only_keeps_the_device_efficiencies(runs, tmp_path):
     for name in ("linear_compute", "memory", "kv_memory", "attention_compute"):
         assert getattr(result.efficiency, name) == getattr(start, name)
     with pytest.raises(ValueError, match="cannot fit .'memroy'."):
-        calibrate(LLAMA_8B, H200, 1, fit, holdout, start, free=("memroy",))
+        calibrate(CostArgs(LLAMA_8B, H200), fit, holdout, start, free=("memroy",))
 
 
 ENGINE_VMM = VmmCosts(attach_handle_s=0.2e-3, attach_gib_s=0.0, detach_handle_s=0.1e-3,

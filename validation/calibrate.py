@@ -31,11 +31,9 @@ from sim.core.calibration import (
     split_run_terms_fixed,
     split_term_fixed,
 )
-from sim.core.catalog import GpuSpec, ModelSpec
-from sim.core.cost_model import FIT_PARAMETERS, CostModel, Efficiency
+from sim.core.cost_model import FIT_PARAMETERS, CostArgs, Efficiency
 from sim.core.elastic import VmmCosts
 from sim.core.memory_plan import ActivationProfile
-from sim.core.split_shapes import TRITON_ATTENTION
 from validation.runs import GpuRun, engine_config
 from validation.steps import (
     StepTable,
@@ -95,13 +93,9 @@ def concat(tables: list[StepTable]) -> StepTable:
     return replace(first, **arrays, chunks_exact=all(t.chunks_exact for t in tables), extra=extra)
 
 
-def step_errors(model: ModelSpec, gpu: GpuSpec, tp: int, eff: Efficiency,
-                table: StepTable, graph_sizes: Sequence[int] = (),
-                token_graph_sizes: Sequence[int] = (),
-                attention_backend: str = TRITON_ATTENTION,
-                mixed_split_min_keys: int = 0) -> np.ndarray:
-    cost = CostModel(model, gpu, tp, eff, graph_sizes, token_graph_sizes, attention_backend,
-                     mixed_split_min_keys=mixed_split_min_keys)
+def step_errors(args: CostArgs, eff: Efficiency, table: StepTable,
+                token_graph_sizes: Sequence[int] = ()) -> np.ndarray:
+    cost = args.cost_model(eff, token_graph_sizes)
     return relative_errors(predict_step_times(cost, table), table.duration_s)
 
 
@@ -121,17 +115,13 @@ def pooled_token_sizes(sizes_per_run: Sequence[Sequence[int]]) -> tuple[int, ...
     return None
 
 
-def fit_efficiency(model: ModelSpec, gpu: GpuSpec, tp: int, fit: StepTable,
-                   initial: Efficiency | None = None,
+def fit_efficiency(args: CostArgs, fit: StepTable, initial: Efficiency | None = None,
                    free: Collection[str] | None = None,
-                   graph_sizes: Sequence[int] = (),
-                   token_graph_sizes: Sequence[int] = (),
-                   attention_backend: str = TRITON_ATTENTION,
-                   mixed_split_min_keys: int = 0) -> tuple[Efficiency, bool, str]:
+                   token_graph_sizes: Sequence[int] = ()) -> tuple[Efficiency, bool, str]:
     """Least-squares efficiencies for the steps in `fit` (relative error, soft-L1 loss).
-    `free`: the FIT_PARAMETERS to fit (default all); the others keep `initial`'s values.
-    `graph_sizes`, `token_graph_sizes`, `attention_backend`: the engine's decode and piecewise
-    graph sizes and its attention backend (CostModel)."""
+    `args`: the engine the steps ran on (`CostArgs.for_engine`); `token_graph_sizes`: its
+    piecewise graph sizes (CostModel). `free`: the FIT_PARAMETERS to fit (default all); the
+    others keep `initial`'s values."""
     initial = initial or Efficiency()
     names = [name for name, _, _ in FIT_PARAMETERS]
     free = names if free is None else list(free)
@@ -143,8 +133,7 @@ def fit_efficiency(model: ModelSpec, gpu: GpuSpec, tp: int, fit: StepTable,
         raise ValueError(f"{len(fit)} usable steps cannot fit {len(free)} parameters")
     held = [n for n in names if n not in free]
     # steps that run no decode graph: piecewise graphs where a size holds them, else eager
-    cost = CostModel(model, gpu, tp, initial, graph_sizes, token_graph_sizes, attention_backend,
-                     mixed_split_min_keys=mixed_split_min_keys)
+    cost = args.cost_model(initial, token_graph_sizes)
     ran = fit.num_tokens > 0
     eager = ran & (fit.has_prefill | cost.decode_rows_array(fit.num_tokens)[1])
     piecewise = eager & cost.eager_step_array(fit.num_tokens)[1]
@@ -155,9 +144,7 @@ def fit_efficiency(model: ModelSpec, gpu: GpuSpec, tp: int, fit: StepTable,
     held += [n for n in idle if n in free]
     def num_bound(eff: Efficiency) -> int:  # steps whose longest attention program binds
         def times(e: Efficiency) -> np.ndarray:
-            return predict_step_times(CostModel(
-                model, gpu, tp, e, graph_sizes, token_graph_sizes, attention_backend,
-                mixed_split_min_keys=mixed_split_min_keys), fit)
+            return predict_step_times(args.cost_model(e, token_graph_sizes), fit)
         return num_program_bound(times(eff), times(replace(eff, attention_program=None)))
 
     _, _, splits = attention_terms(cost, fit)  # splits need no efficiency
@@ -167,32 +154,23 @@ def fit_efficiency(model: ModelSpec, gpu: GpuSpec, tp: int, fit: StepTable,
     held += [n for n in split_run_terms_fixed(0 if split is None else int(np.isfinite(split).sum()))
              if n in free]
     fitted, solution = fit_with_program_term(
-        initial, lambda eff: step_errors(model, gpu, tp, eff, fit, graph_sizes,
-                                         token_graph_sizes, attention_backend,
-                                         mixed_split_min_keys),
+        initial, lambda eff: step_errors(args, eff, fit, token_graph_sizes),
         num_bound, fixed=held,
         loss="soft_l1", f_scale=0.05, diff_step=1e-3, x_scale=1.0)
     return fitted, bool(solution.success), str(solution.message)
 
 
-def calibrate(model: ModelSpec, gpu: GpuSpec, tp: int, fit: StepTable, holdout: StepTable,
-              initial: Efficiency | None = None,
-              free: Collection[str] | None = None, graph_sizes: Sequence[int] = (),
-              token_graph_sizes: Sequence[int] = (),
-              attention_backend: str = TRITON_ATTENTION,
-              mixed_split_min_keys: int = 0) -> FitResult:
+def calibrate(args: CostArgs, fit: StepTable, holdout: StepTable,
+              initial: Efficiency | None = None, free: Collection[str] | None = None,
+              token_graph_sizes: Sequence[int] = ()) -> FitResult:
     """Fit on `fit` (the `free` parameters, default all), then report the error on
-    `holdout` before and after."""
+    `holdout` before and after (`fit_efficiency`'s arguments)."""
     initial = initial or Efficiency()
-    fitted, success, message = fit_efficiency(model, gpu, tp, fit, initial, free, graph_sizes,
-                                              token_graph_sizes, attention_backend,
-                                              mixed_split_min_keys)
+    fitted, success, message = fit_efficiency(args, fit, initial, free, token_graph_sizes)
     fit, holdout = usable_steps(fit), usable_steps(holdout)
 
     def errors(eff: Efficiency, table: StepTable) -> dict:
-        return error_stats(step_errors(model, gpu, tp, eff, table, graph_sizes,
-                                       token_graph_sizes, attention_backend,
-                                       mixed_split_min_keys))
+        return error_stats(step_errors(args, eff, table, token_graph_sizes))
 
     return FitResult(
         efficiency=fitted, initial=initial, num_fit_steps=len(fit),

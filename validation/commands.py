@@ -201,6 +201,7 @@ HOST_PARAMETERS = HOST_TERMS  # sim.core.cost_model: the same terms host_slower 
 
 def fit(args: argparse.Namespace) -> int:
     from sim.core.calibration import engine_kinds_of, given_calibration, parts_of
+    from sim.core.cost_model import CostArgs
     from validation.calibrate import (
         calibrate,
         concat,
@@ -234,10 +235,8 @@ def fit(args: argparse.Namespace) -> int:
     config = configs[0]
     free = HOST_PARAMETERS if args.free == "host" else (
         None if args.free is None else [n.strip() for n in args.free.split(",") if n.strip()])
-    result = calibrate(config.model, config.gpu, config.tensor_parallel_size, fit_table,
-                       holdout_table, efficiency, free, config.cuda_graph_sizes,
-                       token_graph_sizes=token_sizes, attention_backend=config.attention_backend,
-                       mixed_split_min_keys=config.mixed_split_min_keys)
+    result = calibrate(CostArgs.for_engine(config), fit_table, holdout_table, efficiency, free,
+                       token_graph_sizes=token_sizes)
     provenance = {"gpu_dir": str(args.gpu_dir), "test_dir": str(args.test_dir or ""),
                   "holdout_fraction": None if test_runs else args.holdout,
                   "model": config.model.name, "gpu": config.gpu.name,

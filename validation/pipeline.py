@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sim.core.cost_model import FIT_PARAMETERS, CostModel, Efficiency, host_slower, slower
+from sim.core.cost_model import FIT_PARAMETERS, CostArgs, CostModel, Efficiency, host_slower, slower
 from sim.core.elastic import VmmCosts
 from sim.core.memory_plan import ActivationProfile
 from sim.runner import RunResult, RunSpec
@@ -191,11 +191,8 @@ def fit_on_runs(runs: Sequence[RunComparison], initial: Efficiency,
     holdout_table = concat([s[1] for s in splits])
     engine = runs[0].sim.spec.engine
     try:
-        fitted = calibrate(engine.model, engine.gpu, engine.tensor_parallel_size, fit_table,
-                           holdout_table, initial, free=HELD_OUT_FREE,
-                           graph_sizes=engine.cuda_graph_sizes, token_graph_sizes=token_sizes,
-                           attention_backend=engine.attention_backend,
-                           mixed_split_min_keys=engine.mixed_split_min_keys)
+        fitted = calibrate(CostArgs.for_engine(engine), fit_table, holdout_table, initial,
+                           free=HELD_OUT_FREE, token_graph_sizes=token_sizes)
     except ValueError as exc:
         return None, f"not fitted: {exc}"
     note = (f"fitted on the first {1 - holdout_fraction:.0%} of each run's steps "

@@ -128,17 +128,26 @@ class StepCost:
 
 
 class CostArgs(NamedTuple):
-    """What a fit prices every candidate efficiency with: model, GPU, tensor-parallel size
-    and the engine's attention backend."""
+    """What a fit prices every candidate efficiency with: model, GPU, tensor-parallel size,
+    the engine's attention backend, its mixed split and its decode graph sizes."""
     model: ModelSpec
     gpu: GpuSpec
     tp: int = 1
     attention_backend: str = "triton"
     mixed_split_min_keys: int = 0  # EngineConfig.mixed_split_min_keys the steps ran with
+    # EngineConfig.cuda_graph_sizes; empty: every decode step priced at its own size (a
+    # profile's grid captures a graph at each decode batch it times)
+    graph_sizes: tuple[int, ...] = ()
+
+    @classmethod
+    def for_engine(cls, engine: EngineConfig) -> CostArgs:
+        return cls(engine.model, engine.gpu, engine.tensor_parallel_size,
+                   engine.attention_backend, engine.mixed_split_min_keys,
+                   tuple(engine.cuda_graph_sizes))
 
     def cost_model(self, efficiency: Efficiency,
                    token_graph_sizes: Sequence[int] = ()) -> CostModel:
-        return CostModel(self.model, self.gpu, self.tp, efficiency,
+        return CostModel(self.model, self.gpu, self.tp, efficiency, self.graph_sizes,
                          token_graph_sizes=token_graph_sizes,
                          attention_backend=self.attention_backend,
                          mixed_split_min_keys=self.mixed_split_min_keys)
