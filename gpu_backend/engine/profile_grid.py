@@ -1,9 +1,9 @@
 """The step grid `python -m gpu_backend profile` times: which prefill, decode and mixed steps,
 and why each group is there (the replays it was added for).
 
-Default (< 2 min for Llama-3.1-8B on an H200): prefills of 16..16,384 tokens, chunks over long
-prefixes, decode batches 1..256 x contexts 256..16,384 and skewed ones (CUDA graphs, as the
-engine runs them), and mixed steps.
+Default (< 2.5 min for Llama-3.1-8B on an H200): prefills of 16..16,384 tokens (one prompt, or
+many short ones), chunks over long prefixes, decode batches 1..256 x contexts 256..16,384 and
+skewed ones (CUDA graphs, as the engine runs them), and mixed steps.
 """
 
 from __future__ import annotations
@@ -73,6 +73,12 @@ def default_grid(quick: bool = False) -> list[StepShape]:
     replay_rows = (27000,) * 5 + (12000,) * 6 + (4000,) * 7
     grid += [StepShape("mixed", ((2048 - len(replay_rows), 6000),), replay_rows),
              StepShape("mixed", ((8192 - len(replay_rows), 0),), replay_rows)]
+    # Many short prompts in one step, as a burst of arrivals fills the token budget (the
+    # study's 40 prompts of 1,024 tokens, Mooncake's 40 requests at once): the linear layers at
+    # a large token count with little attention. The single prompts above grow both together,
+    # so without these the fit can trade the linear rate against the attention's, and it priced
+    # the study's first step (32 such prompts) 11-12% short.
+    grid += [StepShape("prefill", ((1024, 0),) * 8), StepShape("prefill", ((1024, 0),) * 16)]
     return grid
 
 
