@@ -10,7 +10,7 @@ import pytest
 import simpy
 
 from sim.core.catalog import get_gpu, get_model
-from sim.core.cost_model import CostModel, Efficiency, step_total_array, step_total_s
+from sim.core.cost_model import CostArgs, CostModel, Efficiency, step_total_array, step_total_s
 from sim.core.elastic import Policy
 from sim.core.engine_config import EngineConfig, build_core
 from sim.core.step import SchedulerOutput
@@ -147,3 +147,20 @@ def test_every_request_ends_once_scheduled_ahead_or_not(asynchronous):
     assert result.summary["num_finished"] == 40
     reqs = result.recorders[0].requests
     assert all(r.arrival_s < r.first_token_s <= r.finish_s for r in reqs)
+
+
+def test_a_fit_prices_an_async_engines_steps_with_the_host_gap_hidden():
+    """What a fit prices with (CostArgs.for_engine, used by validation's held-out fits and
+    `validation fit`) takes the engine's async flag, as the simulator's cost model does: the
+    same decode step is the host gap shorter for the async engine, and no shorter for a
+    profile's synchronous grid (CostArgs' default)."""
+    eff = Efficiency(step_overhead_s=2e-3, per_seq_overhead_s=0.0, host_gap_s=5e-4)
+    model, gpu = get_model("llama-3.1-8b"), get_gpu("h200")
+    out = SchedulerOutput(step_id=1, scheduled=(), num_steps=1, num_prefill_tokens=0,
+                          num_decode_tokens=8, prefill_chunks=(), decode_context_tokens=8_000,
+                          preempted_ids=(), elastic=None, oom=None, num_sampled_rows=8)
+    sync_s = CostArgs.for_engine(config(False)).cost_model(eff).step(out).total_s
+    async_s = CostArgs.for_engine(config(True)).cost_model(eff).step(out).total_s
+    assert sync_s - async_s == pytest.approx(5e-4, abs=1e-12)
+    assert CostArgs(model, gpu).cost_model(eff).step(out).total_s == pytest.approx(sync_s)
+    assert CostModel.for_engine(config(True), eff).step(out).total_s == pytest.approx(async_s)

@@ -218,10 +218,11 @@ def fit(args: argparse.Namespace) -> int:
     check_calibration_graphs(start, runs + test_runs)
     configs = [engine_config(r.summary, args.gpu) for r in runs + test_runs]
     hardware = {(c.model.name, c.gpu.name, c.tensor_parallel_size, c.cuda_graph_sizes,
-                 c.mixed_split_min_keys) for c in configs}
+                 c.mixed_split_min_keys, c.async_scheduling) for c in configs}
     if len(hardware) != 1:
-        raise ValueError(f"the runs mix model/GPU/TP/decode graph size/mixed split combinations "
-                         f"{sorted(hardware)}; fit one combination at a time")
+        raise ValueError(f"the runs mix model/GPU/TP/decode graph size/mixed split/async "
+                         f"scheduling combinations {sorted(hardware)}; fit one combination at "
+                         "a time")
     token_sizes = pooled_token_sizes([c.piecewise_graph_sizes for c in configs])
     if token_sizes is None:
         raise ValueError("the runs' piecewise graph sizes differ beyond their chunks (or some "

@@ -177,11 +177,12 @@ def fit_on_runs(runs: Sequence[RunComparison], initial: Efficiency,
     """Fit on the first part of every run's measured steps; test on the rest of each."""
     hardware = {(r.sim.spec.engine.model.name, r.sim.spec.engine.gpu.name,
                  r.sim.spec.engine.tensor_parallel_size, r.sim.spec.engine.cuda_graph_sizes,
-                 r.sim.spec.engine.mixed_split_min_keys)
+                 r.sim.spec.engine.mixed_split_min_keys, r.sim.spec.engine.async_scheduling)
                 for r in runs}
     if len(hardware) != 1:
         return None, (f"not fitted: the runs mix {len(hardware)} model/GPU/TP/graph-size/"
-                      "mixed-split combinations; fit each with `python -m validation fit`")
+                      "mixed-split/scheduling combinations; fit each with "
+                      "`python -m validation fit`")
     token_sizes = pooled_token_sizes([r.sim.spec.engine.piecewise_graph_sizes for r in runs])
     if token_sizes is None:
         return None, ("not fitted: the runs' piecewise graph sizes differ beyond their chunks "

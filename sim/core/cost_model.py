@@ -129,7 +129,9 @@ class StepCost:
 
 class CostArgs(NamedTuple):
     """What a fit prices every candidate efficiency with: model, GPU, tensor-parallel size,
-    the engine's attention backend, its mixed split and its decode graph sizes."""
+    the engine's attention backend, its mixed split, its decode graph sizes and whether it
+    schedules asynchronously (`CostModel.for_engine` builds from these, so a fit prices a
+    step as the simulator does)."""
     model: ModelSpec
     gpu: GpuSpec
     tp: int = 1
@@ -138,18 +140,22 @@ class CostArgs(NamedTuple):
     # EngineConfig.cuda_graph_sizes; empty: every decode step priced at its own size (a
     # profile's grid captures a graph at each decode batch it times)
     graph_sizes: tuple[int, ...] = ()
+    # EngineConfig.async_scheduling: each step's overhead loses the host gap (CostModel's
+    # `host_hidden`); False for a profile, whose grid times every step synchronously
+    host_hidden: bool = False
 
     @classmethod
     def for_engine(cls, engine: EngineConfig) -> CostArgs:
         return cls(engine.model, engine.gpu, engine.tensor_parallel_size,
                    engine.attention_backend, engine.mixed_split_min_keys,
-                   tuple(engine.cuda_graph_sizes))
+                   tuple(engine.cuda_graph_sizes), engine.async_scheduling)
 
-    def cost_model(self, efficiency: Efficiency,
+    def cost_model(self, efficiency: Efficiency | None,
                    token_graph_sizes: Sequence[int] = ()) -> CostModel:
         return CostModel(self.model, self.gpu, self.tp, efficiency, self.graph_sizes,
                          token_graph_sizes=token_graph_sizes,
                          attention_backend=self.attention_backend,
+                         host_hidden=self.host_hidden,
                          mixed_split_min_keys=self.mixed_split_min_keys)
 
 
@@ -189,11 +195,9 @@ class CostModel(OperatorCosts):
     @classmethod
     def for_engine(cls, engine: EngineConfig, efficiency: Efficiency | None = None) -> CostModel:
         """The cost model of an engine configuration: its model, GPU and TP size, its CUDA
-        graph sizes, its attention backend and whether it schedules asynchronously."""
-        return cls(engine.model, engine.gpu, engine.tensor_parallel_size, efficiency,
-                   engine.cuda_graph_sizes, engine.piecewise_graph_sizes,
-                   engine.attention_backend, engine.async_scheduling,
-                   engine.mixed_split_min_keys)
+        graph sizes, its attention backend and whether it schedules asynchronously: the
+        `CostArgs.for_engine` a fit prices with, at the engine's piecewise graph sizes."""
+        return CostArgs.for_engine(engine).cost_model(efficiency, engine.piecewise_graph_sizes)
 
     def decode_rows(self, num_rows: int) -> tuple[int, bool]:
         """(rows computed, eager?) of a decode-only step of `num_rows` rows."""
