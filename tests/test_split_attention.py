@@ -50,6 +50,10 @@ SPLIT_CASES: dict[str, tuple] = {
                         "float32", 2, (32, 16, 16), True, 24),
     "auto_runs_per_call": ([1, 30, 4, 26], [7, 40, 60, 0], 4, 1, 32, 16, "float32", 1,
                            (32, 16, 16), False, 24),
+    # prefix 200 = six segments of 32 and 8 absorbed: 7 parts, folded into a float32 running
+    # result at 4 (LIVE_PARTS); 150 = four of 32, one of 16 and 6 absorbed: 6 parts
+    "prefix_folds_running_result": ([19, 33], [200, 150], 4, 2, 32, 16, "float32", 0,
+                                    (32, 16, 16), True, 1),
     # the engine's own shapes: 8,192 + 100 absorbed; 8,192 + 2,048 + 1,024 + 500 absorbed
     "engine_shapes": ([1, 20, 30], [40, 8292, 11764], 4, 2, 16, 16, "float32", 1, None, True,
                       1),
@@ -180,30 +184,6 @@ def test_torch_merge_with_an_empty_side():
     out, lse = merge_partials_ref(a, lse_a, b, lse_b)
     assert torch.equal(out[0], a[0]) and torch.equal(lse[0], lse_a[0])
     assert torch.equal(out[1], torch.zeros(3, 4)) and torch.isneginf(lse[1]).all()
-
-
-def _cache_with_positions(num_blocks=9, block_size=16, kv_heads=2, head_dim=4):
-    """A strided K cache view whose slot (block b, offset o) holds the value 1000 b + o,
-    and a shuffled table row."""
-    pool = torch.zeros(num_blocks, 2, 2, block_size, kv_heads, head_dim)
-    ids = torch.arange(num_blocks)[:, None] * 1000 + torch.arange(block_size)[None, :]
-    pool[:, 1, 0] = ids[:, :, None, None].float()
-    return pool[:, 1, 0], torch.tensor([5, 2, 8, 0, 3], dtype=torch.int32)
-
-
-def test_gather_tokens_copies_positions_in_table_order():
-    from gpu_backend.kernels.split_attention import gather_tokens
-
-    cache, row = _cache_with_positions()
-    got = gather_tokens(cache, row, 13, 40)  # positions 13..52: blocks 0..3 of the row
-    expect = [1000 * int(row[p // 16]) + p % 16 for p in range(13, 53)]
-    assert got.shape == (40, 2, 4) and got.is_contiguous()
-    assert got[:, 1, 3].tolist() == expect
-    buffer = torch.full((4, 16, 2, 4), -1.0)
-    into = gather_tokens(cache, row, 32, 20, buffer)
-    assert into.data_ptr() == buffer.data_ptr() and into[:, 0, 0].tolist() == expect[19:39]
-    with pytest.raises(ValueError, match="buffer"):
-        gather_tokens(cache, row, 0, 70, buffer)  # 5 blocks into 4
 
 
 def test_plan_split_lists_prefill_rows_with_their_prefixes():
@@ -453,6 +433,85 @@ def _run_merge_case() -> dict:
             "empty_rows_zero": bool((in_place[4] == 0).all())}
 
 
+def _lse_merge_all(parts: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 torch merge of many parts, folded pairwise by the reference merge from an
+    empty one (no keys: zeros, LSE -inf)."""
+    from gpu_backend.kernels.lse_merge import merge_partials_ref
+
+    out = torch.zeros(parts[0][0].shape)
+    lse = torch.full(parts[0][1].shape, float("-inf"))
+    for o, part_lse in parts:
+        out, lse = merge_partials_ref(out, lse, o, part_lse)
+    return out, lse
+
+
+def _run_merge_many_case() -> dict:
+    """merge_parts on 1, 5 and 11 parts, strided and fp16 parts among them, rows where some
+    or all parts are empty; in place into a part; against the reference merge folded
+    pairwise."""
+    from gpu_backend.kernels.lse_merge import merge_parts
+
+    gen = torch.Generator().manual_seed(11)
+
+    def part(i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        o = torch.randn(1, 6, 9, 48, generator=gen)[0].transpose(0, 1)  # [9, 6, 48], strided
+        lse = (4 * torch.randn(1, 6, 9, generator=gen))[0].transpose(0, 1)
+        lse[i % 9, i % 6] = float("-inf")
+        lse[5] = float("-inf")  # row 5 empty in every part
+        return (o.half() if i % 3 == 2 else o), lse
+
+    result: dict = {}
+    for count in (1, 5, 11):
+        parts = [part(i) for i in range(count)]
+        ref_out, ref_lse = _lse_merge_all(parts)
+        out, out_lse = torch.empty(9, 6, 48), torch.empty(9, 6)
+        merge_parts(out, parts, out_lse=out_lse)
+        finite = torch.isfinite(ref_lse)
+        result[str(count)] = {
+            "out": float((out - ref_out).abs().max()),
+            "lse": float((out_lse[finite] - ref_lse[finite]).abs().max()),
+            "lse_empty": bool(torch.isneginf(out_lse[~finite]).all()),
+            "empty_row_zero": bool((out[5] == 0).all())}
+    parts = [part(i) for i in range(4)]
+    parts[0] = (parts[0][0].contiguous(), parts[0][1].contiguous())
+    ref_out, _ = _lse_merge_all(parts)
+    merge_parts(parts[0][0], parts, out_lse=parts[0][1])  # into the first part
+    result["in_place"] = float((parts[0][0] - ref_out).abs().max())
+    return result
+
+
+def _run_gather_case() -> dict:
+    """gather_kv from a strided pool view (every layer of a block together) through a
+    shuffled table row: whole blocks, a last block cut by valid_tokens, a buffer longer than
+    the gather; the pool's other slots NaN."""
+    from gpu_backend.kernels.kv_gather import gather_kv
+
+    gen = torch.Generator().manual_seed(3)
+    pool = torch.full((9, 2, 2, 16, 2, 8), float("nan"))  # [blocks, layers, K/V, 16, KVH, D]
+    pool[:, 1] = torch.randn(9, 2, 16, 2, 8, generator=gen)
+    k_cache, v_cache = pool[:, 1, 0], pool[:, 1, 1]
+    row = torch.tensor([5, 2, 8, 0, 3, 7], dtype=torch.int32)
+    k_out, v_out = torch.full((5, 16, 2, 8), -7.0), torch.full((5, 16, 2, 8), -7.0)
+    gather_kv(k_cache, v_cache, row, 1, 3, 40, k_out, v_out)  # blocks 2, 8, 0; 40 tokens
+    expect_k = k_cache[row[1:4].long()].reshape(48, 2, 8)
+    expect_v = v_cache[row[1:4].long()].reshape(48, 2, 8)
+    got_k, got_v = k_out[:3].reshape(48, 2, 8), v_out[:3].reshape(48, 2, 8)
+    errors = {}
+    try:
+        gather_kv(k_cache, v_cache, row, 4, 3, 48, k_out, v_out)  # past the row's end
+    except ValueError as exc:
+        errors["past_row"] = str(exc)
+    try:
+        gather_kv(k_cache, v_cache, row, 0, 6, 96, k_out, v_out)  # 6 blocks into 5
+    except ValueError as exc:
+        errors["past_buffer"] = str(exc)
+    return {"valid_equal": bool(torch.equal(got_k[:40], expect_k[:40])
+                                and torch.equal(got_v[:40], expect_v[:40])),
+            "tail_zero": bool((got_k[40:] == 0).all() and (got_v[40:] == 0).all()),
+            "rest_untouched": bool((k_out[3:] == -7).all() and (v_out[3:] == -7).all()),
+            "errors": errors}
+
+
 def _mixed_batch(pb, num_decodes: int, with_host: bool):
     from gpu_backend.batch import ForwardBatch, HostLens
 
@@ -596,6 +655,8 @@ def _run_profile_launch_case() -> dict:
 def _main() -> None:
     results: dict = {name: _run_split_case(name) for name in SPLIT_CASES}
     results["merge"] = _run_merge_case()
+    results["merge_many"] = _run_merge_many_case()
+    results["gather"] = _run_gather_case()
     results["layer"] = _run_layer_case()
     results["model"] = _run_model_case()
     results["profile_step"] = _run_profile_step_case()
@@ -644,6 +705,23 @@ def test_triton_merge_matches_torch_merge(interp: dict) -> None:
     assert merge["out"] < 2e-3  # written in fp16
     assert merge["in_place"] < 1e-5 and merge["lse"] < 1e-5
     assert merge["lse_empty"] and merge["empty_rows_zero"]
+
+
+def test_merge_of_many_parts_is_the_pairwise_merge(interp: dict) -> None:
+    """One launch of any number of parts; fp16 and strided parts read through their
+    strides; an empty part weighs nothing, all empty gives zeros."""
+    merge = interp["merge_many"]
+    for count in ("1", "5", "11"):
+        assert merge[count]["out"] < 1e-5 and merge[count]["lse"] < 1e-5, count
+        assert merge[count]["lse_empty"] and merge[count]["empty_row_zero"], count
+    assert merge["in_place"] < 1e-5
+
+
+def test_gather_copies_table_order_blocks_and_zeroes_past_the_valid_tokens(interp: dict) -> None:
+    gather = interp["gather"]
+    assert gather["valid_equal"] and gather["tail_zero"] and gather["rest_untouched"]
+    assert "6-block row" in gather["errors"]["past_row"]
+    assert "5-block buffer" in gather["errors"]["past_buffer"]
 
 
 def test_split_backend_dispatch(interp: dict) -> None:

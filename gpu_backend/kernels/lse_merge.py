@@ -1,54 +1,68 @@
-"""Merge two partial attentions over disjoint key sets by their log-sum-exps.
+"""Merge partial attentions over disjoint key sets by their log-sum-exps.
 
 A query row attended over keys A alone gives the normalised output o_A and the natural
-log-sum-exp of its scaled scores, lse_A = log sum_{j in A} exp(s_j); the same over keys B
-gives o_B, lse_B. Attention over A and B together is their softmax-weighted mean:
+log-sum-exp of its scaled scores, lse_A = log sum_{j in A} exp(s_j); likewise o_B, lse_B, ...
+Attention over all the sets together is their softmax-weighted mean:
 
-    lse = log(exp(lse_A) + exp(lse_B))
-    o   = (exp(lse_A - lse) o_A + exp(lse_B - lse) o_B)
+    lse = log(sum_i exp(lse_i))
+    o   = sum_i exp(lse_i - lse) o_i
 
-computed against m = max(lse_A, lse_B) so that no exponent overflows. A side with no keys
-has lse = -inf and weight 0; both sides empty give o = 0 and lse = -inf.
+computed against m = max_i lse_i so that no exponent overflows. A part with no keys has
+lse = -inf and weight 0; all parts empty give o = 0 and lse = -inf.
 
-`merge_partials` is one Triton launch (one program per token, all heads); every operand is
-read through its strides, so the views SDPA ops return ([1, H, S, D] seen as [S, H, D],
+`merge_parts` merges any number of parts in one Triton launch (one program per token, all
+heads; the parts' pointers and strides passed as tuples), each part read once, the sum kept
+in float32 registers. A SPLIT sequence's square and its prefix segments (split_attention.py)
+are one launch that way where a chain of pairwise merges took one per segment and wrote a
+float32 result between them. Every operand
+is read through its strides, so the views SDPA ops return ([1, H, S, D] seen as [S, H, D],
 LSE [1, H, S] seen as [S, H]) need no copy. `merge_partials_ref` is the float32 torch
 reference the tests compare against.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
+Part = tuple[Tensor, Tensor]  # (o [T, H, D], lse [T, H] float32)
+
 
 @triton.jit
 def _merge_kernel(
-    out_ptr, out_lse_ptr, a_ptr, la_ptr, b_ptr, lb_ptr, num_heads,
-    s_ot, s_oh, s_olt, s_olh, s_at, s_ah, s_lat, s_lah, s_bt, s_bh, s_lbt, s_lbh,
-    WRITE_LSE: tl.constexpr, HEAD_DIM: tl.constexpr, HEADS_PAD: tl.constexpr,
-    HEAD_DIM_PAD: tl.constexpr,
+    out_ptr, out_lse_ptr, num_heads, s_ot, s_oh, s_olt, s_olh,
+    o_ptrs, lse_ptrs, o_strides, lse_strides,  # per part: its pointers, (token, head) strides
+    NUM_PARTS: tl.constexpr, WRITE_LSE: tl.constexpr, HEAD_DIM: tl.constexpr,
+    HEADS_PAD: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     h = tl.arange(0, HEADS_PAD)
     d = tl.arange(0, HEAD_DIM_PAD)
     h_ok = h < num_heads
     mask = h_ok[:, None] & (d < HEAD_DIM)[None, :]
-    la = tl.load(la_ptr + t * s_lat + h * s_lah, mask=h_ok, other=float("-inf")).to(tl.float32)
-    lb = tl.load(lb_ptr + t * s_lbt + h * s_lbh, mask=h_ok, other=float("-inf")).to(tl.float32)
-    m_raw = tl.maximum(la, lb)
+    m_raw = tl.full((HEADS_PAD,), float("-inf"), tl.float32)
+    for i in tl.static_range(NUM_PARTS):  # pass 1: the rows' largest LSE over the parts
+        lse = tl.load(lse_ptrs[i] + t * lse_strides[2 * i] + h * lse_strides[2 * i + 1],
+                      mask=h_ok, other=float("-inf"))
+        m_raw = tl.maximum(m_raw, lse.to(tl.float32))
     m = tl.where(m_raw == float("-inf"), 0.0, m_raw)
-    wa = tl.exp(la - m)
-    wb = tl.exp(lb - m)
-    total = wa + wb
+    total = tl.zeros((HEADS_PAD,), tl.float32)
+    acc = tl.zeros((HEADS_PAD, HEAD_DIM_PAD), tl.float32)
+    for i in tl.static_range(NUM_PARTS):  # pass 2: every part read before `out` is written
+        lse = tl.load(lse_ptrs[i] + t * lse_strides[2 * i] + h * lse_strides[2 * i + 1],
+                      mask=h_ok, other=float("-inf"))
+        w = tl.exp(lse.to(tl.float32) - m)
+        o = tl.load(o_ptrs[i] + t * o_strides[2 * i] + h[:, None] * o_strides[2 * i + 1]
+                    + d[None, :], mask=mask, other=0.0)
+        total += w
+        acc += o.to(tl.float32) * w[:, None]
     total = tl.where(total == 0.0, 1.0, total)
-    a = tl.load(a_ptr + t * s_at + h[:, None] * s_ah + d[None, :], mask=mask, other=0.0)
-    b = tl.load(b_ptr + t * s_bt + h[:, None] * s_bh + d[None, :], mask=mask, other=0.0)
-    o = (a.to(tl.float32) * (wa / total)[:, None] + b.to(tl.float32) * (wb / total)[:, None])
     tl.store(out_ptr + t * s_ot + h[:, None] * s_oh + d[None, :],
-             o.to(out_ptr.dtype.element_ty), mask=mask)
+             (acc / total[:, None]).to(out_ptr.dtype.element_ty), mask=mask)
     if WRITE_LSE:
         lse = tl.where(m_raw == float("-inf"), float("-inf"), m + tl.log(total))
         tl.store(out_lse_ptr + t * s_olt + h * s_olh, lse, mask=h_ok)
@@ -61,31 +75,42 @@ def _check(name: str, x: Tensor, shape: tuple[int, ...], dense_last: bool) -> No
         raise ValueError(f"merge: {name} must be contiguous in head_dim, strides {x.stride()}")
 
 
-def merge_partials(out: Tensor, a: Tensor, lse_a: Tensor, b: Tensor, lse_b: Tensor,
-                   out_lse: Tensor | None = None) -> Tensor:
-    """out [T, H, D] = the merge of a, b [T, H, D] by lse_a, lse_b [T, H] (natural log,
-    float32); the merged LSE into `out_lse` [T, H] float32 when given. Any strides with
-    head_dim dense; `out` may be `a` or `b` (each program reads its row before writing it)."""
+def merge_parts(out: Tensor, parts: Sequence[Part], out_lse: Tensor | None = None) -> Tensor:
+    """out [T, H, D] = the merge of parts (o [T, H, D], lse [T, H] natural log, float32) by
+    their LSEs, in one launch; the merged LSE into `out_lse` [T, H] float32 when given. Any
+    strides with head_dim dense; `out` may be one of the parts' o (each program reads its row
+    before writing it). Each number of parts compiles the kernel once."""
+    if not parts:
+        raise ValueError("merge: no parts to merge")
     num_tokens, num_heads, head_dim = out.shape
-    for name, x in (("out", out), ("a", a), ("b", b)):
-        _check(name, x, (num_tokens, num_heads, head_dim), dense_last=True)
-    for name, x in (("lse_a", lse_a), ("lse_b", lse_b), ("out_lse", out_lse)):
-        if x is not None:
-            _check(name, x, (num_tokens, num_heads), dense_last=False)
-            if x.dtype != torch.float32:
-                raise ValueError(f"merge: {name} must be float32, got {x.dtype}")
+    _check("out", out, (num_tokens, num_heads, head_dim), dense_last=True)
+    lses = [("out_lse", out_lse)] if out_lse is not None else []
+    for i, (o, lse) in enumerate(parts):
+        _check(f"part {i}", o, (num_tokens, num_heads, head_dim), dense_last=True)
+        lses.append((f"part {i} lse", lse))
+    for name, x in lses:
+        _check(name, x, (num_tokens, num_heads), dense_last=False)
+        if x.dtype != torch.float32:
+            raise ValueError(f"merge: {name} must be float32, got {x.dtype}")
     if num_tokens == 0:
         return out
-    lse_out = out_lse if out_lse is not None else lse_a  # unused without WRITE_LSE
+    lse_out = out_lse if out_lse is not None else parts[0][1]  # unused without WRITE_LSE
     _merge_kernel[(num_tokens,)](
-        out, lse_out, a, lse_a, b, lse_b, num_heads,
-        out.stride(0), out.stride(1), lse_out.stride(0), lse_out.stride(1),
-        a.stride(0), a.stride(1), lse_a.stride(0), lse_a.stride(1),
-        b.stride(0), b.stride(1), lse_b.stride(0), lse_b.stride(1),
-        WRITE_LSE=out_lse is not None, HEAD_DIM=head_dim,
+        out, lse_out, num_heads, out.stride(0), out.stride(1), lse_out.stride(0),
+        lse_out.stride(1), tuple(o for o, _ in parts), tuple(lse for _, lse in parts),
+        tuple(s for o, _ in parts for s in o.stride()[:2]),
+        tuple(s for _, lse in parts for s in lse.stride()),
+        NUM_PARTS=len(parts), WRITE_LSE=out_lse is not None, HEAD_DIM=head_dim,
         HEADS_PAD=triton.next_power_of_2(num_heads),
         HEAD_DIM_PAD=triton.next_power_of_2(head_dim), num_warps=4)
     return out
+
+
+def merge_partials(out: Tensor, a: Tensor, lse_a: Tensor, b: Tensor, lse_b: Tensor,
+                   out_lse: Tensor | None = None) -> Tensor:
+    """`merge_parts` of two parts: out [T, H, D] = the merge of a, b [T, H, D] by lse_a,
+    lse_b [T, H]."""
+    return merge_parts(out, [(a, lse_a), (b, lse_b)], out_lse)
 
 
 def merge_partials_ref(a: Tensor, lse_a: Tensor, b: Tensor,

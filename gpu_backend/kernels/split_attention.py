@@ -7,8 +7,8 @@ op that also returns the log-sum-exp, the parts merged by their LSEs.
     keys |<- segment 0 ->|<- segment 1 ->|<-a->|<------ own keys ------>|
          every chunk row sees every segment key      causal square over the prefix's
          (no mask): one SDPA call per segment        last a keys and the own keys
-    out = the parts merged by LSE (lse_merge.py); beyond one segment the running
-          result is kept in float32
+    out = the parts merged by LSE in one launch (lse_merge.py; a prefix of more than
+          LIVE_PARTS - 1 segments folds each LIVE_PARTS into a float32 running result)
 
 Every call is padded to a shape from a small fixed set (split_shapes.py: the segment sizes,
 the absorbed remainder a, the padded rows), so cuDNN builds a few plans at start-up and none
@@ -28,8 +28,9 @@ prefill path, one launch per run of adjacent such rows (`PagedRun`); every other
 sequence runs SPLIT on its own.
 
 Keys reach the SDPA op contiguous ([L, KVH, D] token-major, which the op reads as BSHD),
-gathered out of the paged pool through the block table (one index_select each for K and V)
-into buffers made once per step and shared by every layer (`SplitBuffers`, zeroed when made):
+gathered out of the paged pool through the block table (K and V of a part in one launch,
+kv_gather.py) into buffers made once per step and shared by every layer (`SplitBuffers`,
+zeroed when made):
 
     q         the chunk's rows copied to row a of a [rows, H, D] buffer (the square's dummy
               and pad rows are whatever finite rows the buffer holds)
@@ -43,9 +44,10 @@ cache alone, so the cache is the one place they all are. A step's extra memory:
 
     fixed      2 x max_segment_tokens x KVH x D x dtype bytes (the segment buffers)
     per chunk  of its largest prefill sequence, padded: the q buffer (H x D x dtype per row),
-               the square's K and V (2 x KVH x D x dtype per row), the square's and a
-               segment's outputs and LSEs, and beyond one segment the float32 running
-               result and its LSE (H x D x 4 + H x 4 per token)
+               the square's K and V (2 x KVH x D x dtype per row), the square's and up to
+               LIVE_PARTS - 1 segments' outputs and LSEs (H x D x dtype + H x 4 per row each)
+               held for the merge, and beyond that many segments a float32 running result
+               and its LSE (H x D x 4 + H x 4 per token)
 
 SDPA ops: on CUDA `aten._scaled_dot_product_cudnn_attention` (fp16/bf16, GQA by head
 counts), on CPU `aten._scaled_dot_product_flash_attention_for_cpu`; both return the LSE
@@ -63,15 +65,20 @@ from torch import Tensor
 
 from gpu_backend.kernels.attention import DecodePlan, paged_attention
 from gpu_backend.kernels.checks import check_cache_pair, check_same_device
-from gpu_backend.kernels.lse_merge import merge_partials
+from gpu_backend.kernels.kv_gather import gather_kv
+from gpu_backend.kernels.lse_merge import merge_parts
 from sim.core.split_shapes import SEGMENT_TOKENS, SPLIT_MIN_QUERY, SdpaShape, SplitShapes
 
 __all__ = ["SEGMENT_TOKENS", "SPLIT_MIN_QUERY", "PagedRun", "PrefillSeq", "SplitBuffers",
-           "SplitPlan", "SplitShapes", "gather_tokens", "plan_split", "prepare_plan",
+           "SplitPlan", "SplitShapes", "gather_padded", "plan_split", "prepare_plan",
            "sdpa_with_lse", "split_attention", "warm_plans"]
 
 CUDNN_DTYPES = (torch.float16, torch.bfloat16)
 CUDNN_ALIGN_BYTES = 16  # cuDNN faults (a sticky CUDA error) on operands aligned below this
+# a sequence's parts (the square's and its segments' outputs) held before they are merged: up
+# to this many take one merge launch at the end; a longer prefix folds each LIVE_PARTS into a
+# float32 running result first, so a long context holds at most this many outputs at once
+LIVE_PARTS = 4
 
 
 @dataclass(frozen=True)
@@ -226,24 +233,6 @@ def prepare_plan(plan: SplitPlan, cache: Tensor, num_heads: int) -> SplitPlan:
     return replace(plan, buffers=buffers, run_starts=starts)
 
 
-def gather_tokens(cache: Tensor, table_row: Tensor, start: int, length: int,
-                  out: Tensor | None = None) -> Tensor:
-    """Positions [start, start + length) of one sequence's keys (or values), copied out of the
-    paged cache [num_blocks, block_size, KVH, D] through its block-table row: a contiguous
-    [length, KVH, D] view of `out` (blocks; made when None)."""
-    block_size = cache.shape[1]
-    first, end = start // block_size, -(-(start + length) // block_size)
-    num_blocks = end - first
-    if out is None:
-        out = torch.empty((num_blocks, *cache.shape[1:]), dtype=cache.dtype, device=cache.device)
-    elif out.shape[0] < num_blocks or out.shape[1:] != cache.shape[1:]:
-        raise ValueError(f"gather of {num_blocks} blocks into a buffer {tuple(out.shape)}")
-    blocks = out[:num_blocks]
-    torch.index_select(cache, 0, table_row[first:end], out=blocks)
-    offset = start - first * block_size
-    return blocks.view(-1, *cache.shape[2:])[offset:offset + length]
-
-
 def _check_cudnn_operand(name: str, x: Tensor) -> None:
     if x.dtype not in CUDNN_DTYPES:
         raise ValueError(f"SPLIT on CUDA runs cuDNN's SDPA, which takes fp16 or bf16; {name} "
@@ -293,61 +282,61 @@ def warm_plans(shapes: list[SdpaShape], num_heads: int, num_kv_heads: int, head_
                       head_dim ** -0.5)
 
 
-def gather_padded(cache: Tensor, table_row: Tensor, start: int, length: int, rows: int,
-                  out: Tensor) -> Tensor:
-    """Positions [start, start + length) of one sequence (start on a block boundary) as the
-    first `length` of `rows` contiguous [rows, KVH, D] tokens of `out` (blocks): the rest of
-    the last gathered block zeroed, the tokens after it as `out` held them."""
-    block_size = cache.shape[1]
-    if start % block_size or rows < length or out.shape[0] * block_size < rows:
+def gather_padded(k_cache: Tensor, v_cache: Tensor, table_row: Tensor, start: int,
+                  length: int, rows: int, k_out: Tensor, v_out: Tensor) -> tuple[Tensor, Tensor]:
+    """Positions [start, start + length) of one sequence's keys and values (start on a block
+    boundary) as the first `length` of `rows` contiguous [rows, KVH, D] tokens of k_out,
+    v_out (blocks; one launch): the rest of the last gathered block zeroed, the tokens after
+    it as the buffers held them."""
+    block_size = k_cache.shape[1]
+    if start % block_size or rows < length or k_out.shape[0] * block_size < rows:
         raise ValueError(f"padded gather of {length} keys from {start} into {rows} rows of a "
-                         f"buffer {tuple(out.shape)}: start on a block, fit the buffer")
-    num_blocks = -(-length // block_size)
-    first = start // block_size
-    torch.index_select(cache, 0, table_row[first:first + num_blocks], out=out[:num_blocks])
-    flat = out.view(-1, *cache.shape[2:])
-    if num_blocks * block_size > length:
-        flat[length:num_blocks * block_size].zero_()
-    return flat[:rows]
+                         f"buffer {tuple(k_out.shape)}: start on a block, fit the buffer")
+    gather_kv(k_cache, v_cache, table_row, start // block_size, -(-length // block_size),
+              length, k_out, v_out)
+    tail = tuple(k_cache.shape[2:])
+    return k_out.view(-1, *tail)[:rows], v_out.view(-1, *tail)[:rows]
 
 
 def sequence_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, table_row: Tensor,
                        seq: PrefillSeq, scale: float, out: Tensor,
                        buffers: SplitBuffers) -> Tensor:
     """One SPLIT sequence: q [c, H, D] (positions prefix_len .. prefix_len + c - 1, its K/V
-    already in the cache) into out [c, H, D], through the step's `buffers`."""
+    already in the cache) into out [c, H, D], through the step's `buffers`: the square, then
+    each prefix segment (its K and V gathered into the one segment buffer pair, in stream
+    order after the call before read it), the parts merged by one launch at the end (and
+    one per LIVE_PARTS before it where a long prefix has more)."""
     num_tokens, absorbed = q.shape[0], seq.absorbed
     real = slice(absorbed, absorbed + num_tokens)
     rows = buffers.q[:seq.query_rows]
     rows[real].copy_(q)
-    square = seq.square_rows
-    keys = gather_padded(k_cache, table_row, seq.prefix_len - absorbed, absorbed + num_tokens,
-                         square, buffers.square_k)
-    values = gather_padded(v_cache, table_row, seq.prefix_len - absorbed,
-                           absorbed + num_tokens, square, buffers.square_v)
-    part, part_lse = sdpa_with_lse(rows[:square], keys, values, True, scale)
-    part, part_lse = part[real], part_lse[real]
+    keys, values = gather_padded(k_cache, v_cache, table_row, seq.prefix_len - absorbed,
+                                 absorbed + num_tokens, seq.square_rows, buffers.square_k,
+                                 buffers.square_v)
+    part, part_lse = sdpa_with_lse(rows[:seq.square_rows], keys, values, True, scale)
     if not seq.segments:
-        return out.copy_(part)
+        return out.copy_(part[real])
     if buffers.segment_k is None or buffers.segment_v is None:
         raise ValueError("a sequence with prefix segments needs segment buffers")
     segment_q = rows[absorbed:absorbed + seq.segment_rows]
-
-    def prefix_part(start: int, length: int) -> tuple[Tensor, Tensor]:
-        keys = gather_tokens(k_cache, table_row, start, length, buffers.segment_k)
-        values = gather_tokens(v_cache, table_row, start, length, buffers.segment_v)
-        seg_out, seg_lse = sdpa_with_lse(segment_q, keys, values, False, scale)
-        return seg_out[:num_tokens], seg_lse[:num_tokens]
-
-    *middle, last = seq.segments
-    if middle:  # more than one segment: a float32 running result
-        running = (torch.empty(q.shape, dtype=torch.float32, device=q.device),
-                   torch.empty(q.shape[:2], dtype=torch.float32, device=q.device))
-        for start, length in middle:
-            merge_partials(running[0], part, part_lse, *prefix_part(start, length),
-                           out_lse=running[1])
-            part, part_lse = running
-    return merge_partials(out, part, part_lse, *prefix_part(*last))
+    parts = [(part[real], part_lse[real])]
+    running: tuple[Tensor, Tensor] | None = None
+    block_size = k_cache.shape[1]
+    tail = tuple(k_cache.shape[2:])
+    for start, length in seq.segments:  # whole blocks from a block boundary
+        gather_kv(k_cache, v_cache, table_row, start // block_size, length // block_size,
+                  length, buffers.segment_k, buffers.segment_v)
+        seg_out, seg_lse = sdpa_with_lse(segment_q, buffers.segment_k.view(-1, *tail)[:length],
+                                         buffers.segment_v.view(-1, *tail)[:length], False,
+                                         scale)
+        parts.append((seg_out[:num_tokens], seg_lse[:num_tokens]))
+        if len(parts) == LIVE_PARTS and len(parts) < 1 + len(seq.segments):
+            if running is None:
+                running = (torch.empty(q.shape, dtype=torch.float32, device=q.device),
+                           torch.empty(q.shape[:2], dtype=torch.float32, device=q.device))
+            merge_parts(running[0], parts, out_lse=running[1])  # running may be among parts
+            parts = [running]
+    return merge_parts(out, parts)
 
 
 def split_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor,
