@@ -36,6 +36,11 @@ Run from the repository root on the GPU machine (under ~3 minutes for Llama-3.1-
 8. with `--mixed-split-mib N`: the engine's mixed split at N MiB (0: every mixed step one
    launch); by default the engine's, under which the 64 decodes of 1k run apart from the
    chunks. The result records the threshold in keys (`mixed_split_min_keys`).
+9. the attention alone (`attention_chunks`): one layer's attention of every step of each
+   chunk-size point without decodes, device time summed over the prompt's steps, per backend
+   (the profile's `backend_launch_ms`), and its part of the chunk penalty
+   (`attention_penalty`): the attention chunking adds over all layers, as a share of the
+   one-step TTFT, beside the whole step's penalty.
 Steps are timed as the engine times them: host arrays -> device -> forward -> ids on host.
 """
 
@@ -54,6 +59,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from gpu_backend.engine.calibrate import backend_launch_ms  # noqa: E402
 from gpu_backend.engine.memory import (  # noqa: E402
     dummy_store,
     fit_envelope,
@@ -221,6 +227,43 @@ def chunk_penalties(rows: list[dict], spec, bandwidth: float, matmul_peak: float
     return out
 
 
+def bench_attention_chunks(spec, prompts, chunks, backends: tuple[str, ...],
+                           reps: int = 10) -> dict[str, list[dict]]:
+    """Per backend, one layer's attention alone (device ms) summed over each chunk-size
+    point's steps, the prompt alone (no decodes), every backend in turn at every point."""
+    rows: dict[str, list[dict]] = {backend: [] for backend in backends}
+    for prompt in prompts:
+        for chunk in chunks:
+            shapes = prompt_shapes(prompt, chunk)
+            for backend in backends:
+                layer_ms = sum(backend_launch_ms(shape, backend, spec.num_attention_heads,
+                                                 spec.num_kv_heads, spec.head_dim, reps)
+                               for shape in shapes)
+                rows[backend].append({"prompt": prompt, "chunk": chunk, "num_decodes": 0,
+                                      "layer_ms": layer_ms,
+                                      "all_layers_s": 1e-3 * layer_ms * spec.num_layers})
+    return rows
+
+
+def attention_penalties(attention: list[dict], curve: list[dict]) -> list[dict]:
+    """Each chunk-size point's attention against its prompt's one-step attention (the smallest
+    chunk timed that holds the whole prompt): the time chunking adds to the attention of all
+    layers, as a share of the one-step TTFT of `curve` (the same backend's chunk-size curve),
+    beside the whole step's penalty there."""
+    ttft = {(r["prompt"], r["chunk"], r["num_decodes"]): r["ttft_s"] for r in curve}
+    out = []
+    for r in attention:
+        whole = [b for b in attention if b["prompt"] == r["prompt"] and b["chunk"] >= r["prompt"]]
+        if not whole or r["chunk"] >= r["prompt"]:
+            continue
+        base = min(whole, key=lambda b: b["chunk"])
+        one_step = ttft[(base["prompt"], base["chunk"], 0)]
+        out.append({"prompt": r["prompt"], "chunk": r["chunk"],
+                    "attention_added": (r["all_layers_s"] - base["all_layers_s"]) / one_step,
+                    "penalty": ttft[(r["prompt"], r["chunk"], 0)] / one_step - 1})
+    return out
+
+
 def add_curves(res: dict, key: str, curves: dict[str, list[dict]]) -> None:
     """The first backend's curve under `key`, each other's under `key`_<backend>."""
     for i, (backend, rows) in enumerate(curves.items()):
@@ -368,6 +411,11 @@ def print_report(res: dict) -> None:
             print(f"  prompt {r['prompt']:>6} decodes {r['num_decodes']:>3} chunk {r['chunk']:>6}: "
                   f"{r['penalty']:+.1%} - decodes {r['decode_work']:.1%} = excess "
                   f"{r['excess']:+.1%}{target}")
+    for key in sorted(k for k in res if k.startswith("attention_penalty")):
+        print(f"{key}: the attention alone, TTFT share chunking adds to it, beside the step's")
+        for r in res[key]:
+            print(f"  prompt {r['prompt']:>6} chunk {r['chunk']:>6}: attention "
+                  f"{r['attention_added']:+.1%} of a whole step's {r['penalty']:+.1%}")
     f = res.get("fusion", {})
     for key, label in (("decode_s", "decode step"), ("chunk512_prefix8192_s", "512-token chunk")):
         if not f:
@@ -491,6 +539,12 @@ def main() -> None:
     for key in [k for k in res if k.startswith("chunk_curve")]:
         res[key.replace("chunk_curve", "chunk_penalty", 1)] = chunk_penalties(
             res[key], spec, bandwidth, matmul_peak)
+    add_curves(res, "attention_chunks", bench_attention_chunks(spec, prompts, chunks, backends))
+    curve = "chunk_curve_async" if args.async_scheduling else "chunk_curve"
+    for i, backend in enumerate(backends):
+        tail = "" if i == 0 else f"_{backend}"
+        res[f"attention_penalty{tail}"] = attention_penalties(res[f"attention_chunks{tail}"],
+                                                              res[f"{curve}{tail}"])
     names = (res["env"]["gpu"], spec.name, *suffix)
     print(f"wrote {write_result(res, args.out, 'engine', *names)}")
     res["fusion"] = bench_fusion(model, caches, spec, bs, num_blocks, max_len)  # last: A/B only

@@ -59,3 +59,20 @@ def test_a_prompt_without_a_one_step_point_gets_no_penalty_and_the_smallest_whol
     assert [(r["prompt"], r["chunk"]) for r in out] == [(16384, 4096)]
     assert out[0]["penalty"] == pytest.approx(0.55 / 0.52 - 1)
     assert out[0]["target_max"] is None  # the target is set at chunk 2,048
+
+
+def test_the_attention_penalty_is_the_attention_chunking_adds_over_the_one_step_ttft():
+    """One layer's attention summed over the steps, times the layers, against the prompt in one
+    step; as a share of that step's TTFT, beside the whole step's penalty."""
+    spec = get_model("llama-3.1-8b")  # 32 layers
+    attention = [{"prompt": 16384, "chunk": c, "num_decodes": 0, "layer_ms": ms,
+                  "all_layers_s": 1e-3 * ms * 32}
+                 for c, ms in ((2048, 4.8), (8192, 4.2), (16384, 4.1))]
+    curve = [row(16384, 2048, 0, 0.510), row(16384, 8192, 0, 0.495),
+             row(16384, 16384, 0, 0.490), row(16384, 2048, 64, 0.6)]
+    out = {r["chunk"]: r for r in eb.attention_penalties(attention, curve)}
+    assert set(out) == {2048, 8192}
+    assert out[2048]["attention_added"] == pytest.approx(0.7e-3 * 32 / 0.490)  # 4.6%
+    assert out[2048]["penalty"] == pytest.approx(0.510 / 0.490 - 1)
+    assert out[8192]["attention_added"] == pytest.approx(0.1e-3 * 32 / 0.490)
+    assert spec.num_layers == 32
