@@ -321,16 +321,12 @@ def sequence_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, table_row: T
     segment_q = rows[absorbed:absorbed + seq.segment_rows]
     parts = [(part[real], part_lse[real])]
     running: tuple[Tensor, Tensor] | None = None
-    block_size = k_cache.shape[1]
-    tail = tuple(k_cache.shape[2:])
-    for start, length in seq.segments:  # whole blocks from a block boundary
-        gather_kv(k_cache, v_cache, table_row, start // block_size, length // block_size,
-                  length, buffers.segment_k, buffers.segment_v)
-        seg_out, seg_lse = sdpa_with_lse(segment_q, buffers.segment_k.view(-1, *tail)[:length],
-                                         buffers.segment_v.view(-1, *tail)[:length], False,
-                                         scale)
+    for i, (start, length) in enumerate(seq.segments):  # whole blocks from a block boundary
+        keys, values = gather_padded(k_cache, v_cache, table_row, start, length, length,
+                                     buffers.segment_k, buffers.segment_v)
+        seg_out, seg_lse = sdpa_with_lse(segment_q, keys, values, False, scale)
         parts.append((seg_out[:num_tokens], seg_lse[:num_tokens]))
-        if len(parts) == LIVE_PARTS and len(parts) < 1 + len(seq.segments):
+        if len(parts) == LIVE_PARTS and i + 1 < len(seq.segments):
             if running is None:
                 running = (torch.empty(q.shape, dtype=torch.float32, device=q.device),
                            torch.empty(q.shape[:2], dtype=torch.float32, device=q.device))
