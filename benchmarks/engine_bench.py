@@ -202,6 +202,17 @@ def bench_chunks(runner, bs, num_blocks, prompts, chunks, model,
     return rows
 
 
+def one_step(rows: list[dict], r: dict) -> dict | None:
+    """The point of `rows` that runs r's prompt (beside as many decodes) in one step: the
+    smallest chunk timed that holds the whole prompt; None for such a point itself, or where
+    none was timed."""
+    whole = [b for b in rows if b["prompt"] == r["prompt"]
+             and b["num_decodes"] == r["num_decodes"] and b["chunk"] >= r["prompt"]]
+    if not whole or r["chunk"] >= r["prompt"]:
+        return None
+    return min(whole, key=lambda b: b["chunk"])
+
+
 def chunk_penalties(rows: list[dict], spec, bandwidth: float, matmul_peak: float) -> list[dict]:
     """Each chunk-size point against its prompt run in one step (the smallest chunk timed that
     holds the whole prompt): the TTFT chunking adds, the decode rows' own work in the extra
@@ -211,11 +222,9 @@ def chunk_penalties(rows: list[dict], spec, bandwidth: float, matmul_peak: float
                     + spec.linear_flops_per_token() / matmul_peak)
     out = []
     for r in rows:
-        whole = [b for b in rows if b["prompt"] == r["prompt"]
-                 and b["num_decodes"] == r["num_decodes"] and b["chunk"] >= r["prompt"]]
-        if not whole or r["chunk"] >= r["prompt"]:
+        base = one_step(rows, r)
+        if base is None:
             continue
-        base = min(whole, key=lambda b: b["chunk"])
         extra_steps = -(-r["prompt"] // r["chunk"]) - 1
         decode_s = extra_steps * r["num_decodes"] * per_decode_s
         added = r["ttft_s"] - base["ttft_s"]
@@ -253,14 +262,13 @@ def attention_penalties(attention: list[dict], curve: list[dict]) -> list[dict]:
     ttft = {(r["prompt"], r["chunk"], r["num_decodes"]): r["ttft_s"] for r in curve}
     out = []
     for r in attention:
-        whole = [b for b in attention if b["prompt"] == r["prompt"] and b["chunk"] >= r["prompt"]]
-        if not whole or r["chunk"] >= r["prompt"]:
+        base = one_step(attention, r)
+        if base is None:
             continue
-        base = min(whole, key=lambda b: b["chunk"])
-        one_step = ttft[(base["prompt"], base["chunk"], 0)]
+        whole_s = ttft[(base["prompt"], base["chunk"], 0)]
         out.append({"prompt": r["prompt"], "chunk": r["chunk"],
-                    "attention_added": (r["all_layers_s"] - base["all_layers_s"]) / one_step,
-                    "penalty": ttft[(r["prompt"], r["chunk"], 0)] / one_step - 1})
+                    "attention_added": (r["all_layers_s"] - base["all_layers_s"]) / whole_s,
+                    "penalty": ttft[(r["prompt"], r["chunk"], 0)] / whole_s - 1})
     return out
 
 
