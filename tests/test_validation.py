@@ -418,6 +418,26 @@ def test_replays_pool_into_one_fit_when_their_token_sizes_nest():
     assert pooled_token_sizes([(), small]) is None  # an eager replay beside a piecewise one
 
 
+def test_one_fit_takes_runs_of_one_engine_and_names_what_differs():
+    """A fit prices every step with one cost model: runs whose engines differ in anything it
+    prices by (here the attention backend, which prices prefill attention; or async
+    scheduling) are refused with the field and both values named, and runs of one engine
+    give that engine's pricing with their pooled piecewise sizes."""
+    from sim.core.catalog import get_gpu, get_model
+    from sim.core.cost_model import CostArgs
+    from sim.core.engine_config import EngineConfig
+    from validation.calibrate import fit_pricing
+
+    base = EngineConfig(model=get_model("llama-3.1-8b"), gpu=get_gpu("h200"))
+    assert fit_pricing([base, base]) == (CostArgs.for_engine(base), ())
+    with pytest.raises(ValueError, match=r"attention_backend: auto, triton"):
+        fit_pricing([base, base.with_(attention_backend="auto")])
+    with pytest.raises(ValueError, match=r"host_hidden: False, True"):
+        fit_pricing([base.with_(async_scheduling=False), base])
+    with pytest.raises(ValueError, match=r"gpu: h100-80gb, h200-141gb"):
+        fit_pricing([base, base.with_(gpu=get_gpu("h100"))])
+
+
 def test_steps_csv_extents_and_their_concatenation(tmp_path):
     """The longest query and sequence of each step, from the GPU engine's columns (chunks and
     the longest decode row), survive a split and a concatenation; a table without them makes

@@ -33,6 +33,7 @@ from sim.core.calibration import (
 )
 from sim.core.cost_model import FIT_PARAMETERS, CostArgs, Efficiency
 from sim.core.elastic import VmmCosts
+from sim.core.engine_config import EngineConfig
 from sim.core.memory_plan import ActivationProfile
 from validation.runs import GpuRun, engine_config
 from validation.steps import (
@@ -113,6 +114,33 @@ def pooled_token_sizes(sizes_per_run: Sequence[Sequence[int]]) -> tuple[int, ...
     if all(sizes == longest[:len(sizes)] and bool(sizes) == bool(longest) for sizes in runs):
         return longest
     return None
+
+
+def fit_pricing(engines: Sequence[EngineConfig]) -> tuple[CostArgs, tuple[int, ...]]:
+    """What one fit prices the steps of runs on these engines with: their one
+    `CostArgs.for_engine` (model, GPU, TP size, attention backend, mixed split, decode graph
+    sizes, async scheduling) and their pooled piecewise graph sizes (`pooled_token_sizes`).
+
+    A fit prices every step with one cost model, so runs that differ in any of those cannot be
+    fitted together: ValueError naming what differs and how."""
+    args = [CostArgs.for_engine(engine) for engine in engines]
+    differ = [name for name in CostArgs._fields
+              if any(getattr(a, name) != getattr(args[0], name) for a in args[1:])]
+    if differ:
+        shown = "; ".join(f"{name}: " + ", ".join(sorted({_shown(getattr(a, name)) for a in args}))
+                          for name in differ)
+        raise ValueError(f"the runs' engines differ ({shown}); fit the runs of one engine at "
+                         "a time")
+    token_sizes = pooled_token_sizes([engine.piecewise_graph_sizes for engine in engines])
+    if token_sizes is None:
+        raise ValueError("the runs' piecewise graph sizes differ beyond their chunks (or some "
+                         "ran without them); fit the runs of one chunk at a time")
+    return args[0], token_sizes
+
+
+def _shown(value: object) -> str:
+    """A CostArgs field as an error names it: a model or GPU by its name."""
+    return str(getattr(value, "name", value))
 
 
 def fit_efficiency(args: CostArgs, fit: StepTable, initial: Efficiency | None = None,

@@ -201,11 +201,10 @@ HOST_PARAMETERS = HOST_TERMS  # sim.core.cost_model: the same terms host_slower 
 
 def fit(args: argparse.Namespace) -> int:
     from sim.core.calibration import engine_kinds_of, given_calibration, parts_of
-    from sim.core.cost_model import CostArgs
     from validation.calibrate import (
         calibrate,
         concat,
-        pooled_token_sizes,
+        fit_pricing,
         split_tail,
         usable_steps,
         write_calibration,
@@ -217,16 +216,7 @@ def fit(args: argparse.Namespace) -> int:
     test_runs = load_runs(args.test_dir) if args.test_dir else []
     check_calibration_graphs(start, runs + test_runs)
     configs = [engine_config(r.summary, args.gpu) for r in runs + test_runs]
-    hardware = {(c.model.name, c.gpu.name, c.tensor_parallel_size, c.cuda_graph_sizes,
-                 c.mixed_split_min_keys, c.async_scheduling) for c in configs}
-    if len(hardware) != 1:
-        raise ValueError(f"the runs mix model/GPU/TP/decode graph size/mixed split/async "
-                         f"scheduling combinations {sorted(hardware)}; fit one combination at "
-                         "a time")
-    token_sizes = pooled_token_sizes([c.piecewise_graph_sizes for c in configs])
-    if token_sizes is None:
-        raise ValueError("the runs' piecewise graph sizes differ beyond their chunks (or some "
-                         "ran without them); fit runs of one chunk at a time")
+    cost_args, token_sizes = fit_pricing(configs)
     if test_runs:
         fit_table = concat([usable_steps(r.steps) for r in runs])
         holdout_table = concat([usable_steps(r.steps) for r in test_runs])
@@ -236,7 +226,7 @@ def fit(args: argparse.Namespace) -> int:
     config = configs[0]
     free = HOST_PARAMETERS if args.free == "host" else (
         None if args.free is None else [n.strip() for n in args.free.split(",") if n.strip()])
-    result = calibrate(CostArgs.for_engine(config), fit_table, holdout_table, efficiency, free,
+    result = calibrate(cost_args, fit_table, holdout_table, efficiency, free,
                        token_graph_sizes=token_sizes)
     provenance = {"gpu_dir": str(args.gpu_dir), "test_dir": str(args.test_dir or ""),
                   "holdout_fraction": None if test_runs else args.holdout,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sim.core.cost_model import FIT_PARAMETERS, CostArgs, CostModel, Efficiency, host_slower, slower
+from sim.core.cost_model import FIT_PARAMETERS, CostModel, Efficiency, host_slower, slower
 from sim.core.elastic import VmmCosts
 from sim.core.memory_plan import ActivationProfile
 from sim.runner import RunResult, RunSpec
@@ -24,7 +24,7 @@ from validation.calibrate import (
     FitResult,
     calibrate,
     concat,
-    pooled_token_sizes,
+    fit_pricing,
     split_tail,
     usable_steps,
 )
@@ -175,24 +175,15 @@ def validate(gpu_runs: Sequence[GpuRun], efficiency: Efficiency | None,
 def fit_on_runs(runs: Sequence[RunComparison], initial: Efficiency,
                 holdout_fraction: float) -> tuple[FitResult | None, str]:
     """Fit on the first part of every run's measured steps; test on the rest of each."""
-    hardware = {(r.sim.spec.engine.model.name, r.sim.spec.engine.gpu.name,
-                 r.sim.spec.engine.tensor_parallel_size, r.sim.spec.engine.cuda_graph_sizes,
-                 r.sim.spec.engine.mixed_split_min_keys, r.sim.spec.engine.async_scheduling)
-                for r in runs}
-    if len(hardware) != 1:
-        return None, (f"not fitted: the runs mix {len(hardware)} model/GPU/TP/graph-size/"
-                      "mixed-split/scheduling combinations; fit each with "
-                      "`python -m validation fit`")
-    token_sizes = pooled_token_sizes([r.sim.spec.engine.piecewise_graph_sizes for r in runs])
-    if token_sizes is None:
-        return None, ("not fitted: the runs' piecewise graph sizes differ beyond their chunks "
-                      "(or some ran without them); fit each with `python -m validation fit`")
+    try:
+        cost_args, token_sizes = fit_pricing([r.sim.spec.engine for r in runs])
+    except ValueError as exc:
+        return None, f"not fitted: {exc}; fit each with `python -m validation fit`"
     splits = [split_tail(usable_steps(r.gpu.steps), holdout_fraction) for r in runs]
     fit_table = concat([s[0] for s in splits])
     holdout_table = concat([s[1] for s in splits])
-    engine = runs[0].sim.spec.engine
     try:
-        fitted = calibrate(CostArgs.for_engine(engine), fit_table, holdout_table, initial,
+        fitted = calibrate(cost_args, fit_table, holdout_table, initial,
                            free=HELD_OUT_FREE, token_graph_sizes=token_sizes)
     except ValueError as exc:
         return None, f"not fitted: {exc}"
