@@ -227,9 +227,18 @@ def plan_split(query_start_loc: np.ndarray, seq_lens: np.ndarray, num_decodes: i
 
 def prepare_plan(plan: SplitPlan, cache: Tensor, num_heads: int) -> SplitPlan:
     """`plan` with its step's buffers shaped like `cache` (a layer's K cache) and its runs'
-    offsets on the cache's device."""
+    offsets on the cache's device: one copy of them all, from pinned memory on CUDA, so the
+    host does not wait for the device (a pageable copy would, and a step launched ahead of
+    the one running would then start only once that one ends)."""
     buffers = SplitBuffers.for_plan(plan, cache, num_heads) if plan.seqs else None
-    starts = tuple(torch.as_tensor(r.query_start_loc).to(cache.device) for r in plan.runs)
+    if not plan.runs:
+        return replace(plan, buffers=buffers, run_starts=())
+    host = torch.from_numpy(np.concatenate([r.query_start_loc for r in plan.runs]))
+    if cache.is_cuda:
+        host = host.pin_memory()
+    device = host.to(cache.device, non_blocking=cache.is_cuda)
+    ends = np.cumsum([len(r.query_start_loc) for r in plan.runs])
+    starts = tuple(device[end - len(r.query_start_loc):end] for r, end in zip(plan.runs, ends))
     return replace(plan, buffers=buffers, run_starts=starts)
 
 
