@@ -26,7 +26,8 @@ LLAMA_8B, H200 = get_model("llama-3.1-8b"), get_gpu("h200")
 ARGS = CostArgs(LLAMA_8B, H200)
 TRUE = Efficiency(linear_compute=0.66, memory=0.61, kv_memory=0.83, attention_compute=0.35,
                   step_overhead_s=2e-3, per_seq_overhead_s=1e-5, eager_launch_s=0.013,
-                  attention_program=0.3, attention_program_serial=0.6)
+                  attention_program=0.3, attention_program_serial=0.6,
+                  attention_query_s=3e-9, mixed_decode_compute=0.25)
 
 
 def attention_times(eff: Efficiency, shapes) -> np.ndarray:

@@ -10,7 +10,7 @@ import pytest
 
 from sim.core.calibration import load_efficiency
 from sim.core.catalog import get_gpu, get_model
-from sim.core.cost_model import CostModel, Efficiency, efficiency_dict
+from sim.core.cost_model import CostModel, Efficiency, efficiency_dict, slower
 from sim.core.step import ScheduledRequest, SchedulerOutput
 
 LLAMA_8B = get_model("llama-3.1-8b")
@@ -62,6 +62,41 @@ def test_prefill_attention_is_proportional_to_causal_pairs(cost):
         pairs = chunk * (prefix + chunk / 2)
         assert cost.prefill_attention_s(((chunk, prefix),)) == pytest.approx(pairs * unit,
                                                                              rel=1e-12)
+
+
+def test_a_query_tokens_share_is_per_kv_head_and_layer_beside_its_pairs():
+    """Efficiency.attention_query_s: a 2,048-token chunk over 6,144 cached keys at 0.4 of the
+    H200's 989.4 TFLOP/s and 5 ns per query token, KV head and layer:
+        pairs  2,048 x (6,144 + 1,024) = 14,680,064 x 4 x 32 heads x 128 x 32 layers
+               = 7.697e12 FLOPs / (989.4e12 x 0.4) = 19.449 ms
+        tokens 2,048 x 8 KV heads x 32 layers x 5 ns = 2.621 ms
+    TP=2 holds half the heads, so half of both; `slower` doubles the time."""
+    eff = Efficiency(attention_compute=0.4, attention_query_s=5e-9)
+    chunk = ((2048, 6144),)
+    cost = CostModel(LLAMA_8B, H200, efficiency=eff)
+    pairs_s = 2048 * (6144 + 1024) * 4 * 32 * 128 * 32 / (989.4e12 * 0.4)
+    assert pairs_s == pytest.approx(19.449e-3, rel=1e-4)
+    assert cost.prefill_attention_s(chunk) == pytest.approx(pairs_s + 2.621e-3, rel=1e-4)
+    assert cost.attention_query_token_s == pytest.approx(8 * 32 * 5e-9, rel=1e-12)
+    tp2 = CostModel(LLAMA_8B, H200, tp=2, efficiency=eff)
+    assert tp2.prefill_attention_s(chunk) == pytest.approx(cost.prefill_attention_s(chunk) / 2,
+                                                           rel=1e-12)
+    twice = CostModel(LLAMA_8B, H200, efficiency=slower(eff, 2.0))
+    assert twice.prefill_attention_s(chunk) == pytest.approx(2 * cost.prefill_attention_s(chunk),
+                                                             rel=1e-12)
+
+
+def test_decode_rows_beside_a_chunk_run_at_their_own_rate_where_one_is_fitted():
+    """Efficiency.mixed_decode_compute: 10,000 keys of decode rows beside a chunk cost a
+    128-row tile's FLOPs per KV head: 10,000 x 8 x 4 x 128 x 128 x 32 layers = 1.678e11 FLOPs,
+    at 0.2 of 989.4 TFLOP/s 0.848 ms; unset, at attention_compute (0.4: half that)."""
+    own = CostModel(LLAMA_8B, H200, efficiency=Efficiency(attention_compute=0.4,
+                                                          mixed_decode_compute=0.2))
+    assert own.mixed_decode_attention_s(10_000) == pytest.approx(0.848e-3, rel=1e-3)
+    unset = CostModel(LLAMA_8B, H200, efficiency=Efficiency(attention_compute=0.4))
+    assert unset.mixed_decode_attention_s(10_000) == pytest.approx(0.848e-3 / 2, rel=1e-3)
+    with pytest.raises(ValueError, match="mixed_decode_compute"):
+        Efficiency(mixed_decode_compute=1.5)
 
 
 @pytest.mark.parametrize("chunk", [512, 2048, 8192, 32768])

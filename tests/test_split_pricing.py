@@ -47,7 +47,8 @@ EFF = Efficiency(attention_compute=0.5, memory=0.8, kv_memory=0.7,
                  split_attention_compute=0.6, split_call_s=5e-5,
                  eager_launch_s=3e-3, split_launch_s=1.2e-3,
                  attention_program=0.3, attention_program_serial=0.5,
-                 launch_serial_fraction=0.3, step_overhead_s=1e-3, per_seq_overhead_s=4e-6)
+                 launch_serial_fraction=0.3, step_overhead_s=1e-3, per_seq_overhead_s=4e-6,
+                 attention_query_s=2.5e-9, mixed_decode_compute=0.25)
 
 
 def test_the_catalog_shapes_the_hand_arithmetic_uses():
@@ -161,12 +162,13 @@ def test_a_short_chunk_beside_a_split_one_is_priced_as_triton_prefill_pairs():
                       + 2 x 2,048 x 131,072 / (4.8e12 x 0.8) = 0.140 ms
         Triton 300    300 x (700 + 300 / 2) = 255,000 pairs x 524,288 / (989.4e12 x 0.5)
                       = 0.270 ms (causal pairs, unpadded, at attention_compute)
+                      + 300 query tokens x 8 KV heads x 32 layers x 2.5 ns = 0.192 ms
         decodes       16,000 keys x 131,072 / (4.8e12 x 0.7) = 0.624 ms
-    = 4.486 ms."""
+    = 4.678 ms."""
     out = step(((2048, 0), (300, 700)), (2000,) * 8)
     expected = (split_attention_hand(2048 * 2048 / 2, 1, 2048, 16000)
-                + 300 * (700 + 150) * FLOPS_PER_PAIR / (PEAK_FLOPS * 0.5))
-    assert expected == pytest.approx(4.486e-3, rel=1e-4)
+                + 300 * (700 + 150) * FLOPS_PER_PAIR / (PEAK_FLOPS * 0.5) + 300 * 8 * 32 * 2.5e-9)
+    assert expected == pytest.approx(4.678e-3, rel=1e-4)
     auto = CostModel(LLAMA_8B, H200, efficiency=EFF, attention_backend="auto")
     assert auto.step(out).attention_s == pytest.approx(expected, rel=1e-12)
     # on split the 300 runs SPLIT too: 1,024 square rows over 700 absorbed keys (no segment)
@@ -331,7 +333,8 @@ def test_a_split_profile_holds_the_triton_terms_and_fits_splits():
     args = CostArgs(LLAMA_8B, H200, 1, "split")
     outputs = SPLIT_GRID + TRITON_GRID
     assert held_attention_terms(args, outputs) == (
-        "attention_compute", "attention_program", "attention_program_serial")
+        "attention_compute", "attention_program", "attention_program_serial",
+        "attention_query_s", "mixed_decode_compute")
     start = Efficiency(attention_compute=0.3, attention_program=0.2)
     fitted, _ = fit_attention_terms(args, outputs, attention_times("split", outputs),
                                     start=start)

@@ -232,10 +232,10 @@ def attention_terms(cost: CostModel, table: StepTable
     run apart (`runs_apart`) launches its chunks alone: its longest program and splits are
     those of its prefill rows."""
     apart = runs_apart(cost, table)
-    per_pair_s = cost.prefill_attention_s(((2, 0),)) / 2.0  # a 2-token chunk is 2 pairs
     per_key_s = np.where(table.has_prefill, cost.mixed_decode_attention_s(1),
                          cost.decode_attention_s(1))
-    work = (table.prefill_pairs * per_pair_s
+    work = (table.prefill_pairs * cost.attention_pair_s
+            + table.num_prefill_tokens * cost.attention_query_token_s
             + np.where(apart, 0.0, table.decode_context_tokens * per_key_s))
     longest, splits = np.zeros(len(table)), np.ones(len(table), dtype=np.int64)
     if table.max_query_len is not None and table.max_seq_len is not None:

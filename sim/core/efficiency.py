@@ -19,6 +19,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 
+# Efficiency fields that may be None (what None means: each field's comment).
+OPTIONAL_FIELDS = ("piecewise_launch_s", "attention_program", "mixed_decode_compute")
 # Efficiency's shares of a shorter time not hidden under a longer one: each within [0, 1].
 SERIAL_FRACTIONS = ("linear_serial_fraction", "launch_serial_fraction", "attention_program_serial")
 
@@ -85,6 +87,22 @@ class Efficiency:
     # and last waves, its share of the gathers and the log-sum-exp merge. A fit tells it from
     # SPLIT steps of several sizes only.
     split_call_s: float = 0.0
+    # Device time of the Triton prefill path per new (query) token, KV head and layer besides
+    # its products with the keys: the token's share of its tile's start and finish (queries
+    # loaded, the softmax normalised, the output written) and of the causal diagonal's tiles,
+    # which do a full tile's work for half its pairs. Without it every pair costs the same,
+    # and one H200 profile's causal prefills alone (Llama-3.1-8B, one layer's attention
+    # launch timed) came out 19% fast at 2,048 tokens and 17% slow at 16,384. Fitted only
+    # to a profile's attention launches timed alone. 0: not priced.
+    attention_query_s: float = 0.0
+    # Of peak bf16 FLOP/s: how fast a decode row's tile works through its keys in the launch
+    # of a step with prefill tokens (CostModel.mixed_decode_attention_s: a 128-row tile per
+    # KV head for one query row). The same kernel's rate on prefill pairs (attention_compute)
+    # does not hold for it: fitted as one, the H200 profile's mixed launches came out 13-67%
+    # fast and its prefix-heavy prefills up to 33% slow (Llama-3.1-8B: 0.33 for both;
+    # apart, 0.37 for pairs and 0.23 for such tiles). Fitted only to a profile's attention
+    # launches timed alone. None: at attention_compute (calibrations from before this term).
+    mixed_decode_compute: float | None = None
     # Host time per step in which a synchronous engine's device is idle (the inputs built and
     # copied before the first kernel, the ids read back after the last): a profile's step
     # time less its device span (CUDA events), median over its grid. Not fitted: measured
@@ -96,11 +114,12 @@ class Efficiency:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if value is None and f.name in ("piecewise_launch_s", "attention_program"):
+            if value is None and f.name in OPTIONAL_FIELDS:
                 continue
             if value < 0 or (f.name in ("linear_compute", "memory", "kv_memory",
                                         "attention_compute", "interconnect",
-                                        "attention_program", "split_attention_compute")
+                                        "attention_program", "split_attention_compute",
+                                        "mixed_decode_compute")
                              and not 0 < value <= 1) or (f.name in SERIAL_FRACTIONS and value > 1):
                 raise ValueError(f"efficiency {f.name}={value} is out of range")
 
@@ -129,6 +148,8 @@ FIT_PARAMETERS = (
     ("attention_program_serial", (0.0, 1.0), 1.0),
     ("split_attention_compute", (0.05, 1.0), 1.0),
     ("split_call_s", (0.0, 1e-3), 1e-5),
+    ("attention_query_s", (0.0, 1e-7), 1e-9),
+    ("mixed_decode_compute", (0.02, 1.0), 1.0),
 )
 # SPLIT's terms: fitted only where enough steps run SPLIT (sim.core.calibration.fit)
 SPLIT_PARAMETERS = ("split_attention_compute", "split_call_s")
@@ -141,10 +162,11 @@ def slower(eff: Efficiency, factor: float) -> Efficiency:
         raise ValueError(f"slower() needs a factor >= 1 (efficiencies stay <= 1), got {factor}")
     return replace(eff, **{name: getattr(eff, name) / factor for name in (
         "linear_compute", "memory", "kv_memory", "attention_compute", "interconnect",
-        "attention_program", "split_attention_compute") if getattr(eff, name) is not None},
+        "attention_program", "split_attention_compute", "mixed_decode_compute")
+        if getattr(eff, name) is not None},
         **_times(eff, ("allreduce_latency_s", "step_overhead_s", "per_seq_overhead_s",
                        "eager_launch_s", "piecewise_launch_s", "split_launch_s",
-                       "split_call_s", "host_gap_s"), factor))
+                       "split_call_s", "attention_query_s", "host_gap_s"), factor))
 
 
 def _times(eff: Efficiency, names: Sequence[str], factor: float) -> dict[str, float]:

@@ -60,6 +60,10 @@ class OperatorCosts:
         self._kv_heads = max(1, model.num_kv_heads // tp)  # per GPU (replicated below tp)
         self._group = max(1, model.num_attention_heads // model.num_kv_heads)
         self._attn_flops_per_pair = 4.0 * heads * model.head_dim * model.num_layers
+        # a query token's fixed share, over its KV heads on this GPU and every layer
+        self._query_s = self.eff.attention_query_s * self._kv_heads * model.num_layers
+        self._mixed_flops_s = (gpu.peak_bf16_flops * self.eff.mixed_decode_compute
+                               if self.eff.mixed_decode_compute else self._attn_flops_s)
         # one program: a 128-row tile's QK^T and PV products per key, over every layer
         self._program_flops_per_key = 4.0 * ATTENTION_TILE_ROWS * model.head_dim * model.num_layers
         self._program_flops_s = (gpu.peak_bf16_flops / gpu.num_sms * self.eff.attention_program
@@ -74,9 +78,21 @@ class OperatorCosts:
         weights = weight_bytes / self._bytes_s
         return max(compute, weights) + self.eff.linear_serial_fraction * min(compute, weights)
 
+    @property
+    def attention_pair_s(self) -> float:
+        """The Triton prefill path's seconds per (query, key) pair, over every layer."""
+        return self._attn_flops_per_pair / self._attn_flops_s
+
+    @property
+    def attention_query_token_s(self) -> float:
+        """Its fixed seconds per query (new) token, over every layer (attention_query_s)."""
+        return self._query_s
+
     def prefill_attention_s(self, chunks: tuple[tuple[int, int], ...]) -> float:
+        """The Triton prefill path on `chunks`: every (query, key) pair a causal chunk sees at
+        `attention_compute`, and every query token's fixed share (`attention_query_s`)."""
         pairs = sum(c * (p + c / 2.0) for c, p in chunks)
-        return pairs * self._attn_flops_per_pair / self._attn_flops_s
+        return pairs * self.attention_pair_s + sum(c for c, _ in chunks) * self._query_s
 
     def split_chunks(self, chunks: Chunks) -> tuple[Chunks, Chunks] | None:
         """(sequences SPLIT runs, the rest) of a step's prefill chunks, or None where the
@@ -116,12 +132,13 @@ class OperatorCosts:
     def mixed_decode_attention_s(self, context_tokens: int) -> float:
         """The decode rows of a step with prefill tokens: one launch of 128-row tiles runs
         the whole step, a decode row's tile too (one query, its GQA group of rows used), so
-        every key of those rows costs a tile's FLOPs per KV head at `attention_compute`, not
-        a read at `kv_memory`. Measured on the H200 (benchmarks/replay_attention.py, the
-        Mooncake replays' own chunk-2,048 steps alone): 18 decode rows of 218k keys beside a
-        2,030-token chunk took 1.37 ms per layer, priced 0.79 as reads (the longest program)."""
+        every key of those rows costs a tile's FLOPs per KV head at `mixed_decode_compute`
+        (`attention_compute` where unset), not a read at `kv_memory`. Measured on the H200
+        (benchmarks/replay_attention.py, the Mooncake replays' own chunk-2,048 steps alone):
+        18 decode rows of 218k keys beside a 2,030-token chunk took 1.37 ms per layer, priced
+        0.79 as reads (the longest program)."""
         return (context_tokens * self._kv_heads * self._program_flops_per_key
-                / self._attn_flops_s)
+                / self._mixed_flops_s)
 
     def longest_program_s(self, max_seq_len: np.ndarray | int,
                           num_splits: np.ndarray | int = 1) -> np.ndarray | float:

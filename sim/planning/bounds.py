@@ -69,7 +69,7 @@ class Rates:
 
         return cls(
             linear_token_s=slope(cost.linear_s), linear_step_s=cost.linear_s(1) * _SOUND,
-            attention_pair_s=cost.prefill_attention_s(((2, 0),)) / 2 * _SOUND,
+            attention_pair_s=cost.attention_pair_s * _SOUND,
             context_token_s=min(cost.decode_attention_s(1),
                                 cost.mixed_decode_attention_s(1)) * _SOUND,
             allreduce_token_s=(cost.allreduce_s(2) - cost.allreduce_s(1)) * _SOUND,

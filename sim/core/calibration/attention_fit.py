@@ -32,7 +32,8 @@ from sim.core.step import SchedulerOutput
 # longer does not hide (CostModel.launch_attention_s); on the split and auto backends also
 # SPLIT's rate and its cost per call.
 TRITON_ATTENTION_PARAMETERS = ("attention_compute", "attention_program",
-                               "attention_program_serial")
+                               "attention_program_serial", "attention_query_s",
+                               "mixed_decode_compute")
 ATTENTION_PARAMETERS = (*TRITON_ATTENTION_PARAMETERS, *SPLIT_PARAMETERS)
 
 
@@ -97,9 +98,10 @@ def attention_start(cost_args: CostArgs,
     """The whole-step fit's start and held terms: with a profile's attention timed alone
     (`attention`: the steps and their seconds), `start` with the attention's own terms fitted
     to it (those in `hold` kept) and held from then on, and that fit's errors; without, as
-    given."""
+    given, with the terms only launches timed alone tell (a query token's share and the
+    decode rows' rate beside a chunk) held at theirs."""
     if attention is None:
-        return start, hold, None
+        return start, (*hold, "attention_query_s", "mixed_decode_compute"), None
     # each launch was timed alone as one launch (attention_profile.launch_ms), decode rows
     # and chunks together, whatever the engine's mixed steps run
     single = cost_args._replace(mixed_split_min_keys=0)

@@ -36,6 +36,9 @@ def fit_efficiency(start: Efficiency, relative_errors: Callable[[Efficiency], np
     unknown = set(fixed) - {name for name, _, _ in FIT_PARAMETERS}
     if unknown:
         raise ValueError(f"cannot hold {sorted(unknown)} fixed: not fitted parameters")
+    if "mixed_decode_compute" not in fixed and start.mixed_decode_compute is None:
+        # unset prices at attention_compute: a fit of it starts there
+        start = replace(start, mixed_decode_compute=start.attention_compute)
     params = [p for p in FIT_PARAMETERS if p[0] not in fixed]
     units = np.array([unit for _, _, unit in params])
     lower = np.array([bounds[0] for _, bounds, _ in params]) / units

@@ -26,12 +26,12 @@ from pathlib import Path
 from sim.core.calibration.fit import MIN_LAUNCH_STEPS
 from sim.core.calibration.provenance import ENGINE_LABEL, JSON_KEYS, EngineKind, Provenance
 from sim.core.cost_model import Efficiency
-from sim.core.efficiency import measured_host_gap_s
+from sim.core.efficiency import OPTIONAL_FIELDS, measured_host_gap_s
 from sim.core.elastic import VmmCosts
 from sim.core.memory_plan import ActivationProfile
 from sim.core.split_shapes import ATTENTION_BACKENDS, TRITON_ATTENTION
 
-OPTIONAL_EFFICIENCIES = ("piecewise_launch_s", "attention_program")  # None: not priced
+OPTIONAL_EFFICIENCIES = OPTIONAL_FIELDS  # Efficiency's fields that may be null
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,8 @@ What a calibration holds, and how each part moves:
                       interconnect: shares of the datasheet peak. The cost model multiplies
                       them by the target GPU's datasheet rates and the target model's FLOPs
                       and bytes, so they carry as they are (same kernels, similar shapes).
+                      mixed_decode_compute (a share too) carries likewise, and
+                      attention_query_s, per query token and layer, as it is.
     shares            the *_serial_fraction terms: dimensionless, carried as they are.
     launch terms      eager_launch_s, piecewise_launch_s, split_launch_s: host time to
                       enqueue a step's kernels, a fixed number per layer, so scaled by the
