@@ -6,8 +6,9 @@ with achieved rates = peak x an efficiency. Operators:
     linear     q/k/v/o and MLP matmuls of all layers: 2 x params x tokens FLOPs, weights read
                once per step (small steps are weight-bandwidth bound, large ones compute bound)
     attention  prefill chunks: causal FLOPs of a chunk of c tokens on a prefix of p,
-               4 x c x (p + c/2) x heads x head_dim per layer; decode: KV bytes read; a
-               decode row beside a chunk: its 128-row tile's FLOPs over its keys (below),
+               4 x c x (p + c/2) x heads x head_dim per layer, and a fixed time per new
+               token, KV head and layer; decode: KV bytes read; a decode row beside a
+               chunk: its 128-row tile's FLOPs over its keys at a rate of their own (below),
                or, where the decode rows run apart (EngineConfig.mixed_split_bytes), their
                reads and two more launches per layer.
                A step that runs SPLIT (attention backends split, auto): its SPLIT
