@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from sim.core.efficiency import SPLIT_PARAMETERS
+from sim.core.efficiency import SPLIT_PARAMETERS, UNSET_MEANS
 from validation.compare import median_steepness
 from validation.pipeline import (
     HOST_SENSITIVITY_FACTOR,
@@ -84,13 +84,14 @@ def fit_lines(v: Validation) -> list[str]:
     f = v.fit
     lines = [v.fit_note + ".", "",
              "| efficiency | start | fitted |", "|---|---|---|"]
-    def shown(value: float | None) -> str:  # None: piecewise_launch_s unset (eager_launch_s)
-        return "as eager_launch_s" if value is None else f"{value:.4g}"
+    def shown(name: str, value: float | None) -> str:
+        return UNSET_MEANS[name] if value is None else f"{value:.4g}"
 
     for name, value in asdict(f.efficiency).items():
         if name in SPLIT_PARAMETERS and value == getattr(f.initial, name):
             continue  # held: too few steps ran SPLIT (the triton backend's: none)
-        lines.append(f"| {name} | {shown(getattr(f.initial, name))} | {shown(value)} |")
+        lines.append(f"| {name} | {shown(name, getattr(f.initial, name))} | "
+                     f"{shown(name, value)} |")
     b, a = f.holdout_before, f.holdout_after
     lines += ["", "| held-out steps | median \\|err\\| | p90 \\|err\\| | bias |", "|---|---|---|---|",
               f"| before the fit | {abs_pct(b['median_abs'])} | {abs_pct(b['p90_abs'])} | "

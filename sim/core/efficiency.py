@@ -19,8 +19,10 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 
-# Efficiency fields that may be None (what None means: each field's comment).
-OPTIONAL_FIELDS = ("piecewise_launch_s", "attention_program", "mixed_decode_compute")
+# Efficiency fields that may be None, and what None prices them as (each field's comment).
+UNSET_MEANS = {"piecewise_launch_s": "as eager_launch_s", "attention_program": "not priced",
+               "mixed_decode_compute": "as attention_compute"}
+OPTIONAL_FIELDS = tuple(UNSET_MEANS)
 # Efficiency's shares of a shorter time not hidden under a longer one: each within [0, 1].
 SERIAL_FRACTIONS = ("linear_serial_fraction", "launch_serial_fraction", "attention_program_serial")
 
@@ -92,16 +94,18 @@ class Efficiency:
     # loaded, the softmax normalised, the output written) and of the causal diagonal's tiles,
     # which do a full tile's work for half its pairs. Without it every pair costs the same,
     # and one H200 profile's causal prefills alone (Llama-3.1-8B, one layer's attention
-    # launch timed) came out 19% fast at 2,048 tokens and 17% slow at 16,384. Fitted only
-    # to a profile's attention launches timed alone. 0: not priced.
+    # launch timed) came out 19% fast at 2,048 tokens and 17% slow at 16,384. A profile fits
+    # it to its attention launches timed alone only (whole steps cannot tell it from the
+    # linear layers); a fit of replays' steps may free it. 0: not priced.
     attention_query_s: float = 0.0
     # Of peak bf16 FLOP/s: how fast a decode row's tile works through its keys in the launch
     # of a step with prefill tokens (CostModel.mixed_decode_attention_s: a 128-row tile per
     # KV head for one query row). The same kernel's rate on prefill pairs (attention_compute)
     # does not hold for it: fitted as one, the H200 profile's mixed launches came out 13-67%
     # fast and its prefix-heavy prefills up to 33% slow (Llama-3.1-8B: 0.33 for both;
-    # apart, 0.37 for pairs and 0.23 for such tiles). Fitted only to a profile's attention
-    # launches timed alone. None: at attention_compute (calibrations from before this term).
+    # apart, 0.37 for pairs and 0.23 for such tiles). A profile fits it to its attention
+    # launches timed alone only, as attention_query_s. None: at attention_compute
+    # (calibrations from before this term).
     mixed_decode_compute: float | None = None
     # Host time per step in which a synchronous engine's device is idle (the inputs built and
     # copied before the first kernel, the ids read back after the last): a profile's step
