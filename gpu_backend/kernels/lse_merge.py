@@ -15,8 +15,8 @@ heads; the parts' pointers and strides passed as tuples), each part read once, t
 in float32 registers. A SPLIT sequence's square and its prefix segments (split_attention.py)
 are one launch that way where a chain of pairwise merges took one per segment and wrote a
 float32 result between them. Every operand is read through its strides, so the views SDPA
-ops return ([1, H, S, D] seen as [S, H, D], LSE [1, H, S] seen as [S, H]) need no copy. `merge_partials_ref` is the float32 torch
-reference the tests compare against.
+ops return ([1, H, S, D] seen as [S, H, D], LSE [1, H, S] seen as [S, H]) need no copy.
+`merge_partials_ref` is the float32 torch reference the tests compare against.
 """
 
 from __future__ import annotations

@@ -237,8 +237,7 @@ def prepare_plan(plan: SplitPlan, cache: Tensor, num_heads: int) -> SplitPlan:
     if cache.is_cuda:
         host = host.pin_memory()
     device = host.to(cache.device, non_blocking=cache.is_cuda)
-    ends = np.cumsum([len(r.query_start_loc) for r in plan.runs])
-    starts = tuple(device[end - len(r.query_start_loc):end] for r, end in zip(plan.runs, ends))
+    starts = device.split([len(r.query_start_loc) for r in plan.runs])
     return replace(plan, buffers=buffers, run_starts=starts)
 
 
