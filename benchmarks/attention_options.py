@@ -9,7 +9,8 @@ way the engine could run a prefill or mixed step's attention, per layer, on the 
    short sweep of tiles at 16,384); torch SDPA with each backend forced, with GQA and with
    K/V heads expanded beforehand (the copy not timed); the aten cuDNN and flash ops that also
    return the log-sum-exp; FA2 varlen; compiled FlexAttention with a causal block mask;
-   cuDNN's own SDPA over the paged pool (cuDNN frontend, `cudnn` package).
+   cuDNN's own SDPA over the paged pool (cuDNN frontend, `cudnn` package); FlashInfer's
+   batch prefill over the paged pool in place, its fa3 (Hopper) and fa2 kernels.
 2. chunked: the 16,384-token prompt in chunks of 2,048 and 8,192 over its cached prefix, the
    sum over chunks (and the whole prompt as one chunk, the same code path): ours; SPLIT, the
    chunk's own keys (causal square) through an SDPA op with LSE plus the prefix keys either
@@ -17,17 +18,21 @@ way the engine could run a prefill or mixed step's attention, per layer, on the 
    their LSEs (gather and merge timed; SPLIT's steps also timed one by one); FA2 varlen and
    cuDNN (dense K/V, bottom-right causal) on the gathered prefix + chunk; FlexAttention on
    gathered keys padded to the prompt (one compile per chunk size); cuDNN paged with a
-   bottom-right causal mask; ours and cuDNN paged over the pool re-paged in 64-token blocks.
+   bottom-right causal mask; FlashInfer paged; ours, cuDNN paged and FlashInfer over the
+   pool re-paged in 64-token blocks.
 3. mixed: a 2,048-token chunk (prefix 0 and 8,192) beside 64 decodes of 1,024 keys: ours in
    one launch and in two (decode rows through the decode path, then the chunk), the two best
    other options of 2 on the pool's own blocks with the decode rows through our decode path,
-   cuDNN paged in one ragged call, and the decode rows alone (the floor); device time and the
-   host's time to launch the call while the GPU is busy.
+   cuDNN paged and FlashInfer each in one ragged call, and the decode rows alone (the
+   floor); device time and the host's time to launch the call while the GPU is busy; and
+   FlashInfer's plan of the step (host time, once per step for every layer).
 
 Every option is checked against a float32 reference on sampled query rows (every row of a
 small shape); one over the tolerance is reported wrong and never ranked. One that fails
-records the first line of its error and the run goes on; the cuDNN frontend is first tried
-in a child process so that a fault there cannot take the run's CUDA context with it.
+records the first line of its error and the run goes on; the cuDNN frontend and each
+FlashInfer backend are first tried in a child process so that a fault there cannot take the
+run's CUDA context with it (FlashInfer's child also builds its kernels: about 90 s for fa3 and
+40 s for fa2 on 16 cores the first time, then loaded from its cache).
 
 Targets: prefill attention within 1.2x of SDPA cuDNN's one pass on the same shape; the chunk
 penalty (sum over chunks of 2,048 / one pass of 16,384) at most ~2% beyond the decode work.
@@ -40,13 +45,18 @@ pass (5.2 with a 256x128 or 256x64 tile), 6.6-6.7 ms in chunks of 2,048; SPLIT (
 1.33-1.35x at 2,048 on 16-token blocks, 1.06-1.07x and 1.20-1.21x on 64-token blocks. Beside
 64 decodes, a 2,048 chunk over 8,192 cached: ours 1.04 ms, SPLIT + our decode launch 0.60 ms
 (the decode rows alone 0.08), but SPLIT's eager launches take the host ~1 ms.
+FlashInfer 0.7.4 (H200, 2026-12-06): fa3 over the pool's 16-token blocks in place 3.64 ms one
+pass (1.08x), 3.96 ms in chunks of 2,048 (1.18x; 1.085x its own one pass), the same on 64-token
+blocks; fa2 6.24 ms one pass; beside 64 decodes, the 2,048 chunk over 8,192 cached through fa3
+and our decode launch 0.63 ms, fa3 in one ragged call 0.87 ms; fa3's plan 0.7-1.0 ms of host.
 
 Usage:
     python benchmarks/attention_options.py [--out PATH]   # CUDA GPU, about 2 minutes
     python benchmarks/attention_options.py --smoke        # CPU: tiny shapes, Triton's
                                                           # interpreter, CUDA-only options skipped
 The cuDNN frontend options need `pip install --no-deps nvidia-cudnn-frontend==1.23.0` (it
-loads the libcudnn torch ships); without it they record the import error.
+loads the libcudnn torch ships), the FlashInfer options `pip install 'elastic-kv[flashinfer]'`
+and nvcc; without them they record the error. `--only` runs the options its patterns name.
 """
 
 from __future__ import annotations
@@ -60,7 +70,9 @@ if "--smoke" in sys.argv:  # the interpreter must be chosen before triton is fir
 import argparse  # noqa: E402
 import datetime  # noqa: E402
 import faulthandler  # noqa: E402
+import fnmatch  # noqa: E402
 import functools  # noqa: E402
+import itertools  # noqa: E402
 import json  # noqa: E402
 import signal  # noqa: E402
 import statistics  # noqa: E402
@@ -95,6 +107,7 @@ from gpu_backend.kernels.reference import gather_kv  # noqa: E402
 
 OPTION_TIMEOUT_S = 75.0  # one option (compiles included) is abandoned past this
 HARD_LIMIT_S = 330.0  # the process dumps its stacks and exits past this (results so far kept)
+FLASHINFER_BUILD_S = 420.0  # FlashInfer's JIT may build this long per backend (not in the above)
 BUSY_CYCLES = 20_000_000  # ~10 ms of GPU sleep queued while the host launch is timed
 QUEUE_AHEAD_CYCLES = 10_000_000  # ~5 ms of GPU sleep queued before each device-timed call
 TOLERANCE = {torch.bfloat16: 3e-2, torch.float16: 4e-3, torch.float32: 1e-3}
@@ -402,14 +415,16 @@ Builder = Callable[[Chunk], ChunkFn]  # set-up (compiles, buffers, graphs) is no
 @dataclass(frozen=True)
 class Option:
     """A way to run the attention. build: a Builder, or for mixed steps (chunk, decodes) ->
-    MixedFn; needs_frontend: the cuDNN frontend (its probe passed); block_size: the pool
-    re-paged at this block size (None: the engine's own)."""
+    MixedFn; needs_frontend: the cuDNN frontend (its probe passed); flashinfer: the
+    FlashInfer backend it runs (its probe built and checked that backend's kernels);
+    block_size: the pool re-paged at this block size (None: the engine's own)."""
     name: str
     build: Callable
     needs_cuda: bool = True
     needs_frontend: bool = False
     note: str = ""
     block_size: int | None = None
+    flashinfer: str | None = None
 
 
 def bhsd(x: Tensor) -> Tensor:
@@ -830,6 +845,81 @@ def cudnn_gathered(padded_to: int) -> Builder:
     return build
 
 
+# ----------------------------------------------------------------------------- FlashInfer
+
+FLASHINFER_WORKSPACE_BYTES = 256 << 20  # its split-KV scratch; 128 MiB is its own advice
+FLASHINFER_BACKENDS = ("fa3", "fa2")  # fa3: its Hopper kernels (wgmma, TMA); fa2: portable
+
+
+@functools.cache
+def flashinfer_workspace(device: str) -> Tensor:
+    return torch.empty(FLASHINFER_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+
+
+def flashinfer_call(backend: str, layer: PagedLayer, q: Tensor, tables: Tensor,
+                    q_lens: Sequence[int], seq_lens: Sequence[int], scale: float
+                    ) -> tuple[ChunkFn, float]:
+    """FlashInfer's batch prefill over the pool in place: packed q [T, H, D] of sequences
+    with `q_lens` new tokens each over `seq_lens` keys (causal, aligned bottom-right), the
+    pool's [num_blocks, block_size, KVH, D] blocks as its NHD pages, `tables` [S, width] their
+    page tables. Planned here (the host's per-step work, shared by every layer; its time is
+    returned), so a call is `run` alone."""
+    import flashinfer
+
+    block = layer.k.shape[1]
+    pages = [-(-n // block) for n in seq_lens]
+    indices = torch.cat([tables[i, :p] for i, p in enumerate(pages)]).to(torch.int32)
+    cpu = {"dtype": torch.int32, "device": "cpu"}
+    qo_indptr = torch.tensor([0, *itertools.accumulate(q_lens)], **cpu)
+    kv_indptr = torch.tensor([0, *itertools.accumulate(pages)], **cpu)
+    last = torch.tensor([n - (p - 1) * block for n, p in zip(seq_lens, pages)], **cpu)
+    wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+        flashinfer_workspace(str(q.device)), "NHD", backend=backend)
+    start = time.perf_counter()
+    wrapper.plan(qo_indptr, kv_indptr, indices, last, q.shape[1], layer.k.shape[2],
+                 layer.k.shape[3], block, causal=True, sm_scale=scale, q_data_type=q.dtype,
+                 kv_data_type=layer.k.dtype)
+    plan_ms = 1e3 * (time.perf_counter() - start)
+    out = torch.empty_like(q)
+    return (lambda: wrapper.run(q, (layer.k, layer.v), out=out)), plan_ms
+
+
+def flashinfer_paged(backend: str) -> Builder:
+    """One sequence's chunk through FlashInfer over the pool (`backend` fa2 or fa3)."""
+    def build(chunk: Chunk) -> ChunkFn:
+        run, _ = flashinfer_call(backend, chunk.prompt.layer, chunk.q, chunk.table,
+                                 [chunk.length], [chunk.seq_len], scale_of(chunk))
+        return run
+    return build
+
+
+def mixed_flashinfer_one_call(backend: str) -> Callable[[Chunk, Decodes], MixedFn]:
+    """Decode rows and the chunk in one ragged FlashInfer call over the pool."""
+    def make(chunk: Chunk, decodes: Decodes) -> MixedFn:
+        n, layer = decodes.q.shape[0], chunk.prompt.layer
+        q = torch.cat([decodes.q, chunk.q])
+        run, _ = flashinfer_call(backend, layer, q, layer.tables[:n + 1],
+                                 [1] * n + [chunk.length],
+                                 [decodes.context] * n + [chunk.seq_len], scale_of(chunk))
+
+        def both() -> tuple[Tensor, Tensor]:
+            out = run()
+            return out[:n], out[n:]
+        return both
+    return make
+
+
+def flashinfer_plan_ms(chunk: Chunk, decodes: Decodes, backend: str) -> float:
+    """The host's time to plan a mixed step (FlashInfer plans once per step, not per
+    layer), median of 5."""
+    n, layer = decodes.q.shape[0], chunk.prompt.layer
+    q = torch.cat([decodes.q, chunk.q])
+    times = [flashinfer_call(backend, layer, q, layer.tables[:n + 1], [1] * n + [chunk.length],
+                             [decodes.context] * n + [chunk.seq_len], scale_of(chunk))[1]
+             for _ in range(5)]
+    return statistics.median(times)
+
+
 # ----------------------------------------------------------------------------- mixed steps
 
 MixedFn = Callable[[], tuple[Tensor, Tensor]]  # -> (decode rows' out, chunk's out)
@@ -961,6 +1051,8 @@ class Bench:
     started: float = field(default_factory=time.perf_counter)
     lse_op: LseOp | None = None
     cudnn_probe: dict = field(default_factory=dict)
+    flashinfer_probe: dict = field(default_factory=dict)
+    only: tuple[str, ...] = ()  # run only options whose names match one of these patterns
 
     @property
     def cuda(self) -> bool:
@@ -976,6 +1068,10 @@ class Bench:
             return f"skipped: the run's {self.sizes.budget_s:.0f} s budget is spent"
         if option.needs_frontend and not self.cudnn_probe.get("ok"):
             return self.cudnn_probe.get("error") or "cuDNN frontend probe failed"
+        if option.flashinfer:
+            probe = self.flashinfer_probe.get(option.flashinfer, self.flashinfer_probe)
+            if not probe.get("ok"):
+                return probe.get("error") or "FlashInfer probe failed"
         return None
 
     def check_context(self) -> None:
@@ -986,8 +1082,11 @@ class Bench:
         except RuntimeError as error:
             raise ContextLost(first_line(error)) from error
 
-    def attempt(self, base: dict, option: Option, work: Callable[[], dict]) -> dict:
-        """Run `work` for `option` and record its row; a failure records its first line."""
+    def attempt(self, base: dict, option: Option, work: Callable[[], dict]) -> dict | None:
+        """Run `work` for `option` and record its row; a failure records its first line.
+        An option that `only` leaves out is neither run nor recorded (None)."""
+        if self.only and not any(fnmatch.fnmatchcase(option.name, p) for p in self.only):
+            return None
         row = {**base, "option": option.name, "note": option.note,
                "block_size": option.block_size or self.heads.block_size}
         reason = self.skip_reason(option)
@@ -1015,7 +1114,8 @@ class Bench:
                 "sizes": {k: (v if k != "tiles" else [tile_name(t) for t in v])
                           for k, v in self.sizes.__dict__.items()},
                 "lse_op": self.lse_op.name if self.lse_op else None,
-                "cudnn_probe": self.cudnn_probe, "rows": self.rows,
+                "cudnn_probe": self.cudnn_probe, "flashinfer_probe": self.flashinfer_probe,
+                "rows": self.rows,
                 "elapsed_s": time.perf_counter() - self.started}
 
     def save(self) -> Path | None:
@@ -1087,7 +1187,18 @@ def one_pass_options(bench: Bench, tiles: bool) -> list[Option]:
              Option("flex (compiled, causal block mask)", flex(None)),
              Option("cudnn paged (frontend)", cudnn_paged(), needs_frontend=True,
                     note="ragged Q, page tables, bottom-right causal")]
-    return opts
+    return opts + flashinfer_options()
+
+
+def flashinfer_options(block_size: int | None = None) -> list[Option]:
+    """FlashInfer's batch prefill over the pool, each backend (on the pool re-paged at
+    `block_size` if given)."""
+    tail = f", {block_size}-token blocks" if block_size else ""
+    return [Option(f"flashinfer {backend} paged{tail}",
+                   on_blocks(flashinfer_paged(backend), block_size) if block_size
+                   else flashinfer_paged(backend), flashinfer=backend, block_size=block_size,
+                   note="pages read in place; planned once (untimed)")
+            for backend in FLASHINFER_BACKENDS]
 
 
 def chunked_options(bench: Bench, prompt: int) -> list[Option]:
@@ -1105,7 +1216,7 @@ def chunked_options(bench: Bench, prompt: int) -> list[Option]:
         Option("cudnn paged (frontend)", cudnn_paged(), needs_frontend=True),
         Option("cudnn dense (frontend), gathered prefix+chunk", cudnn_gathered(prompt),
                needs_frontend=True, note=f"gather timed, buffers of {prompt} keys"),
-    ] + other_blocks(bench)
+    ] + flashinfer_options() + other_blocks(bench)
 
 
 def other_blocks(bench: Bench) -> list[Option]:
@@ -1114,7 +1225,8 @@ def other_blocks(bench: Bench) -> list[Option]:
     return [Option(f"ours, {size}-token blocks", on_blocks(ours(), size), needs_cuda=False,
                    block_size=size),
             Option(f"cudnn paged (frontend), {size}-token blocks",
-                   on_blocks(cudnn_paged(), size), needs_frontend=True, block_size=size)]
+                   on_blocks(cudnn_paged(), size), needs_frontend=True, block_size=size),
+            *flashinfer_options(size)]
 
 
 def run_one_pass(bench: Bench, tokens_: int, tiles: bool) -> None:
@@ -1195,9 +1307,13 @@ def mixed_options(bench: Bench, builders: dict[str, Builder]) -> list[Option]:
     for name in best_options(bench.rows, bench.sizes.chunks[0], 2, "ours",
                              bench.heads.block_size):
         opts.append(Option(f"{name} + our decode launch", mixed_beside_decodes(builders[name]),
-                           needs_cuda=bench.cuda, needs_frontend=name.startswith("cudnn")))
+                           needs_cuda=bench.cuda, needs_frontend=name.startswith("cudnn"),
+                           flashinfer=next((b for b in FLASHINFER_BACKENDS
+                                            if name.startswith(f"flashinfer {b}")), None)))
     return opts + [Option("cudnn paged (one ragged call)", mixed_cudnn_one_call,
                           needs_frontend=True),
+                   *(Option(f"flashinfer {b} (one ragged call)", mixed_flashinfer_one_call(b),
+                            flashinfer=b) for b in FLASHINFER_BACKENDS),
                    Option("our decode launch alone (no chunk)", decode_rows_alone,
                           needs_cuda=False)]
 
@@ -1214,6 +1330,11 @@ def run_mixed(bench: Bench, builders: dict[str, Builder]) -> None:
         for option in mixed_options(bench, builders):
             bench.attempt(base, option,
                           lambda o=option, c=chunk, d=decodes: measure_mixed(bench, o, c, d))
+        for backend in FLASHINFER_BACKENDS:
+            option = Option(f"flashinfer {backend} plan (host, once per step)", None,
+                            flashinfer=backend, note="host_ms: the plan of this mixed step")
+            bench.attempt(base, option, lambda c=chunk, d=decodes, b=backend:
+                          {"host_ms": flashinfer_plan_ms(c, d, b)})
         release()
 
 
@@ -1320,16 +1441,49 @@ def probe_cudnn() -> dict:
         return {"ok": False, "error": first_line(error)}
 
 
-def run_probe(timeout_s: float = 150.0) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--probe-cudnn"]
+def probe_flashinfer(backend: str) -> dict:
+    """Run in a child process, one per backend: build FlashInfer's kernels for the
+    benchmark's heads (nvcc through its JIT: minutes the first time, then loaded from its
+    cache) and check a chunk over a cached prefix and decode rows beside it in one ragged
+    call against the reference."""
+    heads = LLAMA_8B
+    start = time.perf_counter()
+    try:
+        import flashinfer
+
+        info = {"version": flashinfer.__version__}
+        prompt = make_prompt(heads, 300, [60, 60])
+        chunk = Chunk(prompt, 200, 100)
+        scale = scale_of(chunk)
+        err = chunk_error(chunk, flashinfer_paged(backend)(chunk)(), 1 << 30, scale)
+        decodes = make_decodes(heads, prompt, 2, 60)
+        rows_out, chunk_out = mixed_flashinfer_one_call(backend)(chunk, decodes)()
+        err = max(err, chunk_error(chunk, chunk_out, 1 << 30, scale),
+                  decode_error(decodes, prompt.layer, rows_out, scale))
+        torch.cuda.synchronize()
+        ok = err <= TOLERANCE[heads.dtype]
+        return {**info, "ok": ok, "max_abs_err": err,
+                "build_and_check_s": time.perf_counter() - start,
+                "error": None if ok else f"wrong on the probe: max abs error {err:.3g}"}
+    except ModuleNotFoundError as error:
+        return {"ok": False, "error": f"{first_line(error)}: pip install flashinfer-python "
+                                      "(and its apache-tvm-ffi)"}
+    except Exception as error:  # noqa: BLE001 - the probe reports, the parent decides
+        return {"ok": False, "error": first_line(error),
+                "build_and_check_s": time.perf_counter() - start}
+
+
+def run_probe(flags: Sequence[str], what: str, timeout_s: float) -> dict:
+    """This script re-run with `flags` in a child process; its last output line (JSON)."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), *flags]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=ROOT)
     except subprocess.TimeoutExpired:
-        return {"ok": False, "error": f"cuDNN frontend probe still running after {timeout_s} s"}
+        return {"ok": False, "error": f"{what} probe still running after {timeout_s:.0f} s"}
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"ok": False, "error": f"cuDNN frontend probe exited {proc.returncode}: {tail}"}
+        return {"ok": False, "error": f"{what} probe exited {proc.returncode}: {tail}"}
     return json.loads(lines[-1])
 
 
@@ -1342,22 +1496,40 @@ def main(argv: Sequence[str] | None = None) -> None:
                              ".json on a GPU; none for --smoke)")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny shapes on CPU through Triton's interpreter")
+    parser.add_argument("--only", default="",
+                        help="comma-separated shell patterns of option names: run only the "
+                             "options named by one (e.g. 'flashinfer*,sdpa cudnn*,ours'); "
+                             "SPLIT's op is then picked among those run")
+    parser.add_argument("--flashinfer-build-s", type=float, default=FLASHINFER_BUILD_S,
+                        help="how long FlashInfer's probe may build its kernels, per backend "
+                             "(default %(default)s s; a second run loads them from its cache)")
     parser.add_argument("--probe-cudnn", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--probe-flashinfer", choices=FLASHINFER_BACKENDS,
+                        help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.probe_cudnn:
         print(json.dumps(probe_cudnn()))
         return
+    if args.probe_flashinfer:
+        print(json.dumps(probe_flashinfer(args.probe_flashinfer)))
+        return
     if not args.smoke and not torch.cuda.is_available():
         sys.exit("attention_options needs a CUDA GPU; --smoke runs tiny shapes on the CPU")
+    heads, sizes = (TINY, SMOKE) if args.smoke else (LLAMA_8B, FULL)
+    flashinfer_probe = ({b: run_probe(["--probe-flashinfer", b], f"FlashInfer {b}",
+                                      args.flashinfer_build_s) for b in FLASHINFER_BACKENDS}
+                        if heads.device == "cuda" else {"ok": False, "error": "needs CUDA"})
     faulthandler.dump_traceback_later(HARD_LIMIT_S * (4 if args.smoke else 1), exit=True)
     torch.manual_seed(0)
-    heads, sizes = (TINY, SMOKE) if args.smoke else (LLAMA_8B, FULL)
     env = ({"gpu": "cpu-smoke", **versions()} if args.smoke else device_environment())
     env["cudnn"] = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     env["command"] = "python benchmarks/attention_options.py " + " ".join(sys.argv[1:])
     env["measured_on"] = datetime.date.today().isoformat()
-    bench = Bench(heads, sizes, args.out, env)
-    bench.cudnn_probe = run_probe() if bench.cuda else {"ok": False, "error": "needs CUDA"}
+    bench = Bench(heads, sizes, args.out, env,
+                  only=tuple(part.strip() for part in args.only.split(",") if part.strip()))
+    bench.cudnn_probe = (run_probe(["--probe-cudnn"], "cuDNN frontend", 150.0) if bench.cuda
+                         else {"ok": False, "error": "needs CUDA"})
+    bench.flashinfer_probe = flashinfer_probe
     try:
         run_all(bench)
     except ContextLost as error:

@@ -20,8 +20,9 @@ Run from the repository root on the GPU machine (under ~3 minutes for Llama-3.1-
 5. with `--piecewise-max-tokens N`: the chunk-size curve again with piecewise CUDA graphs up
    to N tokens (vLLM's default cap is 512) and steps beyond fully eager, as an engine run
    with `--piecewise-graphs --piecewise-max-tokens N` takes them.
-6. with `--attention-backend triton split auto`: the prefill and the chunk-size curves (3, 5)
-   on each attention backend over the same weights, the backends taking turns at every point;
+6. with `--attention-backend triton split auto flashinfer`: the prefill and the chunk-size
+   curves (3, 5) on each attention backend over the same weights, the backends taking turns
+   at every point;
    the first backend's keep the names above, the others' carry the backend's name
    (`chunk_curve_split`, ...). Per backend also: prefill steps of chunk lengths never run
    before, timed on their first run and again (cuDNN builds an execution plan for each new
@@ -90,7 +91,7 @@ from sim.core.engine_config import EngineConfig  # noqa: E402
 CHUNKS = (512, 1024, 2048, 4096, 8192, 16384)
 PROMPTS = (16384, 32768)
 DECODE_BATCH, DECODE_CONTEXT = 64, 1024
-BACKENDS = ("triton", "split", "auto")  # the attention backends a model can switch between
+BACKENDS = ("triton", "split", "auto", "flashinfer")  # the attention backends a model can switch between
 NEW_SHAPES = ((3001, 9000), (3013, 9013), (1777, 0))  # (chunk, prefix) no other step runs
 PROFILE_TOKENS = (2048, 4096, 8192, 16384)
 DECODE_TARGET_RATIO = 1.2  # the decode step within this multiple of its memory roofline
@@ -450,7 +451,9 @@ def main() -> None:
                         help="attention backends to time, over the same weights (triton: the "
                              "Triton paged kernel; split: prefill rows through cuDNN's SDPA "
                              "over their own keys and gathered prefix, merged by log-sum-exp; "
-                             "auto: split for prefill rows of at least 2,048 new tokens). "
+                             "auto: split for prefill rows of at least 2,048 new tokens; "
+                             "flashinfer: prefill rows through FlashInfer's paged prefill "
+                             "over the cache in place, decode rows apart). "
                              "The first runs every section; each other one adds its prefill, "
                              "chunk-size curves, new-shape steps and memory profile "
                              "(default: triton)")

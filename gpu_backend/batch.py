@@ -9,16 +9,19 @@ import numpy as np
 from torch import Tensor
 
 from gpu_backend.kernels.attention import DecodePlan
+from gpu_backend.kernels.flashinfer_attention import PrefillPlan
 from gpu_backend.kernels.split_attention import SplitPlan
 
 
 @dataclass(frozen=True)
 class HostLens:
     """A step's lengths on the host, as the engine had them when it built the step: attention
-    that launches per sequence (the split backend) reads them here, not from the device."""
+    that launches per sequence (the split backend) or plans on the host (flashinfer) reads
+    them here, not from the device."""
 
     query_start_loc: np.ndarray  # [S+1] offsets of each sequence's tokens in T
     seq_lens: np.ndarray  # [S] context length after this step
+    block_tables: np.ndarray | None = None  # [S, max_blocks] (the flashinfer backend's pages)
 
 
 @dataclass
@@ -41,3 +44,4 @@ class ForwardBatch:
     prefill_query_start_loc: Tensor | None = None  # [S - num_decodes + 1], mixed steps only
     host_lens: HostLens | None = None  # the lengths above on the host (HostBatch.host_lens)
     split_plan: SplitPlan | None = None  # made by PagedAttention.prepare (split backend)
+    prefill_plan: PrefillPlan | None = None  # made by PagedAttention.prepare (flashinfer)

@@ -12,6 +12,10 @@ backends (`ATTENTION_BACKENDS`):
             the smaller ones of the same step through the Triton paged kernel's prefill
             path (below that SPLIT ran slower than it beside decodes on an H200); steps
             without such a sequence as triton
+    flashinfer  decode-only steps as triton; steps with prefill rows run every prefill row
+            through FlashInfer's paged prefill over the cache in place, planned once per
+            step (gpu_backend.kernels.flashinfer_attention), and a mixed step's decode rows
+            apart through the Triton decode path
     torch   the float32 torch references (CPU tests)
 
 `DecoderLayer` on the Triton-based backends replaces the torch norm, rotary and activation
@@ -42,6 +46,7 @@ from gpu_backend.kernels.attention import (
     plan_decode_splits,
     uses_split_plan,
 )
+from gpu_backend.kernels.flashinfer_attention import flashinfer_prefill, page_lists
 from gpu_backend.kernels.split_attention import (
     SPLIT_MIN_QUERY,
     SplitShapes,
@@ -50,10 +55,11 @@ from gpu_backend.kernels.split_attention import (
     split_attention,
 )
 
-AttentionBackend = Literal["triton", "split", "auto", "torch"]
-ATTENTION_BACKENDS = ("triton", "split", "auto", "torch")
+AttentionBackend = Literal["triton", "split", "auto", "flashinfer", "torch"]
+ATTENTION_BACKENDS = ("triton", "split", "auto", "flashinfer", "torch")
 SPLIT_BACKENDS = ("split", "auto")  # backends that run SPLIT (and build its cuDNN plans)
-FUSED_BACKENDS = ("triton", "split", "auto")  # backends whose layers run the fused kernels
+# backends whose layers run the fused kernels
+FUSED_BACKENDS = ("triton", "split", "auto", "flashinfer")
 
 
 class RMSNorm(nn.Module):
@@ -159,6 +165,8 @@ class PagedAttention(nn.Module):
         apart, synchronous)."""
         if self.runs_split(batch):
             return self._prepare_split(batch, k_cache)
+        if self.runs_flashinfer(batch):
+            return self._prepare_flashinfer(batch, k_cache)
         if self.backend == "torch" or not uses_split_plan(1):
             return batch
         num_seqs = batch.seq_lens.shape[0]
@@ -187,6 +195,29 @@ class PagedAttention(nn.Module):
         if self.backend == "split":
             return batch.max_query_len > 1
         return self.backend == "auto" and batch.max_query_len >= self.split_min_query
+
+    def runs_flashinfer(self, batch: ForwardBatch) -> bool:
+        """Whether this step's prefill rows run FlashInfer: any step with prefill rows on the
+        flashinfer backend."""
+        return self.backend == "flashinfer" and batch.max_query_len > 1
+
+    def _prepare_flashinfer(self, batch: ForwardBatch, k_cache: Tensor | None) -> ForwardBatch:
+        """A step whose prefill rows run FlashInfer: their plan from the host lengths and
+        block tables (copied from the device, one sync, when the batch came without them),
+        made once for every layer on `k_cache`'s device (without it, at the first layer's
+        attend), and the decode rows' split plan."""
+        if k_cache is None:
+            return batch
+        host = batch.host_lens if batch.host_lens is not None else host_lens_from_device(batch)
+        tables = (host.block_tables if host.block_tables is not None
+                  else batch.block_tables.cpu().numpy())
+        d = batch.num_decodes
+        lists = page_lists(host.query_start_loc, host.seq_lens, tables, d, k_cache.shape[1])
+        plan = flashinfer_prefill(str(k_cache.device)).plan(
+            lists, self.num_heads, self.num_kv_heads, self.head_dim, k_cache.shape[1],
+            self.scale, k_cache.dtype)
+        decode_plan = self._decode_plan(batch, d) if d and uses_split_plan(1) else None
+        return replace(batch, host_lens=host, prefill_plan=plan, decode_plan=decode_plan)
 
     def _decode_plan(self, batch: ForwardBatch, decodes: int) -> DecodePlan:
         block_n = decode_config(self.num_heads // self.num_kv_heads).block_n
@@ -220,22 +251,39 @@ class PagedAttention(nn.Module):
             return split_attention(q, k_cache, v_cache, batch.block_tables, batch.seq_lens,
                                    batch.query_start_loc, self.scale, batch.split_plan,
                                    decode_plan=batch.decode_plan, out=out)
+        if self.runs_flashinfer(batch):
+            if batch.prefill_plan is None:
+                batch = self.prepare(batch, k_cache)
+            assert batch.prefill_plan is not None
+            out = self._attend_decode_rows(q, k_cache, v_cache, batch, out)
+            d = batch.num_decodes
+            batch.prefill_plan.run(q[d:], k_cache, v_cache, out[d:])
+            return out
         if batch.prefill_query_start_loc is None:
             return paged_attention(q, k_cache, v_cache, batch.block_tables, batch.seq_lens,
                                    batch.query_start_loc, self.scale,
                                    max_query_len=batch.max_query_len,
                                    max_seq_len=batch.max_seq_len, plan=batch.decode_plan,
                                    out=out)
+        out = self._attend_decode_rows(q, k_cache, v_cache, batch, out)
         d = batch.num_decodes  # a mixed step: decode rows, then prefill rows (see prepare)
-        if out is None:
-            out = torch.empty_like(q, memory_format=torch.contiguous_format)
-        paged_attention(q[:d], k_cache, v_cache, batch.block_tables[:d], batch.seq_lens[:d],
-                        batch.query_start_loc[:d + 1], self.scale, max_query_len=1,
-                        plan=batch.decode_plan, out=out[:d])
         paged_attention(q[d:], k_cache, v_cache, batch.block_tables[d:], batch.seq_lens[d:],
                         batch.prefill_query_start_loc, self.scale,
                         max_query_len=batch.max_query_len, max_seq_len=batch.max_seq_len,
                         out=out[d:])
+        return out
+
+    def _attend_decode_rows(self, q: Tensor, k_cache: Tensor, v_cache: Tensor,
+                            batch: ForwardBatch, out: Tensor | None) -> Tensor:
+        """A mixed step's leading decode rows (if any) through the Triton decode path, with
+        the step's split plan, into `out` (made contiguous [T, H, D] when None): returned."""
+        if out is None:
+            out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        d = batch.num_decodes
+        if d:
+            paged_attention(q[:d], k_cache, v_cache, batch.block_tables[:d], batch.seq_lens[:d],
+                            batch.query_start_loc[:d + 1], self.scale, max_query_len=1,
+                            plan=batch.decode_plan, out=out[:d])
         return out
 
 

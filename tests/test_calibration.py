@@ -174,6 +174,17 @@ def test_a_profile_on_another_attention_backend_is_named_in_every_output(tmp_pat
     with pytest.raises(ValueError, match="attention_backend is 'flash'"):
         load_calibration(write(tmp_path / "d.json", {**calibration_data(sizes=None),
                                                      "attention_backend": "flash"}))
+    # FlashInfer's prefill priced by another backend's profile, and the reverse
+    assert "profile with --attention-backend flashinfer" in attention_mismatch(
+        plain, {"triton", "flashinfer"})
+    assert "FlashInfer's prefill is priced at the Triton kernel's" in attention_mismatch(
+        load_calibration(write(tmp_path / "e.json", data)), {"flashinfer"})
+    fi = load_calibration(write(tmp_path / "f.json", {**calibration_data(sizes=None),
+                                                      "attention_backend": "flashinfer"}))
+    assert "eager engine (flashinfer attention)" in describe(fi)
+    assert attention_mismatch(fi, {"flashinfer"}) is None
+    assert "steps on auto, triton are priced at FlashInfer's" in attention_mismatch(
+        fi, {"flashinfer", "triton", "auto"})
 
 
 # ----------------------------------------------------------------------------- engine kind

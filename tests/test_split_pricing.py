@@ -205,6 +205,33 @@ def test_decode_only_steps_read_their_keys_on_every_backend():
     assert triton.attention_s == pytest.approx(64000 * KV_BYTES_PER_TOKEN / (BANDWIDTH * 0.7))
 
 
+def test_flashinfer_runs_a_mixed_steps_decode_rows_apart_whatever_their_keys():
+    # a 2,048-token chunk over 6,144 cached beside 16 decode rows of 4,000 keys (64,000 keys):
+    #   pairs 2,048 x (6,144 + 1,024) = 14,680,064, at 0.5 x 989.4 TFLOP/s:
+    #     14,680,064 x 524,288 / 494.7e12 = 15.558 ms; query tokens 2,048 x 2.5e-9 x 8 x 32
+    #     = 1.311 ms; the decode rows as reads: 64,000 x 131,072 / (0.7 x 4.8e12) = 2.497 ms;
+    #   the prefill launch's longest program, 8,192 keys of a 128-row tile at 0.3 of one of
+    #     132 SMs: 8,192 x 4 x 128 x 128 x 32 / (0.3 x 989.4e12 / 132) = 7.640 ms, shorter
+    #     than the launch's work, which it adds to at 0.5 (attention_program_serial);
+    #   launch: eager 3 ms + two more launches per layer, 2 x 1.2 ms
+    out = step(((2048, 6144),), (4000,) * 16)
+    pairs = 2048 * (6144 + 1024)
+    program = 8192 * 4 * 128 * 128 * LAYERS / (0.3 * PEAK_FLOPS / 132)
+    expected = (pairs * FLOPS_PER_PAIR / (0.5 * PEAK_FLOPS) + 2048 * 2.5e-9 * 8 * LAYERS
+                + 0.5 * program + 64000 * KV_BYTES_PER_TOKEN / (0.7 * BANDWIDTH))
+    for min_keys in (0, 10**9):  # the Triton kernel's threshold does not apply
+        cost = CostModel(LLAMA_8B, H200, efficiency=EFF, attention_backend="flashinfer",
+                         mixed_split_min_keys=min_keys)
+        priced = cost.step(out)
+        assert priced.attention_s == pytest.approx(expected, rel=1e-12)
+        assert priced.launch_s == pytest.approx(3e-3 + 2 * 1.2e-3, rel=1e-12)
+    one_launch = CostModel(LLAMA_8B, H200, efficiency=EFF).step(out)
+    assert one_launch.attention_s > expected  # beside the chunk: a tile's FLOPs per key
+    decode_only = step((), (4000,) * 16)
+    assert (CostModel(LLAMA_8B, H200, efficiency=EFF, attention_backend="flashinfer")
+            .step(decode_only) == CostModel(LLAMA_8B, H200, efficiency=EFF).step(decode_only))
+
+
 def test_an_engine_config_prices_with_its_attention_backend():
     out = step(((2048, 6144),), (4000,) * 16)
     expected = split_attention_hand(2048 * 2048 / 2 + 2048 * 6144, 3, 8192, 64000)
@@ -251,7 +278,7 @@ def table_of(tmp_path: Path, outputs: list[SchedulerOutput], with_chunks: bool =
     return read_steps_csv(path)
 
 
-@pytest.mark.parametrize("backend", ["triton", "split", "auto"])
+@pytest.mark.parametrize("backend", ["triton", "split", "auto", "flashinfer"])
 @pytest.mark.parametrize("graphs", [False, True])
 def test_step_prediction_equals_the_cost_models_steps_on_every_backend(tmp_path, backend,
                                                                        graphs):
@@ -325,6 +352,23 @@ def test_split_terms_are_held_where_fewer_than_three_steps_run_split():
                                     start=start)
     assert (fitted.split_attention_compute, fitted.split_call_s) == (0.5, 0.0)
     assert fitted.attention_compute == pytest.approx(0.4, rel=0.03)
+
+
+def test_a_flashinfer_profile_holds_the_decode_rows_rate_beside_a_chunk():
+    """On flashinfer every mixed step runs its decode rows apart (reads), so no step tells
+    their rate beside a chunk; the Triton-form terms fit FlashInfer's launches."""
+    args = CostArgs(LLAMA_8B, H200, 1, "flashinfer")
+    assert held_attention_terms(args, TRITON_GRID) == (
+        "split_attention_compute", "split_call_s", "mixed_decode_compute")
+    # the Triton kernel's profile of the same grid runs its mixed step in one launch
+    assert "mixed_decode_compute" not in held_attention_terms(CostArgs(LLAMA_8B, H200),
+                                                              TRITON_GRID)
+    fitted, error = fit_attention_terms(args, TRITON_GRID,
+                                        attention_times("flashinfer", TRITON_GRID),
+                                        start=Efficiency(mixed_decode_compute=0.2))
+    assert fitted.mixed_decode_compute == 0.2
+    assert fitted.attention_compute == pytest.approx(0.4, rel=0.03)
+    assert error["max_abs_rel"] < 0.01
 
 
 def test_a_split_profile_holds_the_triton_terms_and_fits_splits():

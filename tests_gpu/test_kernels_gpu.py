@@ -480,3 +480,44 @@ def test_split_memory_profile_covers_longer_prefixes_and_mixed_steps() -> None:
     num_blocks = blocks_needed(mixed, bs) + 1
     mixed_batch = InputCopier(device).to_device(host_batch(mixed, bs, num_blocks))
     assert forward_peak(model, spec, mixed_batch, num_blocks, bs, device) <= profiled
+
+
+def _has_flashinfer() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("flashinfer") is not None
+
+
+@pytest.mark.skipif(not _has_flashinfer(), reason="needs FlashInfer (the flashinfer extra)")
+@pytest.mark.parametrize("block_size", [16, 64])
+@pytest.mark.parametrize("shape", ["gqa4_d128", "gqa7_d128", "mha_d64"])
+@pytest.mark.parametrize("batch", list(SPLIT_BATCHES))
+def test_flashinfer_backend_bf16(batch: str, shape: str, block_size: int) -> None:
+    """The flashinfer backend over the engine's strided pool (one layer's K of a [blocks,
+    layers, 2, ...] pool, unused slots NaN): prefill rows through FlashInfer's paged prefill,
+    a mixed step's leading decode rows through the Triton decode path; the float32 paged
+    reference to bf16 rounding."""
+    from gpu_backend.batch import ForwardBatch, HostLens
+    from gpu_backend.layers import PagedAttention
+
+    pb, num_decodes = _split_problem(batch, shape, block_size)
+    empty = torch.zeros(0, dtype=torch.int64, device="cuda")
+    batch_ = ForwardBatch(
+        input_ids=empty, positions=empty, slot_mapping=empty, block_tables=pb.block_tables,
+        seq_lens=pb.seq_lens, query_start_loc=pb.query_start_loc, logits_indices=empty,
+        max_query_len=pb.max_query_len, max_seq_len=pb.max_seq_len, num_decodes=num_decodes,
+        host_lens=HostLens(pb.query_start_loc.cpu().numpy(), pb.seq_lens.cpu().numpy(),
+                           pb.block_tables.cpu().numpy()))
+    heads, kv_heads, head_dim = SHAPES[shape]
+    attn = PagedAttention(heads, kv_heads, head_dim, "flashinfer")
+    prepared = attn.prepare(batch_, pb.k_cache)
+    assert prepared.prefill_plan is not None
+    assert prepared.prefill_plan.num_rows == pb.q.shape[0] - num_decodes
+    out = attn.attend(pb.q, pb.k_cache, pb.v_cache, prepared)
+    err = rel_error(out, _paged_reference_f32(pb))
+    assert err < BF16_TOL, f"rel error {err}"
+    # planned at the first layer's attend when the batch came unprepared and without host
+    # block tables (copied from the device)
+    bare = ForwardBatch(**{**batch_.__dict__, "host_lens": None})
+    err = rel_error(attn.attend(pb.q, pb.k_cache, pb.v_cache, bare), _paged_reference_f32(pb))
+    assert err < BF16_TOL, f"rel error {err}"

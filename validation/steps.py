@@ -31,7 +31,6 @@ from typing import TextIO
 import numpy as np
 
 from sim.core.cost_model import APART_LAUNCHES, CostModel, step_total_array
-from sim.core.split_shapes import TRITON_ATTENTION
 
 REQUIRED_COLUMNS = ("num_prefill_tokens", "num_decode_tokens", "decode_context_tokens",
                     "num_seqs")
@@ -217,8 +216,8 @@ def _per_unique(values: np.ndarray, fn) -> np.ndarray:
 
 def runs_apart(cost: CostModel, table: StepTable) -> np.ndarray:
     """Per step, whether its decode rows run apart from its chunks (CostModel.runs_apart):
-    a step with prefill tokens whose decode rows hold mixed_split_min_keys keys or more."""
-    least = cost.mixed_split_min_keys
+    a step with prefill tokens whose decode rows hold apart_min_keys keys or more."""
+    least = cost.apart_min_keys
     return table.has_prefill & (least > 0) & (table.decode_context_tokens >= least)
 
 
@@ -256,7 +255,7 @@ def attention_terms(cost: CostModel, table: StepTable
 def split_attention(cost: CostModel, table: StepTable) -> np.ndarray | None:
     """Per step, the attention of the steps that run SPLIT as CostModel.step prices it (NaN on
     the others), or None where no step does (the triton backend's)."""
-    if cost.attention_backend == TRITON_ATTENTION or not table.has_prefill.any():
+    if not cost.runs_split or not table.has_prefill.any():
         return None
     if table.prefill_chunks is None:
         raise ValueError(f"steps priced on the {cost.attention_backend} attention backend need "

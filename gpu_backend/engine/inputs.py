@@ -95,11 +95,12 @@ class HostBatch:
         return self.max_query_len == 1 and self.num_seqs > 0
 
     def host_lens(self) -> HostLens:
-        """The lengths the split attention backend launches by (`ForwardBatch.host_lens`):
-        this batch's own arrays, no copy."""
+        """The lengths (and block tables) the split and flashinfer attention backends launch
+        by (`ForwardBatch.host_lens`): this batch's own arrays, no copy."""
         from gpu_backend.batch import HostLens  # torch's side; this module stays numpy-only
 
-        return HostLens(query_start_loc=self.query_start_loc, seq_lens=self.seq_lens)
+        return HostLens(query_start_loc=self.query_start_loc, seq_lens=self.seq_lens,
+                        block_tables=self.block_tables)
 
 
 class BlockTables:

@@ -40,6 +40,7 @@ from gpu_backend.engine.memory import (
 from gpu_backend.engine.piecewise import PiecewiseGraphs
 from gpu_backend.engine.runner import DecodeGraphs, ModelRunner
 from gpu_backend.engine.support import check_supported
+from gpu_backend.kernels.flashinfer_attention import flashinfer_prefill
 from gpu_backend.kernels.split_attention import warm_plans
 from gpu_backend.layers import SPLIT_BACKENDS
 from gpu_backend.model import build_model, set_mixed_split
@@ -100,6 +101,7 @@ def measure_memory(config: EngineConfig, device: torch.device, seed: int, use_gr
     model = load_model(config, device, seed, attention_backend)
     torch.cuda.synchronize(device)
     weights = torch.cuda.memory_allocated(device) - allocated0
+    workspace = attention_workspace_bytes(attention_backend, device)
     spec, bs = config.model, config.block_size
     max_len = config.memory_config().effective_max_model_len
     peaks = {n: measure_activation_peak(model, spec, n, config.num_seqs, bs, device, max_len)
@@ -113,9 +115,21 @@ def measure_memory(config: EngineConfig, device: torch.device, seed: int, use_gr
     graph_bytes = (trial_graph_bytes(model, config, device, piecewise_tokens) if use_graphs
                    else 0)
     slope, fixed = fit_envelope(peaks)
-    profile = ActivationProfile(slope, fixed, non_torch + graph_bytes)
+    profile = ActivationProfile(slope, fixed + workspace, non_torch + graph_bytes)
     _, total = torch.cuda.mem_get_info(device)
     return model, MemoryMeasurement(total, weights, peaks, profile, non_torch, graph_bytes)
+
+
+def attention_workspace_bytes(attention_backend: str, device: torch.device) -> int:
+    """The bytes an attention backend holds for good on `device`, allocated now (before the
+    activation peaks are measured, so none of them holds it): FlashInfer's workspace on the
+    flashinfer backend (which also fails here, naming what to install, where FlashInfer is
+    missing), else 0. The memory plan counts them with the activations' fixed bytes."""
+    if attention_backend != "flashinfer":
+        return 0
+    before = torch.cuda.memory_allocated(device)
+    flashinfer_prefill(str(device))
+    return torch.cuda.memory_allocated(device) - before
 
 
 def split_sdpa_shapes(model, config: EngineConfig) -> list[SdpaShape]:

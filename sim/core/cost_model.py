@@ -13,7 +13,9 @@ with achieved rates = peak x an efficiency. Operators:
                reads and two more launches per layer.
                A step that runs SPLIT (attention backends split, auto): its SPLIT
                sequences' padded SDPA products and calls, the rest as the Triton paged
-               kernel's prefill, the decode rows as reads (OperatorCosts.split_chunks)
+               kernel's prefill, the decode rows as reads (OperatorCosts.split_chunks).
+               On flashinfer the prefill rows are priced in the Triton kernel's form (its
+               own profile fits the rates) and a mixed step's decode rows always run apart
     allreduce  two per layer under TP (after attention and after the MLP), ring algorithm:
                2 (tp-1)/tp x bytes / link bandwidth + a latency per call
     logits     lm_head for the rows that sample (weights read once, 2 x hidden x vocab FLOPs)
@@ -65,6 +67,7 @@ from sim.core.launch_shapes import (
     step_extents,
 )
 from sim.core.operator_costs import OperatorCosts
+from sim.core.split_shapes import FLASHINFER_ATTENTION
 from sim.core.step import SchedulerOutput
 
 if TYPE_CHECKING:
@@ -286,10 +289,16 @@ class CostModel(OperatorCosts):
             hidden_s=self.hidden_s,
         )
 
+    @property
+    def apart_min_keys(self) -> int:
+        """From how many decode keys a step with prefill tokens runs its decode rows apart (0:
+        never): `mixed_split_min_keys` on the Triton kernel (EngineConfig.mixed_split_bytes),
+        any on flashinfer, whose prefill launch takes the prefill rows only."""
+        return 1 if self.attention_backend == FLASHINFER_ATTENTION else self.mixed_split_min_keys
+
     def runs_apart(self, decode_context_tokens: int) -> bool:
-        """Whether a step with prefill tokens on the Triton kernel runs its decode rows apart:
-        they hold `mixed_split_min_keys` keys or more (EngineConfig.mixed_split_bytes)."""
-        return 0 < self.mixed_split_min_keys <= decode_context_tokens
+        """Whether a step with prefill tokens runs its decode rows apart (`apart_min_keys`)."""
+        return 0 < self.apart_min_keys <= decode_context_tokens
 
     def decode_step_terms(self, batch_size: int) -> tuple[float, float, float, float, float]:
         """(fixed seconds, seconds per context token, launch seconds, launch serial fraction,

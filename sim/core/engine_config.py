@@ -185,7 +185,10 @@ class EngineConfig:
         "sequence through SPLIT (cuDNN's SDPA over the chunk's own keys, causal, and over its "
         "cached prefix in segments, merged by log-sum-exp, every call padded to one of a few "
         "shapes). auto: SPLIT for prefill sequences of at least 2,048 new tokens, the Triton "
-        "kernel for the rest. The GPU engine runs split and auto on one GPU only",
+        "kernel for the rest. flashinfer: every prefill sequence through FlashInfer's paged "
+        "prefill over the cache in place (its Hopper kernel on Hopper; needs the flashinfer "
+        "extra), a mixed step's decode rows apart through the Triton decode path. The GPU "
+        "engine runs split, auto and flashinfer on one GPU only",
         "--attention-backend", codec=choice(ATTENTION_BACKENDS), choices=ATTENTION_BACKENDS,
         absent="triton"))
 

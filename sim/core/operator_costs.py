@@ -20,7 +20,12 @@ from sim.core.launch_shapes import (
     attention_num_splits,
     attention_num_splits_array,
 )
-from sim.core.split_shapes import ATTENTION_BACKENDS, SPLIT_MIN_QUERY, SplitShapes
+from sim.core.split_shapes import (
+    ATTENTION_BACKENDS,
+    FLASHINFER_ATTENTION,
+    SPLIT_MIN_QUERY,
+    SplitShapes,
+)
 
 Chunks = tuple[tuple[int, int], ...]  # (new tokens, cached prefix tokens) per prefill sequence
 
@@ -42,7 +47,8 @@ class OperatorCosts:
         self.eff = efficiency or Efficiency()
         self.attention_backend = attention_backend
         # SPLIT runs prefill sequences of at least this many new tokens (0: none does)
-        self._split_min_query = {"triton": 0, "split": 1, "auto": SPLIT_MIN_QUERY}[attention_backend]
+        self._split_min_query = {"triton": 0, "split": 1, "auto": SPLIT_MIN_QUERY,
+                                 FLASHINFER_ATTENTION: 0}[attention_backend]
         self._split_shapes = SplitShapes()
         h, vocab = model.hidden_size, model.padded_vocab_size(tp)
         self._lm_head_flops_per_row = 2.0 * h * vocab
@@ -93,6 +99,11 @@ class OperatorCosts:
         `attention_compute`, and every query token's fixed share (`attention_query_s`)."""
         pairs = sum(c * (p + c / 2.0) for c, p in chunks)
         return pairs * self.attention_pair_s + sum(c for c, _ in chunks) * self._query_s
+
+    @property
+    def runs_split(self) -> bool:
+        """Whether any step runs SPLIT on this backend (split, auto)."""
+        return bool(self._split_min_query)
 
     def split_chunks(self, chunks: Chunks) -> tuple[Chunks, Chunks] | None:
         """(sequences SPLIT runs, the rest) of a step's prefill chunks, or None where the

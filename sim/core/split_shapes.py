@@ -51,8 +51,11 @@ from typing import NamedTuple
 # the Triton path's TTFT at chunks of 1,280 / 1,536 / 1,792 and 0.92x from 2,048 up.
 SPLIT_MIN_QUERY = 2048
 # the engine's attention backends for steps with prefill tokens (EngineConfig.attention_backend)
-ATTENTION_BACKENDS = ("triton", "split", "auto")
+ATTENTION_BACKENDS = ("triton", "split", "auto", "flashinfer")
 TRITON_ATTENTION = "triton"
+# flashinfer: prefill rows through FlashInfer's paged prefill (its Hopper kernel on Hopper),
+# a mixed step's decode rows always apart, through the Triton decode path
+FLASHINFER_ATTENTION = "flashinfer"
 SEGMENT_TOKENS = 8192  # most prefix keys per SDPA call
 MIN_SEGMENT_TOKENS = 1024  # fewest; a prefix's remainder below it goes into the square
 MIN_QUERY_ROWS = 1024  # the smallest padded query count of any call

@@ -83,12 +83,18 @@ def fit_attention_terms(cost_args: CostArgs, outputs: Sequence[SchedulerOutput],
 def held_attention_terms(cost_args: CostArgs, outputs: Sequence[SchedulerOutput]
                          ) -> tuple[str, ...]:
     """The attention terms `outputs` cannot tell: SPLIT's where too few steps run SPLIT, the
-    Triton kernel's where no step with prefill tokens runs it (the split backend's)."""
+    Triton kernel's where no step with prefill tokens runs it (the split backend's), the
+    decode rows' rate beside a chunk where no step runs them there."""
     cost = cost_args.cost_model(Efficiency())
     split = [cost.split_chunks(o.prefill_chunks) for o in outputs if o.num_prefill_tokens]
     triton = sum(1 for parts in split if parts is None or parts[1])
+    # where every step with prefill tokens runs its decode rows apart (flashinfer), none
+    # prices decode rows beside a chunk
+    beside = any(o.num_prefill_tokens and o.decode_context_tokens
+                 and not cost.runs_apart(o.decode_context_tokens) for o in outputs)
     return (*split_run_terms_fixed(sum(1 for parts in split if parts is not None)),
-            *(TRITON_ATTENTION_PARAMETERS if not triton else ()))
+            *(TRITON_ATTENTION_PARAMETERS if not triton else ()),
+            *(("mixed_decode_compute",) if triton and not beside else ()))
 
 
 def attention_start(cost_args: CostArgs,

@@ -22,7 +22,7 @@ from pathlib import Path
 from sim.core.calibration.provenance import EngineKind
 from sim.core.calibration.schema import Calibration, load_calibration, timed_launch_kinds
 from sim.core.catalog import get_gpu, get_model
-from sim.core.split_shapes import TRITON_ATTENTION
+from sim.core.split_shapes import FLASHINFER_ATTENTION, TRITON_ATTENTION
 
 SHIPPED_DIR = Path(__file__).resolve().parents[3] / "calibration"
 ROOFLINE = "none"  # --calibration none: the datasheet roofline, default efficiencies
@@ -184,6 +184,15 @@ def attention_mismatch(calibration: Calibration | None, backends: set[str]) -> s
     if calibration is None:
         return None
     profiled = calibration.provenance.attention_backend
+    others = backends - {profiled}
+    if FLASHINFER_ATTENTION in others:
+        return (f"{calibration.source} was profiled on the {profiled} attention backend, not "
+                "flashinfer: FlashInfer's prefill is priced at the Triton kernel's attention "
+                "terms of that profile; profile with --attention-backend flashinfer to fit it")
+    if profiled == FLASHINFER_ATTENTION and others:
+        return (f"{calibration.source} was profiled on the flashinfer attention backend: "
+                f"steps on {', '.join(sorted(others))} are priced at FlashInfer's attention "
+                f"terms; profile with --attention-backend {sorted(others)[0]} to fit theirs")
     if profiled == TRITON_ATTENTION and backends - {TRITON_ATTENTION}:
         return (f"{calibration.source} was profiled on the triton attention backend, which "
                 "runs no SPLIT step: SPLIT is priced at its default cuDNN rate (one H200's "

@@ -1,0 +1,123 @@
+"""Prefill attention through FlashInfer's batch prefill, reading the paged cache in place (the
+flashinfer attention backend, gpu_backend.layers).
+
+FlashInfer (the `flashinfer` extra: flashinfer-python) takes the engine's K and V caches,
+[num_blocks, block_size, KVH, D] each, as its NHD pages: every sequence is a list of pages
+(`PageLists`, the block table's first ceil(len / block_size) entries) and the length of its
+last one. Each query row sees the keys up to its own position, the chunk aligned to the end of
+its sequence's keys (causal, bottom-right), GQA by head counts. On Hopper it runs its `fa3`
+kernels (wgmma, TMA, warp-specialised), elsewhere `fa2`; its JIT builds them with nvcc the
+first time (about 90 s for fa3 on 16 cores) and loads them from its cache
+($FLASHINFER_WORKSPACE_BASE/.cache/flashinfer) after.
+
+A step plans once on the host (`FlashInferPrefill.plan`: the page lists from the step's host
+lengths and block tables, copied from pinned memory without a wait) and every layer runs that
+plan (`PrefillPlan.run`). Two wrappers take turns, so planning a step never rewrites the
+pinned plan of the step before while its copy may still be queued (the engine launches at most
+one step ahead); they share one float workspace.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+WORKSPACE_BYTES = 128 << 20  # FlashInfer's split-KV scratch, its documented size
+INSTALL_HINT = ("the flashinfer attention backend needs FlashInfer: "
+                "pip install 'elastic-kv[flashinfer]' (flashinfer-python)")
+
+
+@dataclass(frozen=True)
+class PageLists:
+    """The prefill sequences of a step as FlashInfer's paged prefill takes them (int32)."""
+
+    qo_indptr: np.ndarray  # [S+1] offsets of each sequence's query rows, from 0
+    kv_indptr: np.ndarray  # [S+1] offsets of each sequence's pages in `indices`
+    indices: np.ndarray  # [pages] the pool blocks of every sequence, in order
+    last_page_len: np.ndarray  # [S] keys in each sequence's last page (1..block_size)
+
+
+def page_lists(query_start_loc: np.ndarray, seq_lens: np.ndarray, block_tables: np.ndarray,
+               first: int, block_size: int) -> PageLists:
+    """The page lists of sequences `first`.. of a step: their query rows (offsets rebased to
+    0), and the first ceil(seq_len / block_size) blocks of each one's table row."""
+    qsl = np.asarray(query_start_loc[first:], dtype=np.int64)
+    lens = np.asarray(seq_lens[first:], dtype=np.int64)
+    tables = np.asarray(block_tables[first:])
+    if len(qsl) != len(lens) + 1 or tables.shape[0] < len(lens):
+        raise ValueError(f"{len(lens)} sequences with {len(qsl)} query offsets and "
+                         f"{tables.shape[0]} block-table rows")
+    if len(lens) and lens.min() < 1:
+        raise ValueError(f"a sequence of {int(lens.min())} keys: every one needs at least one")
+    pages = -(-lens // block_size)
+    if len(lens) and pages.max() > tables.shape[1]:
+        raise ValueError(f"a sequence of {int(lens.max())} keys needs {int(pages.max())} "
+                         f"blocks; the block table holds {tables.shape[1]}")
+    taken = np.arange(tables.shape[1])[None, :] < pages[:, None]
+    return PageLists(
+        qo_indptr=(qsl - qsl[0]).astype(np.int32),
+        kv_indptr=np.concatenate(([0], np.cumsum(pages))).astype(np.int32),
+        indices=tables[:len(lens)][taken].astype(np.int32),
+        last_page_len=(lens - (pages - 1) * block_size).astype(np.int32))
+
+
+def kernel_family(device: torch.device) -> str:
+    """FlashInfer's backend for this GPU: fa3 on Hopper (compute capability 9.x), else fa2."""
+    return "fa3" if torch.cuda.get_device_capability(device)[0] == 9 else "fa2"
+
+
+@dataclass(frozen=True)
+class PrefillPlan:
+    """One step's planned FlashInfer call, run by every layer."""
+
+    wrapper: object  # flashinfer.BatchPrefillWithPagedKVCacheWrapper, planned
+    num_rows: int  # query rows it attends (the step's prefill rows)
+
+    def run(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, out: Tensor) -> Tensor:
+        """q, out: [num_rows, H, D] (out contiguous); caches [num_blocks, block_size, KVH, D]."""
+        if q.shape[0] != self.num_rows:
+            raise ValueError(f"{q.shape[0]} query rows for a plan of {self.num_rows}")
+        return self.wrapper.run(q, (k_cache, v_cache), out=out)  # type: ignore[attr-defined]
+
+
+class FlashInferPrefill:
+    """FlashInfer's paged prefill on one device: its workspace and two wrappers taking
+    turns (the module docstring)."""
+
+    def __init__(self, device: torch.device, family: str | None = None) -> None:
+        try:
+            import flashinfer
+        except ModuleNotFoundError as error:
+            raise RuntimeError(INSTALL_HINT) from error
+        self.device = device
+        self.family = family or kernel_family(device)
+        workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        self._wrappers = [flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            workspace, "NHD", backend=self.family) for _ in range(2)]
+        self._turn = 0
+
+    def plan(self, lists: PageLists, num_heads: int, num_kv_heads: int, head_dim: int,
+             block_size: int, scale: float, dtype: torch.dtype) -> PrefillPlan:
+        """Plan a step's prefill rows (host work; its copies queued on the current stream
+        from pinned memory, so the host does not wait for the device)."""
+        wrapper = self._wrappers[self._turn]
+        self._turn ^= 1
+
+        def pinned(values: np.ndarray) -> Tensor:
+            return torch.from_numpy(values).pin_memory()
+        indices = pinned(lists.indices).to(self.device, non_blocking=True)
+        wrapper.plan(pinned(lists.qo_indptr), pinned(lists.kv_indptr), indices,
+                     pinned(lists.last_page_len), num_heads, num_kv_heads, head_dim,
+                     block_size, causal=True, sm_scale=scale, q_data_type=dtype,
+                     kv_data_type=dtype, non_blocking=True)
+        return PrefillPlan(wrapper, int(lists.qo_indptr[-1]))
+
+
+@functools.cache
+def flashinfer_prefill(device: str) -> FlashInferPrefill:
+    """The device's one FlashInferPrefill (every layer and model on it shares its workspace)."""
+    return FlashInferPrefill(torch.device(device))
