@@ -25,6 +25,7 @@ from gpu_backend.engine.shapes import prompt_shapes, scheduler_output  # noqa: E
 from sim.core.calibration import load_calibration  # noqa: E402
 from sim.core.catalog import get_gpu, get_model  # noqa: E402
 from sim.core.cost_model import CostModel  # noqa: E402
+from sim.core.split_shapes import ATTENTION_BACKENDS  # noqa: E402
 
 RESULT = Path("benchmarks/results/engine_nvidia-h200-llama-3-1-8b-attention-triton-split-auto.json")
 DECODE_CONTEXT = 1024  # engine_bench.DECODE_CONTEXT: the decode rows' context
@@ -40,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--result", type=Path, default=RESULT, help="engine_bench result JSON")
     parser.add_argument("--calibration", default="calibration/h200/llama-3.1-8b-auto.json")
-    parser.add_argument("--attention-backend", default="auto", choices=("triton", "split", "auto"))
+    parser.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS)
     parser.add_argument("--async-scheduling", action="store_true",
                         help="the curve timed launched ahead, priced as async scheduling")
     args = parser.parse_args(argv)
