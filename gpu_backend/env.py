@@ -14,15 +14,13 @@ from pathlib import Path
 
 
 def versions() -> dict:
-    """Driver and library versions; a part that cannot be read is None, never an error."""
+    """Driver and library versions; a part that cannot be read is None, never an error.
+    FlashInfer's (the flashinfer attention backend's) only where it is installed."""
     import torch
     import triton
 
-    try:
-        from importlib.metadata import version
-        bindings = version("cuda-bindings")
-    except Exception:  # noqa: BLE001 - a missing package is reported, not fatal
-        bindings = None
+    bindings = _package_version("cuda-bindings")
+    flashinfer = _package_version("flashinfer-python")
     driver = None
     try:
         driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
@@ -31,7 +29,16 @@ def versions() -> dict:
         pass
     return {"driver": driver.splitlines()[0] if driver else None, "torch": torch.__version__,
             "triton": triton.__version__, "cuda-bindings": bindings, "cuda": torch.version.cuda,
-            "python": platform.python_version()}
+            "python": platform.python_version(),
+            **({"flashinfer": flashinfer} if flashinfer else {})}
+
+
+def _package_version(name: str) -> str | None:
+    try:
+        from importlib.metadata import version
+        return version(name)
+    except Exception:  # noqa: BLE001 - a missing package is reported, not fatal
+        return None
 
 
 def device_environment() -> dict:

@@ -179,8 +179,10 @@ def test_a_profile_on_another_attention_backend_is_named_in_every_output(tmp_pat
         plain, {"triton", "flashinfer"})
     assert "FlashInfer's prefill is priced at the Triton kernel's" in attention_mismatch(
         load_calibration(write(tmp_path / "e.json", data)), {"flashinfer"})
-    fi = load_calibration(write(tmp_path / "f.json", {**calibration_data(sizes=None),
-                                                      "attention_backend": "flashinfer"}))
+    fi = load_calibration(write(tmp_path / "f.json", {
+        **calibration_data(sizes=None, flashinfer="0.7.4"), "attention_backend": "flashinfer"}))
+    assert fi.provenance.flashinfer == "0.7.4" and fi.provenance.to_dict()["flashinfer"] == "0.7.4"
+    assert plain.provenance.flashinfer is None and "flashinfer" not in plain.provenance.to_dict()
     assert "eager engine (flashinfer attention)" in describe(fi)
     assert attention_mismatch(fi, {"flashinfer"}) is None
     assert "steps on auto, triton are priced at FlashInfer's" in attention_mismatch(

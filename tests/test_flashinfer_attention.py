@@ -83,3 +83,12 @@ def test_a_prefill_step_without_flashinfer_says_what_to_install():
     with pytest.raises(RuntimeError, match="needs FlashInfer: pip install"):
         attn.prepare(batch, k_cache)
     assert "flashinfer-python" in INSTALL_HINT
+
+
+@pytest.mark.skipif(importlib.util.find_spec("flashinfer") is not None,
+                    reason="FlashInfer is installed here")
+def test_versions_name_flashinfer_only_where_it_is_installed():
+    from gpu_backend.env import versions
+
+    found = versions()
+    assert "flashinfer" not in found and found["torch"] == torch.__version__

@@ -87,7 +87,7 @@ JSON_KEYS = {"model": "model", "gpu_preset": "gpu_preset", "gpu": "gpu_name",
              "driver": "driver", "torch": "torch", "triton": "triton", "cuda": "cuda",
              "cuda-bindings": "cuda_bindings", "measured_on": "measured_on",
              "command": "command", "fitted_by": "fitted_by", "derived_from": "derived_from",
-             "engine_variant": "engine_variant"}
+             "engine_variant": "engine_variant", "flashinfer": "flashinfer"}
 
 
 @dataclass(frozen=True)
@@ -105,6 +105,7 @@ class Provenance:
     triton: str | None = None
     cuda: str | None = None
     cuda_bindings: str | None = None
+    flashinfer: str | None = None  # FlashInfer's version, where the steps ran it
     derived_from: str | None = None  # merged or transferred from this calibration
     # the attention backend the profile's steps ran (the file's "attention_backend")
     attention_backend: str = TRITON_ATTENTION
@@ -126,7 +127,8 @@ def profile_provenance(*, model: str, gpu_preset: str, gpu_name: str, engine: En
     return Provenance(model=model, gpu_preset=gpu_preset, gpu_name=gpu_name, engine=engine,
                       measured_on=measured_on, command=command, driver=versions.get("driver"),
                       torch=versions.get("torch"), triton=versions.get("triton"),
-                      cuda=versions.get("cuda"), cuda_bindings=versions.get("cuda-bindings"))
+                      cuda=versions.get("cuda"), cuda_bindings=versions.get("cuda-bindings"),
+                      flashinfer=versions.get("flashinfer"))
 
 
 def invoked_command() -> str:

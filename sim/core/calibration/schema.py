@@ -270,7 +270,7 @@ def _top_level_provenance(data: Mapping, source: str) -> dict:
              "gpu_preset": ("gpu_preset", data.get("gpu_preset", fit.get("gpu"))),
              "gpu_name": ("gpu", data.get("gpu")),
              **{name.replace("-", "_"): (f"versions.{name}", versions.get(name))
-                for name in ("driver", "torch", "triton", "cuda", "cuda-bindings")}}
+                for name in ("driver", "torch", "triton", "cuda", "cuda-bindings", "flashinfer")}}
     for key, value in found.values():
         if value is not None and not isinstance(value, str):
             raise ValueError(f"{source}: {key} is {value!r}; expected a string")
