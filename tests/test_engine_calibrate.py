@@ -110,15 +110,29 @@ def test_copy_bandwidth_pins_weight_streaming_and_the_step_overhead_takes_the_re
 
 
 def test_linear_time_between_roofline_and_sum():
+    """The serial share adds the whole shorter side at the ridge (compute = weight read) and
+    fades away from it: a chunk's compute-bound GEMMs and a small batch's weight-bound ones
+    hide the other side."""
     model, gpu = get_model("llama-3.1-8b"), get_gpu("h200")
     roof, half, serial = (CostModel(model, gpu, 1, Efficiency(linear_serial_fraction=f))
                           for f in (0.0, 0.5, 1.0))
-    for tokens in (1, 32, 256, 4096):
+    weights = roof._layer_weight_bytes / roof._bytes_s
+    ridge = weights * roof._flops_s / roof._layer_flops_per_token  # tokens where they are equal
+    assert 100 < ridge < 1000  # an H200 8B GEMM's ridge: a few hundred rows
+    at_ridge = int(round(ridge))  # a whole token: within 0.1% of the ridge
+    compute = at_ridge * roof._layer_flops_per_token / roof._flops_s
+    assert serial.linear_s(at_ridge) == pytest.approx(compute + weights, rel=1e-3)
+    assert half.linear_s(at_ridge) == pytest.approx(max(compute, weights)
+                                                    + 0.5 * min(compute, weights), rel=1e-3)
+    for tokens in (1, 32, 256, 4096, 65536):
         compute = tokens * roof._layer_flops_per_token / roof._flops_s
-        weights = roof._layer_weight_bytes / roof._bytes_s
         assert roof.linear_s(tokens) == pytest.approx(max(compute, weights))
-        assert serial.linear_s(tokens) == pytest.approx(compute + weights)
         assert roof.linear_s(tokens) < half.linear_s(tokens) < serial.linear_s(tokens)
+        assert serial.linear_s(tokens) <= compute + weights
+    # 64 times past the ridge (or below it) the shorter side adds 1/64 of itself
+    far = 64 * at_ridge
+    compute = far * roof._layer_flops_per_token / roof._flops_s
+    assert serial.linear_s(far) - roof.linear_s(far) == pytest.approx(weights / 64, rel=0.01)
 
 
 def test_scheduler_output_of_a_mixed_step_matches_the_core_fields():

@@ -327,12 +327,19 @@ def test_measured_prefill_steps_are_priced_at_their_piecewise_size(tmp_path):
                                num_seqs=20)).total_s,
             eff.step_overhead_s]
     np.testing.assert_allclose(got, want, rtol=1e-12)
-    # the two prefill steps pay 320 tokens' linear layers (compute-bound: 20 more tokens'
-    # worth of FLOPs, at 0.73 of 989.4 TFLOP/s); the decode step is as before
+    # the two prefill steps pay 320 tokens' linear layers instead of 300 (compute-bound: at
+    # 0.73 of 989.4 TFLOP/s, and half the weight read's serial share, which fades as
+    # weights^2 / compute: 2 bytes a parameter, as many bytes as FLOPs per token, at 0.71 of
+    # 4.8 TB/s); the decode step is as before
     plain = predict_step_times(CostModel(model, gpu, efficiency=eff, graph_sizes=(1, 8, 32)),
                                table)
     flops_per_token = 2 * 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336)
-    extra_s = 20 * flops_per_token / (989.4e12 * 0.73)
+    weights_s = flops_per_token / (4.8e12 * 0.71)
+
+    def linear_s(tokens: int) -> float:
+        compute_s = tokens * flops_per_token / (989.4e12 * 0.73)
+        return compute_s + 0.5 * weights_s ** 2 / compute_s
+    extra_s = linear_s(320) - linear_s(300)
     np.testing.assert_allclose(got[:2] - plain[:2], [extra_s, extra_s], rtol=1e-9)
     assert got[2] == plain[2] and got[3] == plain[3]
 

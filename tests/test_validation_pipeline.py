@@ -155,12 +155,15 @@ def test_compare_with_true_efficiencies_reports_no_error(runs):
         assert not run.divergence.diverged
     assert all(t["passed"] for t in v.targets)
     assert len(v.gains) == 3  # elastic@1024 over static@1024; elastic@4096 over both
-    for run in v.runs:  # every step 2% longer: later first tokens, the same tokens per second
-        assert run.sensitivity["ttft_p50_s"] > 0.005, run.label
+    for run in v.runs:  # every step 2% longer: the same tokens per second
         assert abs(run.sensitivity["throughput_tok_s"]) < 0.01, run.label
-        # a slower host lengthens steps by their host terms only: later, never earlier
-        assert run.host_sensitivity["ttft_p50_s"] > 0, run.label
         assert run.host_sensitivity["tpot_p50_s"] > 0, run.label
+        if run.label.startswith("static"):
+            # later first tokens; a slower host lengthens steps by their host terms only:
+            # later, never earlier. An elastic run's reserve comes back at fixed transition
+            # costs, so longer steps move when it is lent, and its median TTFT either way
+            assert run.sensitivity["ttft_p50_s"] > 0.005, run.label
+            assert run.host_sensitivity["ttft_p50_s"] > 0, run.label
 
 
 def test_compare_with_default_efficiencies_reports_the_perturbation(runs):

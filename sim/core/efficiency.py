@@ -51,9 +51,12 @@ class Efficiency:
     # the piecewise steps it timed, or one that timed no piecewise step).
     piecewise_launch_s: float | None = None
     # How much of the shorter of a linear layer's compute and weight-read times is NOT hidden
-    # under the longer: 0 is the roofline (max of the two), 1 adds them. Skinny GEMMs (decode
-    # batches of 8..64 rows) sit between: measured H200 decode steps grow with the batch long
-    # before the roofline's compute term overtakes the weight read.
+    # under the longer, at the ridge where the two are equal: 0 is the roofline (max of the
+    # two), 1 adds them there. Away from the ridge the share fades with the shorter's ratio to
+    # the longer (OperatorCosts.linear_s: longer + fraction x shorter^2 / longer), so a chunk's
+    # compute-bound GEMMs hide their weight read. Skinny GEMMs (decode batches of 8..64 rows)
+    # sit near the ridge: measured H200 decode steps grow with the batch long before the
+    # roofline's compute term overtakes the weight read.
     linear_serial_fraction: float = 0.0
     # Host time added to an eager step's launch when its attention splits each tile's keys
     # over several programs (`attention_num_splits`): per layer a combine kernel and two scratch

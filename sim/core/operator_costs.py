@@ -82,7 +82,10 @@ class OperatorCosts:
         weight_bytes = (self._layer_weight_bytes if self.model.moe is None
                         else self.model.layer_weight_bytes_read(num_tokens, self.tp))
         weights = weight_bytes / self._bytes_s
-        return max(compute, weights) + self.eff.linear_serial_fraction * min(compute, weights)
+        # the serial share fades as one side dominates: a GEMM far from its ridge point hides
+        # the other side whole
+        longer, shorter = max(compute, weights), min(compute, weights)
+        return longer + self.eff.linear_serial_fraction * shorter * shorter / longer
 
     @property
     def attention_pair_s(self) -> float:
