@@ -22,8 +22,7 @@ Run from the repository root on the GPU machine (under ~3 minutes for Llama-3.1-
    with `--piecewise-graphs --piecewise-max-tokens N` takes them.
 6. with `--attention-backend triton split auto flashinfer`: the prefill and the chunk-size
    curves (3, 5) on each attention backend over the same weights, the backends taking turns
-   at every point;
-   the first backend's keep the names above, the others' carry the backend's name
+   at every point; the first backend's keep the names above, the others' carry the backend's name
    (`chunk_curve_split`, ...). Per backend also: prefill steps of chunk lengths never run
    before, timed on their first run and again (cuDNN builds an execution plan for each new
    shape: with split or auto every shape SPLIT pads to, up to the longest chunk timed, is
@@ -91,7 +90,8 @@ from sim.core.engine_config import EngineConfig  # noqa: E402
 CHUNKS = (512, 1024, 2048, 4096, 8192, 16384)
 PROMPTS = (16384, 32768)
 DECODE_BATCH, DECODE_CONTEXT = 64, 1024
-BACKENDS = ("triton", "split", "auto", "flashinfer")  # the attention backends a model can switch between
+# the attention backends a model can switch between
+BACKENDS = ("triton", "split", "auto", "flashinfer")
 NEW_SHAPES = ((3001, 9000), (3013, 9013), (1777, 0))  # (chunk, prefix) no other step runs
 PROFILE_TOKENS = (2048, 4096, 8192, 16384)
 DECODE_TARGET_RATIO = 1.2  # the decode step within this multiple of its memory roofline

@@ -204,8 +204,8 @@ class PagedAttention(nn.Module):
     def _prepare_flashinfer(self, batch: ForwardBatch, k_cache: Tensor | None) -> ForwardBatch:
         """A step whose prefill rows run FlashInfer: their plan from the host lengths and
         block tables (copied from the device, one sync, when the batch came without them),
-        made once for every layer on `k_cache`'s device (without it, at the first layer's
-        attend), and the decode rows' split plan."""
+        made once for every layer on `k_cache`'s device, and the decode rows' split plan.
+        Without `k_cache` the batch stays unplanned and `attend` plans for its own call."""
         if k_cache is None:
             return batch
         host = batch.host_lens if batch.host_lens is not None else host_lens_from_device(batch)

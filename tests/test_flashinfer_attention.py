@@ -58,14 +58,12 @@ def test_page_lists_refuse_what_the_tables_cannot_hold():
         page_lists(QSL[:3], LENS, TABLES, 0, 16)
 
 
-def test_the_engine_and_the_cost_model_know_the_backend():
-    from gpu_backend.layers import ATTENTION_BACKENDS, FUSED_BACKENDS
+def test_an_engine_config_takes_the_backend_and_refuses_a_misspelt_one():
     from sim.core.engine_config import EngineConfig
-    from sim.core.split_shapes import ATTENTION_BACKENDS as PRICED
 
-    assert "flashinfer" in PRICED and "flashinfer" in ATTENTION_BACKENDS
-    assert "flashinfer" in FUSED_BACKENDS  # its layers run the fused kernels
     assert EngineConfig(attention_backend="flashinfer").attention_backend == "flashinfer"
+    with pytest.raises(ValueError, match="--attention-backend 'flashinfr'"):
+        EngineConfig(attention_backend="flashinfr")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("flashinfer") is not None,
@@ -92,3 +90,94 @@ def test_versions_name_flashinfer_only_where_it_is_installed():
 
     found = versions()
     assert "flashinfer" not in found and found["torch"] == torch.__version__
+
+
+class FakeWrapper:
+    """FlashInfer's wrapper as the backend calls it, attending in float32 from the page lists
+    it was planned with (pages read from the pool, causal aligned to each sequence's end)."""
+
+    def __init__(self, workspace, layout, backend):
+        assert layout == "NHD" and workspace.dtype == torch.uint8
+        self.backend = backend
+
+    def plan(self, qo_indptr, kv_indptr, indices, last_page_len, num_heads, num_kv_heads,
+             head_dim, page_size, *, causal, sm_scale, q_data_type, kv_data_type,
+             non_blocking):
+        assert causal and q_data_type == kv_data_type
+        self.lists = (qo_indptr.tolist(), kv_indptr.tolist(), indices.clone(),
+                      last_page_len.tolist(), page_size, sm_scale)
+
+    def run(self, q, caches, out):
+        qo, kv, indices, last, page, scale = self.lists
+        k_cache, v_cache = caches
+        for i in range(len(qo) - 1):
+            pages = indices[kv[i]:kv[i + 1]].long()
+            keys_len = (len(pages) - 1) * page + last[i]
+            k = k_cache[pages].reshape(-1, *k_cache.shape[2:])[:keys_len].float()
+            v = v_cache[pages].reshape(-1, *v_cache.shape[2:])[:keys_len].float()
+            rows = q[qo[i]:qo[i + 1]].float()
+            group = rows.shape[1] // k.shape[1]
+            scores = torch.einsum("rhd,lhd->hrl", rows, k.repeat_interleave(group, 1)) * scale
+            first = keys_len - rows.shape[0]  # row r sees keys [0, first + r]
+            seen = torch.arange(keys_len)[None, :] <= first + torch.arange(rows.shape[0])[:, None]
+            probs = scores.masked_fill(~seen, float("-inf")).softmax(-1)
+            out[qo[i]:qo[i + 1]] = torch.einsum("hrl,lhd->rhd", probs,
+                                                v.repeat_interleave(group, 1)).to(out.dtype)
+        return out
+
+
+@pytest.fixture
+def fake_flashinfer(monkeypatch):
+    import sys
+    import types
+
+    from gpu_backend.kernels import flashinfer_attention
+
+    module = types.ModuleType("flashinfer")
+    module.BatchPrefillWithPagedKVCacheWrapper = FakeWrapper
+    monkeypatch.setitem(sys.modules, "flashinfer", module)
+    flashinfer_attention._prefill_of.cache_clear()
+    yield
+    flashinfer_attention._prefill_of.cache_clear()
+
+
+def prefill_problem():
+    from gpu_backend.kernels import store_kvcache_ref
+    from tests.kernel_cases import make_problem
+
+    # prefill rows only (a 1-token chunk among them), over the strided pool with NaN slots
+    pb = make_problem([1, 37, 200, 16], [40, 0, 333, 16], 4, 2, 32, 16, torch.float32, seed=3)
+    store_kvcache_ref(pb.new_k, pb.new_v, pb.k_cache, pb.v_cache, pb.slot_mapping)
+    empty = torch.zeros(0, dtype=torch.int64)
+    batch = ForwardBatch(
+        input_ids=empty, positions=empty, slot_mapping=empty, block_tables=pb.block_tables,
+        seq_lens=pb.seq_lens, query_start_loc=pb.query_start_loc, logits_indices=empty,
+        max_query_len=pb.max_query_len, max_seq_len=pb.max_seq_len, num_decodes=0,
+        host_lens=HostLens(pb.query_start_loc.numpy(), pb.seq_lens.numpy(),
+                           pb.block_tables.numpy()))
+    return pb, batch
+
+
+def test_the_backend_plans_once_and_every_layer_runs_the_plan(fake_flashinfer):
+    """A step of prefill rows through the flashinfer path with FlashInfer replaced by a
+    float32 attention over the page lists it is handed: the dense reference's output, so the
+    lists, the row split and the plan's hand-over are right; a plan run after its wrapper was
+    planned twice more is refused."""
+    from tests.kernel_cases import dense_reference, rel_error
+
+    pb, batch = prefill_problem()
+    attn = PagedAttention(4, 2, 32, "flashinfer")
+    prepared = attn.prepare(batch, pb.k_cache)
+    plan = prepared.prefill_plan
+    assert plan is not None and plan.num_rows == pb.q.shape[0]
+    assert plan.wrapper.backend == "fa2"  # not Hopper
+    for _ in range(2):  # two layers, one plan
+        out = attn.attend(pb.q, pb.k_cache, pb.v_cache, prepared)
+        assert rel_error(out, dense_reference(pb)) < 1e-5
+    for _ in range(2):
+        attn.prepare(batch, pb.k_cache)
+    with pytest.raises(RuntimeError, match="planned again"):
+        attn.attend(pb.q, pb.k_cache, pb.v_cache, prepared)
+    with pytest.raises(ValueError, match="for a plan of 254 rows"):
+        attn.prepare(batch, pb.k_cache).prefill_plan.run(pb.q[1:], pb.k_cache, pb.v_cache,
+                                                         torch.empty_like(pb.q[1:]))

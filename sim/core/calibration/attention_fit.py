@@ -108,8 +108,9 @@ def attention_start(cost_args: CostArgs,
     decode rows' rate beside a chunk) held at theirs."""
     if attention is None:
         return start, (*hold, "attention_query_s", "mixed_decode_compute"), None
-    # each launch was timed alone as one launch (attention_profile.launch_ms), decode rows
-    # and chunks together, whatever the engine's mixed steps run
+    # each launch was timed alone (attention_profile.launch_ms): on the Triton kernel as one
+    # launch, decode rows and chunks together, whatever the engine's mixed split; flashinfer
+    # runs its decode rows apart in any case (CostModel.apart_min_keys)
     single = cost_args._replace(mixed_split_min_keys=0)
     fitted, error = fit_attention_terms(single, *attention, start=start, hold=hold)
     return fitted, (*hold, *ATTENTION_PARAMETERS), error
