@@ -116,6 +116,22 @@ def test_the_best_options_skip_ours_wrong_rows_and_other_block_sizes():
     assert ao.best_options(rows, 2048, 2, "ours", 16) == ["split", "cudnn dense"]
 
 
+def test_only_runs_and_records_the_options_its_patterns_name(tmp_path):
+    bench = ao.Bench(HEADS, ao.SMOKE, tmp_path / "out.json", {"gpu": "cpu"},
+                     only=("ours", "flashinfer*"))
+    ran = []
+
+    def work(name):
+        return lambda: ran.append(name) or {"ms": 1.0}
+    base = {"section": "one_pass", "prompt": 48, "chunk": 48}
+    for name in ("ours", "ours 64x32 w4 s2", "flashinfer fa3 paged", "sdpa cudnn (gqa)"):
+        option = ao.Option(name, None, needs_cuda=False)
+        row = bench.attempt(base, option, work(name))
+        assert (row is None) == (name not in ("ours", "flashinfer fa3 paged")), name
+    assert ran == ["ours", "flashinfer fa3 paged"]
+    assert [r["option"] for r in bench.rows] == ran
+
+
 def test_ratios_are_to_the_faster_correct_sdpa_cudnn_one_pass():
     rows = [_row("one_pass", "sdpa cudnn (gqa)", 16384, 3.4),
             _row("one_pass", "sdpa cudnn (kv expanded)", 16384, 3.3),

@@ -187,6 +187,9 @@ def test_a_profile_on_another_attention_backend_is_named_in_every_output(tmp_pat
     assert attention_mismatch(fi, {"flashinfer"}) is None
     assert "steps on auto, triton are priced at FlashInfer's" in attention_mismatch(
         fi, {"flashinfer", "triton", "auto"})
+    assert "SPLIT's at their defaults" in attention_mismatch(fi, {"auto"})
+    assert "Triton prefill terms, defaults on a split profile" in attention_mismatch(
+        split, {"flashinfer"})
 
 
 # ----------------------------------------------------------------------------- engine kind

@@ -308,6 +308,9 @@ def test_steps_without_their_chunks_cannot_be_priced_on_a_split_backend(tmp_path
         cost = CostModel(LLAMA_8B, H200, 1, EFF, attention_backend=backend)
         with pytest.raises(ValueError, match=f"{backend} attention backend need.*prefill_chunks"):
             predict_step_times(cost, table)
+    flashinfer = CostModel(LLAMA_8B, H200, 1, EFF, attention_backend="flashinfer")
+    with pytest.raises(ValueError, match="flashinfer attention backend need.*prefill_chunks"):
+        predict_step_times(flashinfer, table)  # its mixed steps launch their chunks alone
     decode_only = table_of(tmp_path, STEPS[:1], with_chunks=False)  # nothing to route
     cost = CostModel(LLAMA_8B, H200, 1, EFF, attention_backend="auto")
     assert predict_step_times(cost, decode_only)[0] == pytest.approx(cost.step(STEPS[0]).total_s)

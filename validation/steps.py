@@ -31,6 +31,7 @@ from typing import TextIO
 import numpy as np
 
 from sim.core.cost_model import APART_LAUNCHES, CostModel, step_total_array
+from sim.core.split_shapes import FLASHINFER_ATTENTION
 
 REQUIRED_COLUMNS = ("num_prefill_tokens", "num_decode_tokens", "decode_context_tokens",
                     "num_seqs")
@@ -231,6 +232,11 @@ def attention_terms(cost: CostModel, table: StepTable
     run apart (`runs_apart`) launches its chunks alone: its longest program and splits are
     those of its prefill rows."""
     apart = runs_apart(cost, table)
+    if (cost.attention_backend == FLASHINFER_ATTENTION and table.prefill_chunks is None
+            and table.max_seq_len is not None and apart.any()):
+        raise ValueError("steps priced on the flashinfer attention backend need their prefill "
+                         "chunks (steps.csv's prefill_chunks column): its mixed steps launch "
+                         "their prefill rows alone, priced by their longest sequence")
     per_key_s = np.where(table.has_prefill, cost.mixed_decode_attention_s(1),
                          cost.decode_attention_s(1))
     work = (table.prefill_pairs * cost.attention_pair_s

@@ -223,8 +223,10 @@ def build_gpu_engine(config: EngineConfig, *, device: torch.device | None = None
     torch.cuda.empty_cache()
     budget = None
     if torch_cap == "on" or (torch_cap == "auto" and config.policy is Policy.OVERCOMMIT):
+        # the reserve counts the attention backend's workspaces, which torch already holds
+        held = attention_workspace_bytes(attention_backend, device)
         budget = TorchBudget(device, torch.cuda.memory_reserved(device),
-                             core.plan.activation_reserve_bytes, m.total_bytes,
+                             core.plan.activation_reserve_bytes - held, m.total_bytes,
                              torch_cap_headroom_bytes)
     engine = assemble_engine(core, model, store, device, graphs, budget, seed, pieces)
     if budget is not None:

@@ -186,13 +186,17 @@ def attention_mismatch(calibration: Calibration | None, backends: set[str]) -> s
     profiled = calibration.provenance.attention_backend
     others = backends - {profiled}
     if FLASHINFER_ATTENTION in others:
+        terms = ("its Triton prefill terms, defaults on a split profile" if profiled == "split"
+                 else "the Triton kernel's attention terms of that profile")
         return (f"{calibration.source} was profiled on the {profiled} attention backend, not "
-                "flashinfer: FlashInfer's prefill is priced at the Triton kernel's attention "
-                "terms of that profile; profile with --attention-backend flashinfer to fit it")
+                f"flashinfer: FlashInfer's prefill is priced at {terms}; profile with "
+                "--attention-backend flashinfer to fit it")
     if profiled == FLASHINFER_ATTENTION and others:
         return (f"{calibration.source} was profiled on the flashinfer attention backend: "
                 f"steps on {', '.join(sorted(others))} are priced at FlashInfer's attention "
-                f"terms; profile with --attention-backend {sorted(others)[0]} to fit theirs")
+                "terms, SPLIT's at their defaults and decode rows beside a chunk at "
+                "FlashInfer's pair rate (no step of its profile ran them); profile with "
+                f"--attention-backend {sorted(others)[0]} to fit theirs")
     if profiled == TRITON_ATTENTION and backends - {TRITON_ATTENTION}:
         return (f"{calibration.source} was profiled on the triton attention backend, which "
                 "runs no SPLIT step: SPLIT is priced at its default cuDNN rate (one H200's "
