@@ -11,10 +11,12 @@ first time (about 90 s for fa3 on 16 cores) and loads them from its cache
 ($FLASHINFER_WORKSPACE_BASE/.cache/flashinfer) after.
 
 A step plans once on the host (`FlashInferPrefill.plan`: the page lists from the step's host
-lengths and block tables, copied from pinned memory without a wait) and every layer runs that
-plan (`PrefillPlan.run`). Two wrappers take turns, so planning a step never rewrites the
-pinned plan of the step before while its copy may still be queued (the engine launches at most
-one step ahead); they share one float workspace.
+lengths and block tables, copied from pinned memory; FlashInfer itself copies the key lengths
+it derives from them out of pageable memory, a few bytes a sequence) and every layer runs
+that plan (`PrefillPlan.run`). Two wrappers take turns, and a wrapper waits for its previous
+plan's copies before it is planned again, so planning a step never rewrites a plan whose copy
+is still queued; the engine launches at most one step ahead, so that wait does not happen
+there. The wrappers share one float workspace.
 """
 
 from __future__ import annotations
