@@ -33,8 +33,9 @@ def test_page_lists_of_the_prefill_sequences():
     np.testing.assert_array_equal(lists.kv_indptr, [0, 25, 26])
     np.testing.assert_array_equal(lists.indices, list(range(100, 125)) + [55])
     np.testing.assert_array_equal(lists.last_page_len, [16, 16])
+    np.testing.assert_array_equal(lists.kv_lens, [400, 16])
     assert {a.dtype for a in (lists.qo_indptr, lists.kv_indptr, lists.indices,
-                              lists.last_page_len)} == {np.dtype(np.int32)}
+                              lists.last_page_len, lists.kv_lens)} == {np.dtype(np.int32)}
 
 
 def test_page_lists_of_every_sequence_count_partial_last_blocks():
@@ -102,8 +103,11 @@ class FakeWrapper:
 
     def plan(self, qo_indptr, kv_indptr, indices, last_page_len, num_heads, num_kv_heads,
              head_dim, page_size, *, causal, sm_scale, q_data_type, kv_data_type,
-             non_blocking):
+             non_blocking, seq_lens):
         assert causal and q_data_type == kv_data_type
+        pages = (kv_indptr[1:] - kv_indptr[:-1]).tolist()  # the lengths FlashInfer would derive
+        assert seq_lens.tolist() == [(n - 1) * page_size + last
+                                     for n, last in zip(pages, last_page_len.tolist())]
         self.lists = (qo_indptr.tolist(), kv_indptr.tolist(), indices.clone(),
                       last_page_len.tolist(), page_size, sm_scale)
 

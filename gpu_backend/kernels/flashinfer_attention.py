@@ -11,9 +11,9 @@ first time (about 90 s for fa3 on 16 cores) and loads them from its cache
 ($FLASHINFER_WORKSPACE_BASE/.cache/flashinfer) after.
 
 A step plans once on the host (`FlashInferPrefill.plan`: the page lists from the step's host
-lengths and block tables, copied from pinned memory; FlashInfer itself copies the key lengths
-it derives from them out of pageable memory, a few bytes a sequence) and every layer runs
-that plan (`PrefillPlan.run`). Two wrappers take turns, and a wrapper waits for its previous
+lengths and block tables, the key lengths among them, copied from pinned memory: FlashInfer
+would otherwise derive the lengths itself and copy them from pageable memory, which can hold
+the host until the device catches up) and every layer runs that plan (`PrefillPlan.run`). Two wrappers take turns, and a wrapper waits for its previous
 plan's copies before it is planned again, so planning a step never rewrites a plan whose copy
 is still queued; the engine launches at most one step ahead, so that wait does not happen
 there. The wrappers share one float workspace.
@@ -41,6 +41,7 @@ class PageLists:
     kv_indptr: np.ndarray  # [S+1] offsets of each sequence's pages in `indices`
     indices: np.ndarray  # [pages] the pool blocks of every sequence, in order
     last_page_len: np.ndarray  # [S] keys in each sequence's last page (1..block_size)
+    kv_lens: np.ndarray  # [S] keys of each sequence
 
 
 def page_lists(query_start_loc: np.ndarray, seq_lens: np.ndarray, block_tables: np.ndarray,
@@ -64,7 +65,8 @@ def page_lists(query_start_loc: np.ndarray, seq_lens: np.ndarray, block_tables: 
         qo_indptr=(qsl - qsl[0]).astype(np.int32),
         kv_indptr=np.concatenate(([0], np.cumsum(pages))).astype(np.int32),
         indices=tables[:len(lens)][taken].astype(np.int32),
-        last_page_len=(lens - (pages - 1) * block_size).astype(np.int32))
+        last_page_len=(lens - (pages - 1) * block_size).astype(np.int32),
+        kv_lens=lens.astype(np.int32))
 
 
 def kernel_family(device: torch.device) -> str:
@@ -143,7 +145,7 @@ class FlashInferPrefill:
         wrapper.plan(host(lists.qo_indptr), host(lists.kv_indptr), indices,  # type: ignore[attr-defined]
                      host(lists.last_page_len), num_heads, num_kv_heads, head_dim,
                      block_size, causal=True, sm_scale=scale, q_data_type=dtype,
-                     kv_data_type=dtype, non_blocking=True)
+                     kv_data_type=dtype, non_blocking=True, seq_lens=host(lists.kv_lens))
         if cuda:
             self._planned[turn] = torch.cuda.Event()
             self._planned[turn].record()
