@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Literal
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -208,16 +209,22 @@ class PagedAttention(nn.Module):
         Without `k_cache` the batch stays unplanned and `attend` plans for its own call."""
         if k_cache is None:
             return batch
-        host = batch.host_lens if batch.host_lens is not None else host_lens_from_device(batch)
-        tables = (host.block_tables if host.block_tables is not None
-                  else batch.block_tables.cpu().numpy())
-        d = batch.num_decodes
-        lists = page_lists(host.query_start_loc, host.seq_lens, tables, d, k_cache.shape[1])
+        host = batch.host_lens
+        if host is None or host.block_tables is None:
+            host = host_lens_from_device(batch, with_tables=True)
+        lists = page_lists(host.query_start_loc, host.seq_lens, host.block_tables,
+                           batch.num_decodes, k_cache.shape[1])
         plan = flashinfer_prefill(str(k_cache.device)).plan(
             lists, self.num_heads, self.num_kv_heads, self.head_dim, k_cache.shape[1],
             self.scale, k_cache.dtype)
-        decode_plan = self._decode_plan(batch, d) if d and uses_split_plan(1) else None
-        return replace(batch, host_lens=host, prefill_plan=plan, decode_plan=decode_plan)
+        return replace(batch, host_lens=host, prefill_plan=plan,
+                       decode_plan=self._leading_decode_plan(batch))
+
+    def _leading_decode_plan(self, batch: ForwardBatch) -> DecodePlan | None:
+        """The split plan of a step's leading decode rows, where it has any and the decode
+        path uses one."""
+        d = batch.num_decodes
+        return self._decode_plan(batch, d) if d and uses_split_plan(1) else None
 
     def _decode_plan(self, batch: ForwardBatch, decodes: int) -> DecodePlan:
         block_n = decode_config(self.num_heads // self.num_kv_heads).block_n
@@ -233,8 +240,8 @@ class PagedAttention(nn.Module):
         plan = plan_split(host.query_start_loc, host.seq_lens, d, self.split_shapes, min_query)
         if k_cache is not None:
             plan = prepare_plan(plan, k_cache, self.num_heads)
-        decode_plan = self._decode_plan(batch, d) if d and uses_split_plan(1) else None
-        return replace(batch, host_lens=host, split_plan=plan, decode_plan=decode_plan)
+        return replace(batch, host_lens=host, split_plan=plan,
+                       decode_plan=self._leading_decode_plan(batch))
 
     def attend(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, batch: ForwardBatch,
                out: Tensor | None = None) -> Tensor:
@@ -287,9 +294,16 @@ class PagedAttention(nn.Module):
         return out
 
 
-def host_lens_from_device(batch: ForwardBatch) -> HostLens:
-    """The step's lengths copied back from its device tensors (one host sync), for batches
-    built without `host_lens`."""
+def host_lens_from_device(batch: ForwardBatch, with_tables: bool = False) -> HostLens:
+    """The step's lengths (and `with_tables`, its block tables) copied back from its device
+    tensors in one transfer (one host sync), for batches built without them."""
     num_seqs = batch.seq_lens.shape[0]
-    both = torch.cat([batch.query_start_loc.long(), batch.seq_lens.long()]).cpu().numpy()
-    return HostLens(query_start_loc=both[:num_seqs + 1], seq_lens=both[num_seqs + 1:])
+    parts = [batch.query_start_loc.long(), batch.seq_lens.long()]
+    if with_tables:
+        parts.append(batch.block_tables.long().flatten())
+    copied = torch.cat(parts).cpu().numpy()
+    lens_end = 2 * num_seqs + 1
+    tables = (copied[lens_end:].reshape(batch.block_tables.shape).astype(np.int32)
+              if with_tables else None)
+    return HostLens(query_start_loc=copied[:num_seqs + 1],
+                    seq_lens=copied[num_seqs + 1:lens_end], block_tables=tables)

@@ -5,6 +5,7 @@ error where FlashInfer is not installed."""
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -178,6 +179,10 @@ def test_the_backend_plans_once_and_every_layer_runs_the_plan(fake_flashinfer):
     for _ in range(2):  # two layers, one plan
         out = attn.attend(pb.q, pb.k_cache, pb.v_cache, prepared)
         assert rel_error(out, dense_reference(pb)) < 1e-5
+    # a batch built without its host lengths and tables: copied from the device, same output
+    bare = replace(batch, host_lens=None)
+    out = attn.attend(pb.q, pb.k_cache, pb.v_cache, attn.prepare(bare, pb.k_cache))
+    assert rel_error(out, dense_reference(pb)) < 1e-5
     for _ in range(2):
         attn.prepare(batch, pb.k_cache)
     with pytest.raises(RuntimeError, match="planned again"):

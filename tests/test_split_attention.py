@@ -297,6 +297,11 @@ def test_host_lens_from_the_engine_and_from_the_device():
     copied = host_lens_from_device(batch)
     assert copied.query_start_loc.tolist() == [0, 1, 2, 3, 33]
     assert copied.seq_lens.tolist() == [20, 20, 20, 80]
+    assert copied.block_tables is None
+    both = host_lens_from_device(batch, with_tables=True)
+    assert both.seq_lens.tolist() == [20, 20, 20, 80]
+    assert both.block_tables.dtype == np.int32
+    np.testing.assert_array_equal(both.block_tables, host.block_tables)
 
 
 def test_set_attention_backend_switches_triton_split_and_auto_only():

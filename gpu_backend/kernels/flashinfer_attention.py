@@ -13,10 +13,11 @@ first time (about 90 s for fa3 on 16 cores) and loads them from its cache
 A step plans once on the host (`FlashInferPrefill.plan`: the page lists from the step's host
 lengths and block tables, the key lengths among them, copied from pinned memory: FlashInfer
 would otherwise derive the lengths itself and copy them from pageable memory, which can hold
-the host until the device catches up) and every layer runs that plan (`PrefillPlan.run`). Two wrappers take turns, and a wrapper waits for its previous
-plan's copies before it is planned again, so planning a step never rewrites a plan whose copy
-is still queued; the engine launches at most one step ahead, so that wait does not happen
-there. The wrappers share one float workspace.
+the host until the device catches up) and every layer runs that plan (`PrefillPlan.run`).
+Two wrappers take turns, and a wrapper waits for its previous plan's copies before it is
+planned again, so planning a step never rewrites a plan whose copy is still queued; the
+engine launches at most one step ahead, so that wait does not happen there. The wrappers
+share one float workspace.
 """
 
 from __future__ import annotations
@@ -142,7 +143,7 @@ class FlashInferPrefill:
             tensor = torch.from_numpy(values)
             return tensor.pin_memory() if cuda else tensor
         indices = host(lists.indices).to(self.device, non_blocking=True)
-        wrapper.plan(host(lists.qo_indptr), host(lists.kv_indptr), indices,  # type: ignore[attr-defined]
+        wrapper.plan(host(lists.qo_indptr), host(lists.kv_indptr), indices,
                      host(lists.last_page_len), num_heads, num_kv_heads, head_dim,
                      block_size, causal=True, sm_scale=scale, q_data_type=dtype,
                      kv_data_type=dtype, non_blocking=True, seq_lens=host(lists.kv_lens))
