@@ -20,7 +20,7 @@ def versions() -> dict:
     import triton
 
     bindings = _package_version("cuda-bindings")
-    flashinfer = _package_version("flashinfer-python")
+    flashinfer = _flashinfer_version()
     driver = None
     try:
         driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
@@ -31,6 +31,22 @@ def versions() -> dict:
             "triton": triton.__version__, "cuda-bindings": bindings, "cuda": torch.version.cuda,
             "python": platform.python_version(),
             **({"flashinfer": flashinfer} if flashinfer else {})}
+
+
+def _flashinfer_version() -> str | None:
+    """FlashInfer's version: its distribution's, else the importable package's own (a copy of
+    the package put on the path without its metadata), else None where it is not installed."""
+    found = _package_version("flashinfer-python")
+    if found is not None:
+        return found
+    import importlib.util
+    if importlib.util.find_spec("flashinfer") is None:
+        return None
+    try:
+        import flashinfer
+        return str(flashinfer.__version__)
+    except Exception:  # noqa: BLE001 - a package that does not import has no version to record
+        return None
 
 
 def _package_version(name: str) -> str | None:

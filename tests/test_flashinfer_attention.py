@@ -5,6 +5,7 @@ error where FlashInfer is not installed."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from dataclasses import replace
 
 import numpy as np
@@ -92,6 +93,21 @@ def test_versions_name_flashinfer_only_where_it_is_installed():
 
     found = versions()
     assert "flashinfer" not in found and found["torch"] == torch.__version__
+
+
+def test_versions_read_a_flashinfer_copy_without_its_metadata(tmp_path, monkeypatch):
+    """A FlashInfer tree put on the path without its dist-info (as a trimmed copy is) still
+    has its version recorded, from the package itself."""
+    from gpu_backend.env import versions
+
+    (tmp_path / "flashinfer").mkdir()
+    (tmp_path / "flashinfer" / "__init__.py").write_text('__version__ = "0.7.4"\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "flashinfer", raising=False)
+    try:
+        assert versions()["flashinfer"] == "0.7.4"
+    finally:
+        sys.modules.pop("flashinfer", None)
 
 
 class FakeWrapper:
