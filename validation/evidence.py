@@ -230,6 +230,8 @@ ENGINES = {"eager": "eager prefill steps, decode CUDA graphs, synchronous",
            "piecewise512-async": "piecewise CUDA graphs up to 512 tokens, async scheduling",
            "auto-async": "eager prefill steps on the auto attention backend, decode CUDA "
                          "graphs, async scheduling",
+           "flashinfer-async": "eager prefill steps with prefill attention through FlashInfer "
+                               "(fa3 on Hopper), decode CUDA graphs, async scheduling",
            "tp2": "tensor parallel 2 on two GPUs (torch layers, even decode split), "
                   "synchronous"}
 EVIDENCE_MARKERS = ("<!-- results:begin -->", "<!-- results:end -->")
