@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -46,6 +47,34 @@ def test_fit_recovers_known_efficiencies():
     assert fitted.memory == pytest.approx(0.8, rel=0.1)
     assert fitted.step_overhead_s == pytest.approx(2e-3, rel=0.2)
     assert fitted.attention_program is None  # no step's longest attention program binds
+
+
+# Llama-3.1-8B's weights (8.03e9 bf16 parameters) and 256 sequences' KV of 8,192 tokens
+# (32 layers x 2 x 8 KV heads x 128 x 2 bytes = 131,072 bytes a token), read once at the
+# H200's datasheet 4.8 TB/s: the fastest a decode of 256 x 8,192 can be.
+DECODE_256_8K_ROOFLINE_S = (8.03e9 * 2 + 256 * 8192 * 131072) / 4.8e12  # 60.6 ms
+
+
+def test_a_step_timed_faster_than_its_roofline_is_left_out_of_the_fit():
+    """A grid step measured faster than the datasheet lets it be (its KV re-read from the
+    cache) is named and left out: the fit still finds the rates the other steps ran at."""
+    model, gpu = get_model("llama-3.1-8b"), get_gpu("h200")
+    truth = Efficiency(linear_compute=0.6, memory=0.8, kv_memory=0.8, attention_compute=0.3,
+                       step_overhead_s=2e-3, per_seq_overhead_s=1e-5)
+    grid = default_grid()
+    outputs = [scheduler_output(s) for s in grid]
+    measured = np.array([CostModel(model, gpu, 1, truth).step(o).total_s for o in outputs])
+    fast = next(i for i, s in enumerate(grid) if s.decodes == (8192,) * 256)
+    assert measured[fast] > DECODE_256_8K_ROOFLINE_S
+    measured[fast] = 0.9 * DECODE_256_8K_ROOFLINE_S
+    fitted, error = fit_profile(CostArgs(model, gpu), outputs, measured)
+    assert error["beyond_roofline"] == [fast]
+    assert len(error["per_point_rel"]) == len(grid) and error["per_point_rel"][fast] > 0.3
+    assert error["median_abs_rel"] < 0.02 and error["max_abs_rel"] < 0.1
+    assert fitted.kv_memory == pytest.approx(0.8, rel=0.05)
+    measured[fast] = 1.05 * DECODE_256_8K_ROOFLINE_S  # slow enough to be read from memory
+    _, error = fit_profile(CostArgs(model, gpu), outputs, measured)
+    assert error["beyond_roofline"] == []
 
 
 @pytest.mark.parametrize("name", ["llama-3.1-8b", "llama-3.2-3b", "qwen2.5-0.5b"])
@@ -556,3 +585,20 @@ def test_the_profile_is_as_long_as_every_grid_steps_longest_sequence():
     assert grid_max_len(grid, 16) == rows + 16
     assert grid_max_len([mixed_shape(2048, 0, 4, 30000)], 16) == 30016
     assert grid_max_len([mixed_shape(2048, 40000, 4, 30000)], 16) == 42064
+
+
+def test_refit_names_the_grid_steps_it_leaves_out(tmp_path, capsys):
+    """The shipped H100 profile's two largest decodes (128 and 256 sequences of 8,192 tokens,
+    3.4x and 6.7x its pool's blocks) were timed faster than the H100's 3.35 TB/s allows: the
+    refit says so, and fits without them."""
+    from gpu_backend.__main__ import main
+
+    out = tmp_path / "refit.json"
+    shipped = Path(__file__).resolve().parents[1] / "calibration/h100/llama-3.1-8b.json"
+    assert main(["refit", str(shipped), "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "(2 of 78 grid steps" in err
+    assert "#30 128 x 8192 decode tokens of context: 43.8 ms" in err
+    assert "#34 256 x 8192 decode tokens of context: 80.8 ms" in err
+    refit = json.loads(out.read_text())
+    assert refit["fit_error"]["beyond_roofline"] == [30, 34]

@@ -57,25 +57,45 @@ def fit_profile(cost_args: CostArgs, outputs: Sequence[SchedulerOutput], measure
         start = replace(start, memory=min(1.0, copy_bandwidth_bytes_s
                                           / gpu.memory_bandwidth_bytes_s))
         fixed = (*fixed, "memory")
+    beyond = beyond_roofline(cost_args, outputs, measured_s, token_graph_sizes)
+    kept = [o for o, b in zip(outputs, beyond) if not b]
+    kept_s = measured_s[~beyond]
 
-    def times(eff: Efficiency) -> np.ndarray:
+    def times(eff: Efficiency, steps: Sequence[SchedulerOutput] = kept) -> np.ndarray:
         cost = cost_args.cost_model(eff, token_graph_sizes)
-        return np.array([cost.step(o).total_s for o in outputs])
+        return np.array([cost.step(o).total_s for o in steps])
 
-    start, held = held_terms(cost_args, outputs, measured_s, start, token_graph_sizes)
-    before = times(start) / measured_s - 1.0
+    start, held = held_terms(cost_args, kept, kept_s, start, token_graph_sizes)
+    before = times(start) / kept_s - 1.0
     fitted, _ = fit_with_program_term(
-        start, lambda eff: times(eff) / measured_s - 1.0,
+        start, lambda eff: times(eff) / kept_s - 1.0,
         lambda eff: num_program_bound(times(eff), times(replace(eff, attention_program=None))),
         (*fixed, *held), x_scale="jac")
-    after = times(fitted) / measured_s - 1.0
+    after = times(fitted) / kept_s - 1.0
     return fitted, {
         "median_abs_rel": float(np.median(np.abs(after))),
         "max_abs_rel": float(np.max(np.abs(after))),
         "default_median_abs_rel": float(np.median(np.abs(before))),
         "default_max_abs_rel": float(np.max(np.abs(before))),
-        "per_point_rel": [float(r) for r in after],
+        # every grid point's error after the fit, the ones left out included
+        "per_point_rel": [float(r) for r in times(fitted, outputs) / measured_s - 1.0],
+        "beyond_roofline": [int(i) for i in np.flatnonzero(beyond)],
     }
+
+
+def beyond_roofline(cost_args: CostArgs, outputs: Sequence[SchedulerOutput],
+                    measured_s: np.ndarray, token_graph_sizes: Sequence[int] = ()) -> np.ndarray:
+    """Which steps were measured faster than their roofline at the GPU's datasheet peaks:
+    every GEMM, attention and logits kernel at peak compute or peak bandwidth, whichever
+    binds, and no overhead. No step reads its bytes from memory that fast; a grid step whose KV
+    outgrows the profile's pool re-reads blocks (round-robin) that the cache still holds, a
+    speed no replay, whose KV fits its pool, sees. The fit leaves them out and says which."""
+    peak = Efficiency(linear_compute=1.0, memory=1.0, kv_memory=1.0, attention_compute=1.0,
+                      split_attention_compute=1.0, step_overhead_s=0.0, per_seq_overhead_s=0.0)
+    cost = cost_args.cost_model(peak, token_graph_sizes)
+    floor = np.array([c.linear_s + c.attention_s + c.logits_s
+                      for c in (cost.step(o) for o in outputs)])
+    return np.asarray(measured_s < floor, dtype=bool)
 
 
 def held_terms(cost_args: CostArgs, outputs: Sequence[SchedulerOutput], measured_s: np.ndarray,
