@@ -123,6 +123,17 @@ def replay_gains(gain: dict, metric: str, repeats: list[dict]) -> list[float] | 
     return measured if len(measured) >= 2 else None
 
 
+def median_gain(gain: dict, metric: str, repeats: list[dict]) -> float | None:
+    """The gain of `gain`'s run over its baseline on `metric`, each measured as the median of
+    all its replays (the compared one and every repeat, repeats.repeat_rows' `median`); None
+    where either run was replayed only once."""
+    rows = {(r["run"], r["metric"]): r for r in repeats}
+    run, base = rows.get((gain["run"], metric)), rows.get((gain["baseline"], metric))
+    if run is None or base is None or not base["median"]:
+        return None
+    return run["median"] / base["median"] - 1.0
+
+
 def settled_direction(measured: list[float]) -> int | None:
     """+1 or -1 when every replay pair measured a gain of at least DECIDED_GAIN the same way,
     else None: the replays do not agree on a decision."""
@@ -139,14 +150,17 @@ def gain_table(gains: list[tuple[dict, list[dict]]]) -> str:
 
     Only pairs whose measured gain is at least DECIDED_GAIN count towards the decisions: a
     smaller measured change is within a replay's own spread, and no one decides on it. The
-    last two columns count only the pairs whose every replay pair (the compared replays and
-    each repeat of both runs) measured a gain of at least DECIDED_GAIN the same way: the
-    decisions the measurement itself settles. KV capacity is exact, so its pairs count there
-    when its one measured gain is at least DECIDED_GAIN."""
+    two columns after the error count only the pairs whose every replay pair (the compared
+    replays and each repeat of both runs) measured a gain of at least DECIDED_GAIN the same
+    way: the decisions the measurement itself settles. KV capacity is exact, so its pairs
+    count there when its one measured gain is at least DECIDED_GAIN. The last column measures
+    each run as the median of all its replays where both runs were replayed more than once
+    (a value with less of the host's noise in it; elsewhere the compared replays) and counts
+    the pairs whose gain so measured is at least DECIDED_GAIN."""
     header = (r"| elastic over static | metrics | pairs | same decision | median \|gain error\| "
-              "| settled by the replays | same decision there |")
+              "| settled by the replays | same decision there | same decision, replays' medians |")
     lines = ["", "Gains, predicted against measured, over these reports (each report's gains "
-             "table):", "", header, "|---|---|---|---|---|---|---|"]
+             "table):", "", header, "|---|---|---|---|---|---|---|---|"]
     for name, same_chunk in (("at the same chunk", True), ("over a smaller chunk", False)):
         for metrics, label in ((GAIN_METRICS, "TTFT p50, p99, TPOT p50, throughput"),
                                ((*GAIN_METRICS, "kv_capacity_tokens"), "the same and KV capacity")):
@@ -161,7 +175,13 @@ def gain_table(gains: list[tuple[dict, list[dict]]]) -> str:
             counted = f"{len(pairs)} ({len(decided)} measured >= {DECIDED_GAIN:.0%})"
             settled = []
             repeated = 0  # pairs replayed more than once (KV capacity: exact, always)
+            on_medians = []  # (same decision) where the replays' medians measured >= 2%
             for metric, v, g, repeats in pairs:
+                median = (None if metric == "kv_capacity_tokens"
+                          else median_gain(g, metric, repeats))
+                gain_of_medians = v["measured_gain"] if median is None else median
+                if abs(gain_of_medians) >= DECIDED_GAIN:
+                    on_medians.append(direction(v["predicted_gain"]) == direction(gain_of_medians))
                 measured = ([v["measured_gain"]] if metric == "kv_capacity_tokens"
                             else replay_gains(g, metric, repeats))
                 if measured is None:
@@ -173,12 +193,16 @@ def gain_table(gains: list[tuple[dict, list[dict]]]) -> str:
             lines.append(f"| {name} | {label} | {counted} | "
                          f"{sum(bool(v['same_direction']) for v in decided)} of {len(decided)} | "
                          f"{error:.2f} pp | {len(settled)} of {repeated} | "
-                         f"{sum(settled)} of {len(settled)} |")
+                         f"{sum(settled)} of {len(settled)} | "
+                         f"{sum(on_medians)} of {len(on_medians)} |")
     lines += ["", f"Settled by the replays: of the pairs replayed more than once, those whose "
               f"every replay pair (the compared replays, and each repeat folder that replayed "
               f"both runs) measured a gain of at least {DECIDED_GAIN:.0%} the "
               "same way; KV capacity is exact, so one replay settles it. A measured gain the "
-              "replays do not agree on is within the measurement's own spread."]
+              "replays do not agree on is within the measurement's own spread. Replays' "
+              "medians: each run measured as the median of all its replays where both runs "
+              f"were replayed more than once (else the compared replays), the pairs whose gain "
+              f"so measured is at least {DECIDED_GAIN:.0%}."]
     return "\n".join(lines) + "\n"
 
 
