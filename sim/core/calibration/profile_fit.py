@@ -4,7 +4,9 @@ its stored measurements), and the elastic transitions' costs to their timings.
 The fit: the `sim.core.cost_model.FIT_PARAMETERS` fields of `Efficiency`, by
 `fit.fit_efficiency` (scipy least squares) on the relative error of `CostModel.step(out)`
 against the measured medians. Where the profile timed every prefill launch's attention alone,
-the attention's own terms are fitted to those times first and held (`attention_fit`).
+the attention's own terms are fitted to those times first and held (`attention_fit`). A step
+timed faster than its roofline at the datasheet peaks is left out and named
+(`beyond_roofline`).
 
 Weight streaming is pinned, not fitted: on one GPU every decode step reads the same weights,
 so "weights at bandwidth x" and "a fixed cost per step" fit the grid equally well, and a fit
