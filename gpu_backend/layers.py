@@ -214,7 +214,7 @@ class PagedAttention(nn.Module):
             host = host_lens_from_device(batch, with_tables=True)
         lists = page_lists(host.query_start_loc, host.seq_lens, host.block_tables,
                            batch.num_decodes, k_cache.shape[1])
-        plan = flashinfer_prefill(str(k_cache.device)).plan(
+        plan = flashinfer_prefill(k_cache.device).plan(
             lists, self.num_heads, self.num_kv_heads, self.head_dim, k_cache.shape[1],
             self.scale, k_cache.dtype)
         return replace(batch, host_lens=host, prefill_plan=plan,

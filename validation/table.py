@@ -107,13 +107,20 @@ def _chunk(label: str) -> int:
     return int(label.rpartition("chunk=")[2])
 
 
+def repeat_rows_of(gain: dict, metric: str, repeats: list[dict]
+                   ) -> tuple[dict | None, dict | None]:
+    """The `repeats` rows (repeats.repeat_rows) of `gain`'s run and of its baseline on
+    `metric`: None for a run replayed only once."""
+    rows = {(r["run"], r["metric"]): r for r in repeats}
+    return rows.get((gain["run"], metric)), rows.get((gain["baseline"], metric))
+
+
 def replay_gains(gain: dict, metric: str, repeats: list[dict]) -> list[float] | None:
     """The gain of `gain`'s run over its baseline on `metric` as each replay pair measured it:
     the compared replays, then each repeat folder that replayed both runs (one validation run,
     so one start of the machine); None with fewer than two pairs. `repeats`: the report's
     `repeats` rows (repeats.repeat_rows)."""
-    rows = {(r["run"], r["metric"]): r for r in repeats}
-    run, base = rows.get((gain["run"], metric)), rows.get((gain["baseline"], metric))
+    run, base = repeat_rows_of(gain, metric, repeats)
     if run is None or base is None:
         return None
     base_by_name = {x["name"]: x["value"] for x in base["repeats"]}
@@ -127,8 +134,7 @@ def median_gain(gain: dict, metric: str, repeats: list[dict]) -> float | None:
     """The gain of `gain`'s run over its baseline on `metric`, each measured as the median of
     all its replays (the compared one and every repeat, repeats.repeat_rows' `median`); None
     where either run was replayed only once."""
-    rows = {(r["run"], r["metric"]): r for r in repeats}
-    run, base = rows.get((gain["run"], metric)), rows.get((gain["baseline"], metric))
+    run, base = repeat_rows_of(gain, metric, repeats)
     if run is None or base is None or not base["median"]:
         return None
     return run["median"] / base["median"] - 1.0

@@ -23,6 +23,9 @@ from dataclasses import asdict, dataclass, fields, replace
 UNSET_MEANS = {"piecewise_launch_s": "as eager_launch_s", "attention_program": "not priced",
                "mixed_decode_compute": "as attention_compute"}
 OPTIONAL_FIELDS = tuple(UNSET_MEANS)
+# Efficiency's rates, each a share of a datasheet peak: within (0, 1].
+RATE_FIELDS = ("linear_compute", "memory", "kv_memory", "attention_compute", "interconnect",
+               "attention_program", "split_attention_compute", "mixed_decode_compute")
 # Efficiency's shares of a shorter time not hidden under a longer one: each within [0, 1].
 SERIAL_FRACTIONS = ("linear_serial_fraction", "launch_serial_fraction", "attention_program_serial")
 
@@ -123,11 +126,8 @@ class Efficiency:
             value = getattr(self, f.name)
             if value is None and f.name in OPTIONAL_FIELDS:
                 continue
-            if value < 0 or (f.name in ("linear_compute", "memory", "kv_memory",
-                                        "attention_compute", "interconnect",
-                                        "attention_program", "split_attention_compute",
-                                        "mixed_decode_compute")
-                             and not 0 < value <= 1) or (f.name in SERIAL_FRACTIONS and value > 1):
+            if value < 0 or (f.name in RATE_FIELDS and not 0 < value <= 1) or (
+                    f.name in SERIAL_FRACTIONS and value > 1):
                 raise ValueError(f"efficiency {f.name}={value} is out of range")
 
     @property
@@ -167,10 +167,8 @@ def slower(eff: Efficiency, factor: float) -> Efficiency:
     it, each fixed time multiplied (what-if and sensitivity runs)."""
     if factor < 1:
         raise ValueError(f"slower() needs a factor >= 1 (efficiencies stay <= 1), got {factor}")
-    return replace(eff, **{name: getattr(eff, name) / factor for name in (
-        "linear_compute", "memory", "kv_memory", "attention_compute", "interconnect",
-        "attention_program", "split_attention_compute", "mixed_decode_compute")
-        if getattr(eff, name) is not None},
+    return replace(eff, **{name: getattr(eff, name) / factor for name in RATE_FIELDS
+                           if getattr(eff, name) is not None},
         **_times(eff, ("allreduce_latency_s", "step_overhead_s", "per_seq_overhead_s",
                        "eager_launch_s", "piecewise_launch_s", "split_launch_s",
                        "split_call_s", "attention_query_s", "host_gap_s"), factor))
