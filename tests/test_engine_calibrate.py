@@ -189,7 +189,10 @@ def test_grid_shapes_run_through_the_tiny_model_on_cpu():
     runner = ModelRunner(model, kv_caches_of(store, TINY.num_layers), torch.device("cpu"))
     for shape in default_grid(quick=True):
         batch = host_batch(shape, config.block_size, store.num_blocks)
-        assert batch.block_tables.min() >= 1 and batch.block_tables.max() < store.num_blocks
+        used = np.arange(batch.block_tables.shape[1]) < -(-batch.seq_lens[:, None] // 16)
+        assert config.block_size == 16 and batch.block_tables.max() < store.num_blocks
+        assert batch.block_tables[used].min() >= 1  # block 0 (scratch) pads the rows only
+        assert not batch.block_tables[~used].any()
         ids = runner.execute(batch)
         assert ids.shape == (len(shape.prefills) + len(shape.decodes),)
 
@@ -312,6 +315,24 @@ def test_engine_step_builds_what_host_batch_builds():
         for row, n in enumerate(used):
             np.testing.assert_array_equal(got.block_tables[row, :n], expect.block_tables[row, :n])
         assert (got.max_query_len, got.max_seq_len) == (expect.max_query_len, expect.max_seq_len)
+
+
+def test_a_step_that_fits_the_pool_lies_side_by_side_and_one_that_outgrows_it_at_random():
+    from gpu_backend.engine.shapes import decode_shape, engine_step
+
+    fits, _ = engine_step(decode_shape(3, 160), 16, 31, vocab_size=100)  # 30 blocks, 30 usable
+    assert [list(fits.tables[r]) for r in range(3)] == [list(range(k, k + 10))
+                                                         for k in (0, 10, 20)]
+    # 8 rows of 100 blocks over 300: round-robin would give rows 0, 3 and 6 the same blocks
+    # in the same order, which the kernel reads together (an L2 hit a real step never gets)
+    big, _ = engine_step(decode_shape(8, 1600), 16, 301, vocab_size=100)
+    rows = np.array([big.tables[r] for r in range(8)])
+    assert rows.shape == (8, 100) and rows.min() >= 0 and rows.max() < 300
+    assert all(len(set(row)) == 100 for row in rows)  # a row never reads a block twice
+    same_place = [(rows[a] == rows[b]).mean() for a in range(8) for b in range(a + 1, 8)]
+    assert max(same_place) < 0.05
+    again, _ = engine_step(decode_shape(8, 1600), 16, 301, vocab_size=100)
+    assert (np.array([again.tables[r] for r in range(8)]) == rows).all()  # seeded
 
 
 def test_transition_cycles_run_through_the_engines_executor_and_leak_nothing():

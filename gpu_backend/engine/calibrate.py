@@ -212,7 +212,8 @@ def profile_engine(config: EngineConfig, grid: list[StepShape], seed: int = 0,
         pieces.capture()
     runner = ModelRunner(model, caches, device, graphs, pieces)
     setup = {"replay_setup": replay_setup, "graph_sizes": list(sizes), "table_tokens": table_len,
-             "pool_blocks": num_blocks, "blocks": "scattered" if replay_setup else "side by side",
+             "pool_blocks": num_blocks,
+             "blocks": "scattered" if replay_setup else "side by side unless a step outgrows the pool",
              "piecewise_sizes": list(pieces.sizes) if pieces is not None else None,
              "piecewise_capture_s": pieces.capture_s if pieces is not None else None,
              "attention_backend": attention_backend,

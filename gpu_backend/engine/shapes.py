@@ -3,8 +3,10 @@
 
 A step is a list of prefill chunks (new tokens, cached prefix tokens) and a list of decode
 context lengths (the sequence length after the step, as the core's decode_context_tokens
-counts it). Block ids are assigned round-robin over `num_pool_blocks` device blocks (block 0
-is scratch), so a big grid reuses a bounded cache: step time does not depend on KV contents.
+counts it). Block 0 of the `num_pool_blocks` device blocks is scratch; the others hold every
+sequence's blocks side by side while the step fits the pool (`pool_tables`), and at random
+when it does not, so a grid step larger than any real one reads its KV from memory, not from
+the L2 cache (step time does not depend on KV contents).
 """
 
 from __future__ import annotations
@@ -96,9 +98,9 @@ def host_batch(shape: StepShape, block_size: int, num_pool_blocks: int) -> HostB
     lens = np.array([n for _, n in rows], dtype=np.int64)  # [S]
     seq_lens = (computed + lens).astype(np.int32)
     width = int(-(-seq_lens.max() // block_size))
-    usable = num_pool_blocks - 1
-    first = np.cumsum(np.concatenate([[0], -(-seq_lens[:-1] // block_size)]))  # [S]
-    tables = (1 + (first[:, None] + np.arange(width)[None, :]) % usable).astype(np.int32)
+    tables = np.zeros((len(rows), width), dtype=np.int32)  # [S, W] padded with the scratch block
+    for i, blocks in enumerate(pool_tables(-(-seq_lens // block_size), num_pool_blocks - 1)):
+        tables[i, :len(blocks)] = blocks + 1  # device id = pool id + 1
     qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)  # [S+1]
     positions = np.concatenate([np.arange(c, c + n) for c, n in zip(computed, lens)])  # [T]
     row = np.repeat(np.arange(len(rows)), lens)
@@ -133,14 +135,29 @@ def engine_step(shape: StepShape, block_size: int, num_pool_blocks: int,
     build + execute times what a replay's step time holds."""
     out = scheduler_output(shape)  # build it with num_usable_blocks=num_pool_blocks
     mirror = RequestMirror(vocab_size, block_size, block_id_offset=1)
-    usable, first = num_pool_blocks - 1, 0
-    for item in out.scheduled:
-        total = item.num_computed_tokens + item.num_new_tokens
-        num_blocks = -(-total // block_size)
-        mirror.tables[item.request_id] = [(first + j) % usable for j in range(num_blocks)]
+    totals = [item.num_computed_tokens + item.num_new_tokens for item in out.scheduled]
+    tables = pool_tables([-(-n // block_size) for n in totals], num_pool_blocks - 1)
+    for item, total, blocks in zip(out.scheduled, totals, tables):
+        mirror.tables[item.request_id] = [int(b) for b in blocks]
         mirror.tokens[item.request_id] = [t % 128 for t in range(total)]
-        first += num_blocks
     return mirror, out
+
+
+def pool_tables(row_blocks, usable: int, seed: int = 0) -> list[np.ndarray]:
+    """Each row's block ids (0..usable-1) for a step whose rows hold `row_blocks` blocks.
+
+    Side by side while the step fits the pool. A step that outgrows it (a grid point bigger
+    than any batch the engine could hold, 256 x 8,192 tokens of Llama-3.1-8B is 128 GiB) must
+    reuse blocks: laid round-robin, rows a pool apart walk the same blocks in step and hit the
+    L2 cache (the H100's 128 and 256 x 8,192 decodes read at 1.06-1.09x its datasheet
+    bandwidth), so each row instead draws its own blocks at random (seeded), and reuse is
+    scattered over the step as in a real pool."""
+    counts = [int(n) for n in row_blocks]
+    if sum(counts) <= usable:
+        first = np.cumsum([0] + counts[:-1])
+        return [np.arange(f, f + n) for f, n in zip(first, counts)]
+    rng = np.random.default_rng(seed)
+    return [rng.choice(usable, size=n, replace=n > usable) for n in counts]
 
 
 def scatter_tables(mirror: RequestMirror, num_pool_blocks: int, seed: int = 0) -> None:
