@@ -90,8 +90,9 @@ def beyond_roofline(cost_args: CostArgs, outputs: Sequence[SchedulerOutput],
     """Which steps were measured faster than their roofline at the GPU's datasheet peaks:
     every GEMM, attention and logits kernel at peak compute or peak bandwidth, whichever
     binds, and no overhead. No step reads its bytes from memory that fast; a grid step whose KV
-    outgrows the profile's pool re-reads blocks (round-robin) that the cache still holds, a
-    speed no replay, whose KV fits its pool, sees. The fit leaves them out and says which."""
+    outgrows the profile's pool reuses blocks, and where rows reuse them together (laid
+    round-robin) the cache holds them, a speed no replay, whose KV fits its pool, sees. The
+    fit leaves such steps out and says which."""
     peak = Efficiency(linear_compute=1.0, memory=1.0, kv_memory=1.0, attention_compute=1.0,
                       split_attention_compute=1.0, step_overhead_s=0.0, per_seq_overhead_s=0.0)
     cost = cost_args.cost_model(peak, token_graph_sizes)
