@@ -146,22 +146,26 @@ def run_refit(args: argparse.Namespace) -> int:
 
 
 def say_left_out(result: dict) -> None:
-    """Name on stderr the grid steps the fit left out (measured faster than their roofline at
-    the datasheet peaks, sim.core.calibration.profile_fit.beyond_roofline)."""
-    left = result["fit_error"].get("beyond_roofline") or []
-    if not left:
-        return
-    steps = []
-    for i in left:
-        m = result["measurements"][i]
-        groups = m.get("decode_groups") or []
-        what = (" + ".join(f"{n} x {c}" for n, c in groups) + " decode tokens of context"
-                if m["kind"] == "decode" else f"{m['kind']} {m['prefills']}")
-        steps.append(f"#{i} {what}: {1e3 * m['measured_s']:.1f} ms")
-    print(f"left out of the fit, measured faster than the datasheet roofline ({len(left)} of "
-          f"{len(result['measurements'])} grid steps, as one whose KV outgrows the profile's pool "
-          "and re-reads cached blocks): "
-          + "; ".join(steps), file=sys.stderr)
+    """Name on stderr the grid steps the fit left out: measured faster than their roofline at
+    the datasheet peaks (sim.core.calibration.profile_fit.beyond_roofline), or outgrowing a
+    pool their profile laid round-robin (reused_in_step)."""
+    errors, measured = result["fit_error"], result["measurements"]
+    why = {"beyond_roofline": "measured faster than the datasheet roofline, as one whose KV "
+                              "outgrows the profile's pool and re-reads cached blocks",
+           "reused_blocks": "KV beyond a profile pool laid round-robin, so rows read the same "
+                            "blocks together"}
+    for key, reason in why.items():
+        left = errors.get(key) or []
+        if left:
+            print(f"left out of the fit, {reason} ({len(left)} of {len(measured)} grid steps): "
+                  + "; ".join(describe_step(i, measured[i]) for i in left), file=sys.stderr)
+
+
+def describe_step(i: int, m: dict) -> str:
+    groups = m.get("decode_groups") or []
+    what = (" + ".join(f"{n} x {c}" for n, c in groups) + " decode tokens of context"
+            if m["kind"] == "decode" else f"{m['kind']} {m['prefills']}")
+    return f"#{i} {what}: {1e3 * m['measured_s']:.1f} ms"
 
 
 def read_json(path: Path) -> dict:

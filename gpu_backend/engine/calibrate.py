@@ -58,7 +58,12 @@ from sim.core.calibration import (
 )
 from sim.core.calibration.attention_fit import attention_start
 from sim.core.calibration.merge import merge_profiles
-from sim.core.calibration.profile_fit import fit_profile, refit_profile, with_host_gap
+from sim.core.calibration.profile_fit import (
+    fit_profile,
+    refit_profile,
+    reused_in_step,
+    with_host_gap,
+)
 from sim.core.cost_model import CostArgs, Efficiency, piecewise_sizes_for
 from sim.core.engine_config import EngineConfig
 
@@ -212,8 +217,11 @@ def profile_engine(config: EngineConfig, grid: list[StepShape], seed: int = 0,
         pieces.capture()
     runner = ModelRunner(model, caches, device, graphs, pieces)
     setup = {"replay_setup": replay_setup, "graph_sizes": list(sizes), "table_tokens": table_len,
+             "block_size": config.block_size,
              "pool_blocks": num_blocks,
-             "blocks": "scattered" if replay_setup else "side by side unless a step outgrows the pool",
+             # a step that outgrows the pool: each row's blocks at random (shapes.pool_tables)
+             "blocks": ("scattered" if replay_setup else "side by side")
+             + "; rows at random where a step outgrows the pool",
              "piecewise_sizes": list(pieces.sizes) if pieces is not None else None,
              "piecewise_capture_s": pieces.capture_s if pieces is not None else None,
              "attention_backend": attention_backend,
@@ -352,7 +360,8 @@ def fit_timed(engine: ProfileEngine, grid: list[StepShape], timed: list[dict],
     start, hold, attention_error = attention_start(cost_args, attention, Efficiency(), ())
     efficiency, fit_error = fit_profile(
         cost_args, outputs, np.array([t["measured_s"] for t in timed]), start=start,
-        copy_bandwidth_bytes_s=bandwidth_bytes_s, token_graph_sizes=token_sizes, hold=hold)
+        copy_bandwidth_bytes_s=bandwidth_bytes_s, token_graph_sizes=token_sizes, hold=hold,
+        reused=reused_in_step(engine.setup, outputs))
     efficiency = with_host_gap(efficiency, timed)
     cost = cost_args.cost_model(efficiency, token_sizes)
     measurements = [{**shape.describe(), **timing, "predicted_s": cost.step(out).total_s}
