@@ -147,13 +147,12 @@ def run_refit(args: argparse.Namespace) -> int:
 
 def say_left_out(result: dict) -> None:
     """Name on stderr the grid steps the fit left out: measured faster than their roofline at
-    the datasheet peaks (sim.core.calibration.profile_fit.beyond_roofline), or outgrowing a
-    pool their profile laid round-robin (reused_in_step)."""
+    the datasheet peaks (sim.core.calibration.profile_fit.beyond_roofline), or needing more KV
+    blocks than the profile's pool held (outgrew_pool)."""
     errors, measured = result["fit_error"], result["measurements"]
     why = {"beyond_roofline": "measured faster than the datasheet roofline, as one whose KV "
                               "outgrows the profile's pool and re-reads cached blocks",
-           "reused_blocks": "KV beyond a profile pool laid round-robin, so rows read the same "
-                            "blocks together"}
+           "outgrew_pool": "KV beyond the profile's pool (a step bigger than any real one)"}
     for key, reason in why.items():
         left = errors.get(key) or []
         if left:

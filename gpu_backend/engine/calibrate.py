@@ -60,8 +60,8 @@ from sim.core.calibration.attention_fit import attention_start
 from sim.core.calibration.merge import merge_profiles
 from sim.core.calibration.profile_fit import (
     fit_profile,
+    outgrew_pool,
     refit_profile,
-    reused_in_step,
     with_host_gap,
 )
 from sim.core.cost_model import CostArgs, Efficiency, piecewise_sizes_for
@@ -361,7 +361,7 @@ def fit_timed(engine: ProfileEngine, grid: list[StepShape], timed: list[dict],
     efficiency, fit_error = fit_profile(
         cost_args, outputs, np.array([t["measured_s"] for t in timed]), start=start,
         copy_bandwidth_bytes_s=bandwidth_bytes_s, token_graph_sizes=token_sizes, hold=hold,
-        reused=reused_in_step(engine.setup, outputs))
+        outgrew=outgrew_pool(engine.setup, outputs))
     efficiency = with_host_gap(efficiency, timed)
     cost = cost_args.cost_model(efficiency, token_sizes)
     measurements = [{**shape.describe(), **timing, "predicted_s": cost.step(out).total_s}

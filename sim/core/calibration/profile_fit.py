@@ -6,8 +6,7 @@ The fit: the `sim.core.cost_model.FIT_PARAMETERS` fields of `Efficiency`, by
 against the measured medians. Where the profile timed every prefill launch's attention alone,
 the attention's own terms are fitted to those times first and held (`attention_fit`). A step
 timed faster than its roofline at the datasheet peaks is left out and named
-(`beyond_roofline`), and so is a step that outgrew a pool its profile laid round-robin
-(`reused_in_step`).
+(`beyond_roofline`), and so is a step whose KV outgrew the profile's pool (`outgrew_pool`).
 
 Weight streaming is pinned, not fitted: on one GPU every decode step reads the same weights,
 so "weights at bandwidth x" and "a fixed cost per step" fit the grid equally well, and a fit
@@ -44,15 +43,15 @@ from sim.core.step import SchedulerOutput
 def fit_profile(cost_args: CostArgs, outputs: Sequence[SchedulerOutput], measured_s: np.ndarray,
                 start: Efficiency | None = None, copy_bandwidth_bytes_s: float | None = None,
                 token_graph_sizes: Sequence[int] = (), hold: Sequence[str] = (),
-                reused: np.ndarray | None = None) -> tuple[Efficiency, dict]:
+                outgrew: np.ndarray | None = None) -> tuple[Efficiency, dict]:
     """Least squares on relative error; returns (fitted Efficiency, error report).
 
     `token_graph_sizes`: the piecewise graphs' sizes the profile ran its eager steps at
     (CostModel prices the padded tokens); empty without piecewise graphs. `hold`: fitted
     parameters kept at `start`'s values (measured elsewhere). With `copy_bandwidth_bytes_s`,
     `memory` is held at that bandwidth over the GPU preset's (module docstring); without it,
-    `memory` is fitted like the rest. `reused`: the steps left out as `reused_in_step` names
-    them (none where None).
+    `memory` is fitted like the rest. `outgrew`: the steps `outgrew_pool` leaves out (none
+    where None).
     """
     start = start or Efficiency()
     fixed: tuple[str, ...] = tuple(hold)
@@ -62,8 +61,8 @@ def fit_profile(cost_args: CostArgs, outputs: Sequence[SchedulerOutput], measure
                                           / gpu.memory_bandwidth_bytes_s))
         fixed = (*fixed, "memory")
     beyond = beyond_roofline(cost_args, outputs, measured_s, token_graph_sizes)
-    reused = np.zeros(len(outputs), dtype=bool) if reused is None else reused & ~beyond
-    left = beyond | reused
+    outgrew = np.zeros(len(outputs), dtype=bool) if outgrew is None else outgrew & ~beyond
+    left = beyond | outgrew
     kept = [o for o, b in zip(outputs, left) if not b]
     kept_s = measured_s[~left]
 
@@ -86,28 +85,33 @@ def fit_profile(cost_args: CostArgs, outputs: Sequence[SchedulerOutput], measure
         # every grid point's error after the fit, the ones left out included
         "per_point_rel": [float(r) for r in times(fitted, outputs) / measured_s - 1.0],
         "beyond_roofline": [int(i) for i in np.flatnonzero(beyond)],
-        "reused_blocks": [int(i) for i in np.flatnonzero(reused)],
+        "outgrew_pool": [int(i) for i in np.flatnonzero(outgrew)],
     }
 
 
-# How a profile laid its grid steps on its pool ("setup"."blocks"): the layouts that gave a
-# step outgrowing the pool its blocks round-robin (every profile before gpu_backend's
-# shapes.pool_tables drew such a step's rows at random).
-ROUND_ROBIN_LAYOUTS = ("side by side", "scattered")
+def outgrew_pool(setup: Mapping, outputs: Sequence[SchedulerOutput]) -> np.ndarray:
+    """Which grid steps needed more KV blocks than the profile's pool (`setup`'s pool_blocks
+    of block_size tokens) holds.
 
-
-def reused_in_step(setup: Mapping, outputs: Sequence[SchedulerOutput]) -> np.ndarray:
-    """Which grid steps needed more blocks than a pool that `setup` laid round-robin.
-
-    Such a step reuses blocks, and round-robin puts rows a pool apart on the same blocks in the
-    same order, which the kernel reads together: the L2 cache serves part of its KV, which no
-    real step (whose KV fits its pool, each block once) gets. On an H100, drawn at random
-    instead, three of the eight such decode steps (128 and 256 x 8,192, 32 x 16,384 tokens)
-    ran 10-15% longer on the device, the other five within 2%; which ones the cache served
-    cannot be told from the times, so the fit leaves them all out."""
+    The pool holds 60% of what the GPU had free, less than a replay's, and the grid's largest
+    decodes (256 x 8,192 tokens of Llama-3.1-8B is 256 GiB) outgrow it several times: steps no
+    engine on that GPU runs. They are left out for two reasons, both measured on an H100.
+    Laid round-robin (every profile before gpu_backend's shapes.pool_tables), rows a pool apart
+    walk the same blocks together and the cache serves part of their KV: drawn at random
+    instead, three of the eight such steps ran 10-15% longer on the device. And even read
+    from memory, they stream KV faster than the long-context steps replays run: fitted with
+    them, `kv_memory` came out 0.94-0.95 and decodes of 9-32 sequences over 2,000-30,000 keys
+    (benchmarks/decode_gap.py --long, which no fit saw) were priced 5-7% short; without them,
+    0.89 and 2-4%."""
     outgrew = np.zeros(len(outputs), dtype=bool)
-    if setup.get("blocks") not in ROUND_ROBIN_LAYOUTS or not setup.get("pool_blocks"):
+    if not setup.get("pool_blocks"):
         return outgrew
+    block = int(setup.get("block_size", 16))
+    for i, out in enumerate(outputs):
+        need = sum(-(-(item.num_computed_tokens + item.num_new_tokens) // block)
+                   for item in out.scheduled)
+        outgrew[i] = need > int(setup["pool_blocks"]) - 1
+    return outgrew
     block = int(setup.get("block_size", 16))
     for i, out in enumerate(outputs):
         need = sum(-(-(item.num_computed_tokens + item.num_new_tokens) // block)
@@ -186,7 +190,7 @@ def refit_profile(data: dict, outputs: Sequence[SchedulerOutput],
     efficiency, fit_error = fit_profile(cost_args, outputs, times, start=start,
                                         copy_bandwidth_bytes_s=bandwidth,
                                         token_graph_sizes=token_sizes, hold=hold,
-                                        reused=reused_in_step(data.get("setup") or {}, outputs))
+                                        outgrew=outgrew_pool(data.get("setup") or {}, outputs))
     efficiency = with_host_gap(efficiency, data["measurements"])
     cost = cost_args.cost_model(efficiency, token_sizes)
     measurements = [{**m, "predicted_s": cost.step(out).total_s}
