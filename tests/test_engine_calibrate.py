@@ -77,14 +77,12 @@ def test_a_step_timed_faster_than_its_roofline_is_left_out_of_the_fit():
     assert error["beyond_roofline"] == []
 
 
-def test_steps_outgrowing_a_pool_laid_round_robin_are_left_out_of_the_fit():
-    """A profile that laid its steps round-robin (setup "blocks" "side by side" or
-    "scattered") timed the steps whose KV outgrew its pool on reused blocks. With a pool of
-    19,470 blocks of 16 tokens (311,504 tokens), 64 x 8,192 (524,288 tokens) outgrows it and
-    32 x 8,192 (262,144) does not. Timed 15% fast, as the cache made some of them, the fit
-    leaves them out and finds the rates the others ran at; a profile that drew such steps'
-    blocks at random keeps them."""
-    from sim.core.calibration.profile_fit import reused_in_step
+def test_steps_whose_kv_outgrew_the_profiles_pool_are_left_out_of_the_fit():
+    """With a pool of 19,470 blocks of 16 tokens (311,504 tokens), 64 x 8,192 (524,288 tokens)
+    outgrows it and 32 x 8,192 (262,144) does not. The steps that outgrow it, timed 15% fast
+    (as the cache or their sheer size made them), are left out, and the fit finds the rate the
+    others ran at; a setup without a pool size leaves nothing out."""
+    from sim.core.calibration.profile_fit import outgrew_pool
 
     model, gpu = get_model("llama-3.1-8b"), get_gpu("h100")
     truth = Efficiency(linear_compute=0.6, memory=0.8, kv_memory=0.85, attention_compute=0.3,
@@ -92,20 +90,21 @@ def test_steps_outgrowing_a_pool_laid_round_robin_are_left_out_of_the_fit():
     grid = default_grid()
     outputs = [scheduler_output(s) for s in grid]
     measured = np.array([CostModel(model, gpu, 1, truth).step(o).total_s for o in outputs])
-    setup = {"blocks": "side by side", "pool_blocks": 19470, "block_size": 16}
-    reused = reused_in_step(setup, outputs)
+    setup = {"blocks": "side by side; rows at random where a step outgrows the pool",
+             "pool_blocks": 19470, "block_size": 16}
+    outgrew = outgrew_pool(setup, outputs)
     index = {s.decodes: i for i, s in enumerate(grid) if s.kind == "decode"}
-    assert reused[index[(8192,) * 64]] and reused[index[(16384,) * 32]]
-    assert not reused[index[(8192,) * 32]] and not reused[index[(16384,) * 16]]
-    assert not any(reused[i] for i, s in enumerate(grid) if s.kind != "decode")
-    measured[reused] *= 0.85
-    fitted, error = fit_profile(CostArgs(model, gpu), outputs, measured, reused=reused)
-    assert error["reused_blocks"] == [int(i) for i in np.flatnonzero(reused)]
+    assert outgrew[index[(8192,) * 64]] and outgrew[index[(16384,) * 32]]
+    assert not outgrew[index[(8192,) * 32]] and not outgrew[index[(16384,) * 16]]
+    assert not any(outgrew[i] for i, s in enumerate(grid) if s.kind != "decode")
+    assert outgrew_pool({**setup, "block_size": 32}, outputs).sum() < outgrew.sum()
+    measured[outgrew] *= 0.85
+    fitted, error = fit_profile(CostArgs(model, gpu), outputs, measured, outgrew=outgrew)
+    assert error["outgrew_pool"] == [int(i) for i in np.flatnonzero(outgrew)]
     assert fitted.kv_memory == pytest.approx(0.85, rel=0.03)
     kept, _ = fit_profile(CostArgs(model, gpu), outputs, measured)
-    assert kept.kv_memory > 0.88  # the cache-served steps, kept, make KV look faster
-    random = {**setup, "blocks": "side by side; rows at random where a step outgrows the pool"}
-    assert not reused_in_step(random, outputs).any()
+    assert kept.kv_memory > 0.88  # kept, the fast steps make KV look faster
+    assert not outgrew_pool({"blocks": "side by side"}, outputs).any()
 
 
 @pytest.mark.parametrize("name", ["llama-3.1-8b", "llama-3.2-3b", "qwen2.5-0.5b"])
@@ -654,6 +653,6 @@ def test_refit_names_the_grid_steps_it_leaves_out(tmp_path, capsys):
     assert "#34 256 x 8192 decode tokens of context: 80.8 ms" in err
     refit = json.loads(out.read_text())
     assert refit["fit_error"]["beyond_roofline"] == [30, 34]
-    # its other six steps whose KV outgrew the pool (19,470 blocks, laid round-robin)
+    # its other six steps whose KV outgrew the pool (19,470 blocks)
     assert "(6 of 78 grid steps): #26 64 x 8192 decode tokens of context: 28.6 ms" in err
-    assert refit["fit_error"]["reused_blocks"] == [26, 29, 33, 37, 47, 49]
+    assert refit["fit_error"]["outgrew_pool"] == [26, 29, 33, 37, 47, 49]
