@@ -55,15 +55,22 @@ def test_fit_recovers_known_efficiencies():
 DECODE_256_8K_ROOFLINE_S = (8.03e9 * 2 + 256 * 8192 * 131072) / 4.8e12  # 60.6 ms
 
 
-def test_a_step_timed_faster_than_its_roofline_is_left_out_of_the_fit():
-    """A grid step measured faster than the datasheet lets it be (its KV re-read from the
-    cache) is named and left out: the fit still finds the rates the other steps ran at."""
-    model, gpu = get_model("llama-3.1-8b"), get_gpu("h200")
-    truth = Efficiency(linear_compute=0.6, memory=0.8, kv_memory=0.8, attention_compute=0.3,
-                       step_overhead_s=2e-3, per_seq_overhead_s=1e-5)
+def timed_by(gpu_name: str, kv_memory: float):
+    """Llama-3.1-8B's default grid on `gpu_name`, each step timed at a known Efficiency's
+    price: (model, gpu, grid, outputs, measured seconds)."""
+    model, gpu = get_model("llama-3.1-8b"), get_gpu(gpu_name)
+    truth = Efficiency(linear_compute=0.6, memory=0.8, kv_memory=kv_memory,
+                       attention_compute=0.3, step_overhead_s=2e-3, per_seq_overhead_s=1e-5)
     grid = default_grid()
     outputs = [scheduler_output(s) for s in grid]
     measured = np.array([CostModel(model, gpu, 1, truth).step(o).total_s for o in outputs])
+    return model, gpu, grid, outputs, measured
+
+
+def test_a_step_timed_faster_than_its_roofline_is_left_out_of_the_fit():
+    """A grid step measured faster than the datasheet lets it be (its KV re-read from the
+    cache) is named and left out: the fit still finds the rates the other steps ran at."""
+    model, gpu, grid, outputs, measured = timed_by("h200", kv_memory=0.8)
     fast = next(i for i, s in enumerate(grid) if s.decodes == (8192,) * 256)
     assert measured[fast] > DECODE_256_8K_ROOFLINE_S
     measured[fast] = 0.9 * DECODE_256_8K_ROOFLINE_S
@@ -84,12 +91,7 @@ def test_steps_whose_kv_outgrew_the_profiles_pool_are_left_out_of_the_fit():
     others ran at; a setup without a pool size leaves nothing out."""
     from sim.core.calibration.profile_fit import outgrew_pool
 
-    model, gpu = get_model("llama-3.1-8b"), get_gpu("h100")
-    truth = Efficiency(linear_compute=0.6, memory=0.8, kv_memory=0.85, attention_compute=0.3,
-                       step_overhead_s=2e-3, per_seq_overhead_s=1e-5)
-    grid = default_grid()
-    outputs = [scheduler_output(s) for s in grid]
-    measured = np.array([CostModel(model, gpu, 1, truth).step(o).total_s for o in outputs])
+    model, gpu, grid, outputs, measured = timed_by("h100", kv_memory=0.85)
     setup = {"blocks": "side by side; rows at random where a step outgrows the pool",
              "pool_blocks": 19470, "block_size": 16}
     outgrew = outgrew_pool(setup, outputs)

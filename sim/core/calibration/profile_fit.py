@@ -112,12 +112,6 @@ def outgrew_pool(setup: Mapping, outputs: Sequence[SchedulerOutput]) -> np.ndarr
                    for item in out.scheduled)
         outgrew[i] = need > int(setup["pool_blocks"]) - 1
     return outgrew
-    block = int(setup.get("block_size", 16))
-    for i, out in enumerate(outputs):
-        need = sum(-(-(item.num_computed_tokens + item.num_new_tokens) // block)
-                   for item in out.scheduled)
-        outgrew[i] = need > int(setup["pool_blocks"]) - 1
-    return outgrew
 
 
 def beyond_roofline(cost_args: CostArgs, outputs: Sequence[SchedulerOutput],
