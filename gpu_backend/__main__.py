@@ -152,7 +152,7 @@ def say_left_out(result: dict) -> None:
     errors, measured = result["fit_error"], result["measurements"]
     why = {"beyond_roofline": "measured faster than the datasheet roofline, as one whose KV "
                               "outgrows the profile's pool and re-reads cached blocks",
-           "outgrew_pool": "KV beyond the profile's pool (a step bigger than any real one)"}
+           "outgrew_pool": "KV beyond the profile's pool, larger than the steps replays run"}
     for key, reason in why.items():
         left = errors.get(key) or []
         if left:

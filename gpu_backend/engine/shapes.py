@@ -5,13 +5,14 @@ A step is a list of prefill chunks (new tokens, cached prefix tokens) and a list
 context lengths (the sequence length after the step, as the core's decode_context_tokens
 counts it). Block 0 of the `num_pool_blocks` device blocks is scratch; the others hold every
 sequence's blocks side by side while the step fits the pool (`pool_tables`), and at random
-when it does not, so a grid step larger than any real one reads its KV from memory, not from
+when it does not, so a grid step larger than the pool reads its KV from memory, not from
 the L2 cache (step time does not depend on KV contents).
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -143,11 +144,11 @@ def engine_step(shape: StepShape, block_size: int, num_pool_blocks: int,
     return mirror, out
 
 
-def pool_tables(row_blocks, usable: int, seed: int = 0) -> list[np.ndarray]:
+def pool_tables(row_blocks: Iterable[int], usable: int, seed: int = 0) -> list[np.ndarray]:
     """Each row's block ids (0..usable-1) for a step whose rows hold `row_blocks` blocks.
 
     Side by side while the step fits the pool. A step that outgrows it (a grid point bigger
-    than any batch the engine could hold, 256 x 8,192 tokens of Llama-3.1-8B is 128 GiB) must
+    than the batches replays run: 256 x 8,192 tokens of Llama-3.1-8B is 256 GiB of KV) must
     reuse blocks: laid round-robin, rows a pool apart walk the same blocks in step and hit the
     L2 cache (the H100's 128 and 256 x 8,192 decodes read at 1.06-1.09x its datasheet
     bandwidth), so each row instead draws its own blocks at random (seeded), and reuse is

@@ -94,8 +94,8 @@ def outgrew_pool(setup: Mapping, outputs: Sequence[SchedulerOutput]) -> np.ndarr
     of block_size tokens) holds.
 
     The pool holds 60% of what the GPU had free, less than a replay's, and the grid's largest
-    decodes (256 x 8,192 tokens of Llama-3.1-8B is 256 GiB) outgrow it several times: steps no
-    engine on that GPU runs. They are left out for two reasons, both measured on an H100.
+    decodes (256 x 8,192 tokens of Llama-3.1-8B is 256 GiB) outgrow it several times, larger
+    than the steps replays run. They are left out for two reasons, both measured on an H100.
     Laid round-robin (every profile before gpu_backend's shapes.pool_tables), rows a pool apart
     walk the same blocks together and the cache serves part of their KV: drawn at random
     instead, three of the eight such steps ran 10-15% longer on the device. And even read
