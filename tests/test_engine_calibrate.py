@@ -34,13 +34,20 @@ from sim.core.engine_config import EngineConfig
 from sim.core.memory_plan import ActivationProfile
 
 
-def test_fit_recovers_known_efficiencies():
-    model, gpu = get_model("llama-3.1-8b"), get_gpu("h200")
-    truth = Efficiency(linear_compute=0.6, memory=0.8, attention_compute=0.3,
-                       step_overhead_s=2e-3, per_seq_overhead_s=1e-5)
+def timed_by(gpu_name: str, kv_memory: float):
+    """Llama-3.1-8B's default grid on `gpu_name`, each step timed at a known Efficiency's
+    price: (model, gpu, grid, outputs, measured seconds)."""
+    model, gpu = get_model("llama-3.1-8b"), get_gpu(gpu_name)
+    truth = Efficiency(linear_compute=0.6, memory=0.8, kv_memory=kv_memory,
+                       attention_compute=0.3, step_overhead_s=2e-3, per_seq_overhead_s=1e-5)
     grid = default_grid()
     outputs = [scheduler_output(s) for s in grid]
     measured = np.array([CostModel(model, gpu, 1, truth).step(o).total_s for o in outputs])
+    return model, gpu, grid, outputs, measured
+
+
+def test_fit_recovers_known_efficiencies():
+    model, gpu, _, outputs, measured = timed_by("h200", kv_memory=Efficiency().kv_memory)
     fitted, error = fit_profile(CostArgs(model, gpu), outputs, measured)
     assert error["median_abs_rel"] < 0.02 and error["max_abs_rel"] < 0.1
     assert fitted.linear_compute == pytest.approx(0.6, rel=0.1)
@@ -53,18 +60,6 @@ def test_fit_recovers_known_efficiencies():
 # (32 layers x 2 x 8 KV heads x 128 x 2 bytes = 131,072 bytes a token), read once at the
 # H200's datasheet 4.8 TB/s: the fastest a decode of 256 x 8,192 can be.
 DECODE_256_8K_ROOFLINE_S = (8.03e9 * 2 + 256 * 8192 * 131072) / 4.8e12  # 60.6 ms
-
-
-def timed_by(gpu_name: str, kv_memory: float):
-    """Llama-3.1-8B's default grid on `gpu_name`, each step timed at a known Efficiency's
-    price: (model, gpu, grid, outputs, measured seconds)."""
-    model, gpu = get_model("llama-3.1-8b"), get_gpu(gpu_name)
-    truth = Efficiency(linear_compute=0.6, memory=0.8, kv_memory=kv_memory,
-                       attention_compute=0.3, step_overhead_s=2e-3, per_seq_overhead_s=1e-5)
-    grid = default_grid()
-    outputs = [scheduler_output(s) for s in grid]
-    measured = np.array([CostModel(model, gpu, 1, truth).step(o).total_s for o in outputs])
-    return model, gpu, grid, outputs, measured
 
 
 def test_a_step_timed_faster_than_its_roofline_is_left_out_of_the_fit():
