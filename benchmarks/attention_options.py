@@ -72,7 +72,6 @@ import datetime  # noqa: E402
 import faulthandler  # noqa: E402
 import fnmatch  # noqa: E402
 import functools  # noqa: E402
-import itertools  # noqa: E402
 import json  # noqa: E402
 import signal  # noqa: E402
 import statistics  # noqa: E402
@@ -83,6 +82,7 @@ from contextlib import contextmanager  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -102,6 +102,7 @@ from gpu_backend.kernels.attention import (  # noqa: E402
     prefill_config,
 )
 from gpu_backend.kernels.attention_kernel import LOG2E, _attend_tile  # noqa: E402
+from gpu_backend.kernels.flashinfer_attention import FlashInferPrefill, page_lists  # noqa: E402
 from gpu_backend.kernels.lse_merge import merge_partials  # noqa: E402
 from gpu_backend.kernels.reference import gather_kv  # noqa: E402
 
@@ -847,13 +848,14 @@ def cudnn_gathered(padded_to: int) -> Builder:
 
 # ----------------------------------------------------------------------------- FlashInfer
 
-FLASHINFER_WORKSPACE_BYTES = 256 << 20  # its split-KV scratch; 128 MiB is its own advice
 FLASHINFER_BACKENDS = ("fa3", "fa2")  # fa3: its Hopper kernels (wgmma, TMA); fa2: portable
 
 
 @functools.cache
-def flashinfer_workspace(device: str) -> Tensor:
-    return torch.empty(FLASHINFER_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+def flashinfer_planner(device: str, backend: str) -> FlashInferPrefill:
+    """The engine's FlashInfer planner (its workspace, its two wrappers) on `device` with
+    FlashInfer's `backend` kernels: every option plans and runs as the engine does."""
+    return FlashInferPrefill(torch.device(device), family=backend)
 
 
 def flashinfer_call(backend: str, layer: PagedLayer, q: Tensor, tables: Tensor,
@@ -862,26 +864,19 @@ def flashinfer_call(backend: str, layer: PagedLayer, q: Tensor, tables: Tensor,
     """FlashInfer's batch prefill over the pool in place: packed q [T, H, D] of sequences
     with `q_lens` new tokens each over `seq_lens` keys (causal, aligned bottom-right), the
     pool's [num_blocks, block_size, KVH, D] blocks as its NHD pages, `tables` [S, width] their
-    page tables. Planned here (the host's per-step work, shared by every layer; its time is
-    returned), so a call is `run` alone."""
-    import flashinfer
-
+    page tables. Planned here as the engine plans a step (page_lists, then
+    FlashInferPrefill.plan; the host's per-step work, shared by every layer; its time is
+    returned), so a call is `run` alone, valid until the planner's plan after next."""
     block = layer.k.shape[1]
-    pages = [-(-n // block) for n in seq_lens]
-    indices = torch.cat([tables[i, :p] for i, p in enumerate(pages)]).to(torch.int32)
-    cpu = {"dtype": torch.int32, "device": "cpu"}
-    qo_indptr = torch.tensor([0, *itertools.accumulate(q_lens)], **cpu)
-    kv_indptr = torch.tensor([0, *itertools.accumulate(pages)], **cpu)
-    last = torch.tensor([n - (p - 1) * block for n, p in zip(seq_lens, pages)], **cpu)
-    wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-        flashinfer_workspace(str(q.device)), "NHD", backend=backend)
+    query_start_loc = np.concatenate(([0], np.cumsum(q_lens)))
+    lists = page_lists(query_start_loc, np.asarray(seq_lens), tables.cpu().numpy(), 0, block)
+    planner = flashinfer_planner(str(q.device), backend)
     start = time.perf_counter()
-    wrapper.plan(qo_indptr, kv_indptr, indices, last, q.shape[1], layer.k.shape[2],
-                 layer.k.shape[3], block, causal=True, sm_scale=scale, q_data_type=q.dtype,
-                 kv_data_type=layer.k.dtype)
+    plan = planner.plan(lists, q.shape[1], layer.k.shape[2], layer.k.shape[3], block, scale,
+                        q.dtype)
     plan_ms = 1e3 * (time.perf_counter() - start)
     out = torch.empty_like(q)
-    return (lambda: wrapper.run(q, (layer.k, layer.v), out=out)), plan_ms
+    return (lambda: plan.run(q, layer.k, layer.v, out)), plan_ms
 
 
 def flashinfer_paged(backend: str) -> Builder:
