@@ -46,7 +46,8 @@ def test_a_killed_worker_and_a_raising_item_fail_alone(tmp_path):
     outcomes = {o.index: o for o in iter_outcomes(work, items, executor)}
     assert sorted(outcomes) == list(range(6))
     assert [outcomes[i].value for i in (0, 2, 4, 5)] == [2, 6, 10, 12]
-    assert outcomes[1].error == "its worker process died 2 times (killed, or out of memory)"
+    assert outcomes[1].error == ("its worker process died each of the 2 times it ran alone "
+                                 "(killed, or out of memory)")
     assert outcomes[3].error.startswith("ValueError: bad item 4 (at test_sweep_failures.py:")
 
 

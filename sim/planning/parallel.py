@@ -11,10 +11,12 @@ ends, in the order they end: its value, or why it has none:
 
     it raised       the exception, caught in the worker, with where it was raised
     worker lost     local: a worker process that dies (killed, out of memory) breaks the
-                    whole pool; the items that were running in it are run again one at a
-                    time in a pool of their own, so that a death is pinned on its item, and
-                    an item whose worker died more than `max_retries` times (the pool's
-                    break counted; a death alone decides) is given up.
+                    whole pool; the items that were in flight in it (running, or queued
+                    for a worker) are run again one at a time in a pool of their own, so
+                    that a death is pinned on its item, and an item whose worker died alone
+                    more than `max_retries` times is given up. The pool's break counts for
+                    none of them: it cannot tell the item that died from one that had not
+                    started.
                     Ray: tasks are retried `max_retries` times by Ray itself; a task lost
                     after that is reported with Ray's reason.
 
@@ -52,7 +54,7 @@ RAY_MISSING = ("--ray needs Ray, an optional extra: pip install 'elastic-kv[ray]
 @dataclass(frozen=True)
 class Executor:
     """Where work runs: ``workers`` local processes (None: all cores) or a Ray address.
-    ``max_retries``: how often an item whose worker was lost is run again."""
+    ``max_retries``: how often an item whose worker died while it ran alone is run again."""
 
     workers: int | None = None
     ray_address: str | None = None
@@ -132,13 +134,11 @@ def describe_exception(exc: BaseException, where: bool = True) -> str:
 # ------------------------------------------------------------------------------------ local
 def _pool_outcomes(fn, items: Sequence, executor: Executor) -> Iterator[Outcome]:
     pending = deque(range(len(items)))
-    suspects: deque[int] = deque()  # running when a worker died: each is run alone next
-    deaths: Counter[int] = Counter()
+    suspects: deque[int] = deque()  # in flight when a worker died: each is run alone next
+    deaths: Counter[int] = Counter()  # deaths of each item's worker while it ran alone
     while pending or suspects:
         if not suspects:
-            lost = yield from _pool_round(fn, items, pending, executor.num_workers)
-            deaths.update(lost)
-            suspects.extend(lost)
+            suspects.extend((yield from _pool_round(fn, items, pending, executor.num_workers)))
             continue
         index = suspects.popleft()
         outcome = _run_alone(fn, index, items[index])
@@ -147,15 +147,15 @@ def _pool_outcomes(fn, items: Sequence, executor: Executor) -> Iterator[Outcome]
             continue
         deaths[index] += 1
         if deaths[index] > executor.max_retries:
-            yield Outcome(index, error=f"its worker process died {deaths[index]} times "
-                                       "(killed, or out of memory)")
+            yield Outcome(index, error=f"its worker process died each of the {deaths[index]} "
+                                       "times it ran alone (killed, or out of memory)")
         else:
             suspects.append(index)
 
 
 def _pool_round(fn, items: Sequence, pending: deque[int], num_workers: int):
-    """Run `pending` in one pool, no more items at once than workers (so that every item in
-    flight is running); return the items that were in flight when a worker died."""
+    """Run `pending` in one pool, no more items at once than workers; return the items that
+    were in flight when a worker died (running, or still queued for a worker)."""
     with _pool(min(num_workers, len(pending))) as pool:
         in_flight: dict[Future, int] = {}
         lost: list[int] = []
