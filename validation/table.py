@@ -183,8 +183,7 @@ def gain_table(gains: list[tuple[dict, list[dict]]]) -> str:
             repeated = 0  # pairs replayed more than once (KV capacity: exact, always)
             on_medians = []  # (same decision) where the replays' medians measured >= 2%
             for metric, v, g, repeats in pairs:
-                median = (None if metric == "kv_capacity_tokens"
-                          else median_gain(g, metric, repeats))
+                median = median_gain(g, metric, repeats)  # None for KV capacity: never repeated
                 gain_of_medians = v["measured_gain"] if median is None else median
                 if abs(gain_of_medians) >= DECIDED_GAIN:
                     on_medians.append(direction(v["predicted_gain"]) == direction(gain_of_medians))
