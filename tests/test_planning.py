@@ -421,3 +421,41 @@ def test_plan_map_runs_every_case_with_the_drain_and_scheduling_given(tmp_path, 
     assert {(r["drain"], r["async_scheduling"], r["mixed_split_mib"]) for r in rows} == {
         ("preempt", "False", "0")}
     assert "preempt drain, synchronous scheduling, mixed split off" in title
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_an_elastic_pick_that_reclaims_often_under_async_carries_the_measured_note(
+        async_scheduling, capsys):
+    """Azure conversations at twice their rate (the validated slices' load): elastic lends
+    and reclaims its reserve several times a second, where those slices' async replays paid
+    more for elastic than the model prices. The plan says so under async scheduling; a
+    synchronous engine's replays did not show the same pattern, so it stays silent there."""
+    from sim.planning.plan_report import print_plan
+
+    query = PlanQuery(model="llama-3.1-8b", gpu="h200", tp=1,
+                      trace=TraceSpec(source="azure-conv", limit=300), chunks=(2048,),
+                      rate_scale=2.0, max_rate=MaxRateRows.NONE,
+                      options=EngineOptions(async_scheduling=async_scheduling))
+    result = run_plan(query, QUIET)
+    pick = result.elastic_pick
+    assert pick is not None and pick["num_detach"] / pick["makespan_s"] > 2
+    print_plan(result)
+    out = " ".join(capsys.readouterr().out.split())
+    if async_scheduling:
+        rate = f"{pick['num_detach'] / pick['makespan_s']:.1f} times a second"
+        assert result.as_dict()["elastic_note"] == result.elastic_note
+        assert f"note: elastic's pick reclaims its reserve {rate}" in out
+        assert "1.6-5.4x what the model predicted" in out
+    else:
+        assert result.elastic_note is None and "note:" not in out
+
+
+def test_the_reclaim_note_needs_an_async_elastic_row_at_two_reclaims_a_second():
+    from sim.planning.plan import reclaim_note
+
+    row = {"policy": "elastic", "async_scheduling": True, "num_detach": 250, "makespan_s": 100.0}
+    assert "2.5 times a second" in (reclaim_note(row) or "")
+    assert reclaim_note({**row, "num_detach": 150}) is None  # 1.5 a second
+    assert reclaim_note({**row, "async_scheduling": False}) is None
+    assert reclaim_note({**row, "policy": "static"}) is None
+    assert reclaim_note({**row, "makespan_s": 0.0}) is None and reclaim_note(None) is None

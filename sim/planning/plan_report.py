@@ -80,6 +80,8 @@ def print_plan(result: PlanResult, console: Console | None = None) -> None:
         gains = ", ".join(f"{k} {_fmt(v, '+.1f')}%" for k, v in result.gains_pct.items())
         verdict = "pays" if result.elastic_pays else "does not pay"
         console.print(f"elastic (its pick: chunk {e['chunk']:,}) {verdict}: {gains}")
+        if result.elastic_note is not None:
+            console.print(f"[yellow]note[/]: {result.elastic_note}")
 
 
 def _print_overloaded(result: PlanResult, console: Console) -> None:
