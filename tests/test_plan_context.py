@@ -4,6 +4,7 @@ the cells past a model's context as such, apart from memory misfits."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
@@ -97,3 +98,25 @@ def test_map_cells_past_the_context_are_beyond_context(tmp_path):
     assert "beyond context (32,768)" in text
     assert "exceed the model's N-token context; vLLM refuses such a max_model_len" in text
     assert plot_map(cells, query, tmp_path / "map.png").stat().st_size > 0
+
+
+def test_map_cells_where_elastic_reclaims_often_are_marked(tmp_path):
+    """Qwen2.5-0.5B's 1,024-token prompts at the map's stress rate finish in about a second,
+    and elastic lends and reclaims its reserve between nearly every one of them: far more
+    than twice a second, where the validated slices' async replays paid more for elastic
+    than the model prices. Llama-3.1-8B's 4,096-token prompts reclaim rarely: no mark."""
+    query = MapQuery(gpu="h200", models=("qwen2.5-0.5b", "llama-3.1-8b"),
+                     prompts=(1024, 4096), tps=(1,), chunks=(2048, 8192), num_requests=120)
+    cells = {(c.model, c.prompt_tokens): c for c in (d.cell for d in iter_cells(query, QUIET))}
+    often, rare = cells[("qwen2.5-0.5b", 1024)], cells[("llama-3.1-8b", 4096)]
+    assert often.elastic_reclaims_per_s is not None and often.elastic_reclaims_per_s >= 2
+    assert often.reclaims_often and not rare.reclaims_often
+    assert rare.elastic_reclaims_per_s is not None and rare.elastic_reclaims_per_s < 2
+    console = Console(record=True, width=200)
+    print_map(list(cells.values()), query, console)
+    text = console.export_text()
+    assert " !" in text and "!: elastic's pick reclaims its reserve 2 times a second" in text
+    assert "1.6-5.4x what the model predicted" in text
+    synchronous = replace(query, async_scheduling=False)
+    assert not any(d.cell.reclaims_often for d in iter_cells(synchronous, QUIET))
+    assert plot_map(list(cells.values()), query, tmp_path / "map.png").stat().st_size > 0

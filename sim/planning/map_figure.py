@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.planning.gain_map import OUTPUT_TOKENS, Cell, MapQuery
+from sim.planning.plan import RECLAIMS_NOTED_PER_S
 from sim.planning.sweep import BEYOND_CONTEXT
 
 STATUS_TEXT = {"does not fit": "no fit", "invalid": "TP n/a"}
@@ -62,14 +63,14 @@ def plot_map(cells: Sequence[Cell], query: MapQuery, path: Path) -> Path:
     fig.colorbar(image, ax=axes[0].tolist(), label="elastic goodput gain over best static, %")
     fig.suptitle(f"Where elastic reclamation pays on {query.gpu} "
                  f"(outlined: gain >= {query.pays_pct:g}%)")
-    _legend(fig)
+    _legend(fig, any(c.reclaims_often for c in cells))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path
 
 
-def _legend(fig) -> None:
+def _legend(fig, reclaims: bool) -> None:
     from matplotlib.patches import Patch
 
     handles = [
@@ -79,6 +80,11 @@ def _legend(fig) -> None:
               label=f"ctx N: beyond the model's context of N tokens (prompt + up to "
                     f"{OUTPUT_TOKENS[1]} output tokens > max_position_embeddings)"),
     ]
+    if reclaims:
+        handles.append(Patch(facecolor="none", edgecolor="none",
+                             label=f"!: elastic reclaims its reserve {RECLAIMS_NOTED_PER_S:g} "
+                                   "times a second or more there (async): its own cost is "
+                                   "likely under-priced (README, Limits)"))
     fig.legend(handles=handles, loc="upper center", fontsize=8, frameon=False,
                bbox_to_anchor=(0.45, -0.02))  # below the panels' axis labels
 
@@ -108,7 +114,7 @@ def _annotate(ax, cells: Sequence[Cell], query: MapQuery, tp: int, gains: np.nda
 
 def _cell_text(cell: Cell, gain_pct: float) -> str:
     if np.isfinite(gain_pct):
-        return f"{gain_pct:+.0f}"
+        return f"{gain_pct:+.0f}{' !' if cell.reclaims_often else ''}"
     if cell.status == BEYOND_CONTEXT:
         return f"ctx\n{_k(cell.context_tokens)}"
     return STATUS_TEXT.get(cell.status, "")

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sim.planning.gain_map import OUTPUT_TOKENS, Cell, MapQuery
+from sim.planning.plan import RECLAIM_EVIDENCE, RECLAIMS_NOTED_PER_S
 from sim.planning.reserve import PUBLISHED_NOTE
 from sim.planning.sweep import BEYOND_CONTEXT, fit_status
 from sim.recording.folder import TEMP_PREFIX
@@ -136,6 +137,10 @@ def print_map(cells: Sequence[Cell], query: MapQuery, console: Console | None = 
         for model in query.models:
             table.add_row(model, *[_map_text(index[(model, p)]) for p in query.prompts])
         console.print(table)
+    if any(c.reclaims_often for c in cells):
+        console.print(f"!: elastic's pick reclaims its reserve {RECLAIMS_NOTED_PER_S:g} times a "
+                      f"second or more there: its own cost is likely under-priced. "
+                      f"{RECLAIM_EVIDENCE}")
     if any(c.status == BEYOND_CONTEXT for c in cells):
         console.print(f"{BEYOND_CONTEXT} (N): prompt + up to {OUTPUT_TOKENS[1]} output tokens "
                       "exceed the model's N-token context; vLLM refuses such a max_model_len")
@@ -148,7 +153,8 @@ def _map_text(cell: Cell) -> str:
         return cell.status
     if cell.gain_pct is None or cell.static_chunk is None:
         return "-"
-    return f"{cell.gain_pct:+.1f}{' *' if cell.pays else ''} (c{cell.static_chunk // 1024}k)"
+    return (f"{cell.gain_pct:+.1f}{' *' if cell.pays else ''}{' !' if cell.reclaims_often else ''}"
+            f" (c{cell.static_chunk // 1024}k)")
 
 
 def print_reserve(rows: Sequence[dict], console: Console | None = None) -> None:
