@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sim.core.request import RejectReason
+from sim.recording.reclaims import reclaim_note
 from traces import Trace
 
 if TYPE_CHECKING:
@@ -164,6 +165,9 @@ def run_warnings(results: Sequence[RunResult]) -> list[str]:
                          f"trace and held {s['queue_at_last_arrival']:,} requests at the last "
                          "arrival, so its latencies grow with the trace's length, not the "
                          "engine; add replicas or lower --rate-scale")
+        note = reclaim_note(s, r.spec.engine.async_scheduling, label)
+        if note is not None:
+            lines.append(f"note: {note}")
     return lines
 
 

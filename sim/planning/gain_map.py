@@ -24,9 +24,10 @@ from sim.core.cost_model import CostModel
 from sim.core.memory_plan import plan_memory
 from sim.planning.cases import Case, EngineOptions, SyntheticSpec, TraceSpec
 from sim.planning.parallel import Executor, iter_outcomes
-from sim.planning.plan import pick, reclaims_often, reclaims_per_s
+from sim.planning.plan import pick
 from sim.planning.sweep import BEYOND_CONTEXT, fit_error, fit_status, run_case
 from sim.recording.metrics import Slo
+from sim.recording.reclaims import reclaims_often, reclaims_per_s
 from traces import LengthDist
 
 DEFAULT_MODELS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "qwen2.5-14b", "qwen2.5-32b",
@@ -75,7 +76,7 @@ class Cell:
     gain_pct: float | None = None
     pays: bool = False
     rate_per_s: float | None = None
-    elastic_reclaims_per_s: float | None = None  # the elastic pick's (plan.reclaims_per_s)
+    elastic_reclaims_per_s: float | None = None  # the elastic pick's (recording.reclaims)
     reclaims_often: bool = False  # so often that its own cost is likely under-priced
 
 
@@ -204,7 +205,8 @@ def _cell(query: MapQuery, key: tuple[str, int, int], cases: list[Case],
     rate = cases[0].trace.synthetic.rate_per_s if cases[0].trace.synthetic else None
     return Cell(model, prompt_tokens, tp, context, "ok", "", static["chunk"], base,
                 elastic["chunk"], value, gain, gain is not None and gain >= query.pays_pct,
-                rate, reclaims_per_s(elastic), reclaims_often(elastic))
+                rate, reclaims_per_s(elastic),
+                reclaims_often(elastic, bool(elastic.get("async_scheduling"))))
 
 
 def _unrun_cell(query: MapQuery, key: tuple[str, int, int], context: int) -> Cell:

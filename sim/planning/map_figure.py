@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from sim.planning.gain_map import OUTPUT_TOKENS, Cell, MapQuery
-from sim.planning.plan import RECLAIMS_NOTED_PER_S
 from sim.planning.sweep import BEYOND_CONTEXT
+from sim.recording.reclaims import RECLAIMS_NOTED_PER_S
 
 STATUS_TEXT = {"does not fit": "no fit", "invalid": "TP n/a"}
 UNRUN_GREY = "0.85"

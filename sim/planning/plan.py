@@ -39,6 +39,7 @@ from sim.planning.parallel import Executor, run_parallel
 from sim.planning.stretch import DEFAULT_MAX_REQUESTS, Stretch, choose_stretch
 from sim.planning.sustain import Sustain
 from sim.planning.sweep import fit_error, run_case
+from sim.recording import reclaims
 from sim.recording.metrics import Slo
 
 DEFAULT_CHUNKS = tuple(2**k for k in range(9, 16))  # 512 .. 32768
@@ -46,18 +47,6 @@ PICK_RULE = ("among rows that fit and are not overloaded, the largest goodput; r
              "{tie_pct:g}% of the best goodput tie and the lowest p99 TTFT among them wins")
 PAYS_RULE = ("elastic pays when its pick beats the static pick by >= {pays_pct:g}% in goodput "
              "or in max sustained rate")
-# Where elastic lends and reclaims its reserve this often under async scheduling, the plan
-# says that the model under-prices elastic's own cost. The Azure-conversation slices of
-# validation/evidence reclaimed 4.6-6.8 times a second; async, their replays measured
-# elastic's TTFT p50 over static's at the same chunk at 1.6-5.4x what the model predicted,
-# where the slices that reclaimed at most 1.1 times a second missed both ways (README,
-# Limits; docs/engine.md, "The step after a reclaim").
-RECLAIMS_NOTED_PER_S = 2.0
-RECLAIM_EVIDENCE = ("Replays that reclaimed 4.6-6.8 times a second with async scheduling "
-                    "measured elastic's TTFT p50 over static's at 1.6-5.4x what the model "
-                    "predicted (README, Limits)")
-RECLAIM_NOTE = ("elastic's pick reclaims its reserve {rate:.1f} times a second: its own cost is "
-                "likely under-priced here. " + RECLAIM_EVIDENCE)
 
 
 class MaxRateRows(enum.Enum):
@@ -217,28 +206,10 @@ def _fleet_query(query: PlanQuery, rule: Sustain) -> FleetQuery:
                       max_requests=query.max_requests, calibration=None)
 
 
-def reclaims_per_s(row: dict | None) -> float | None:
-    """How often an elastic row reclaimed its reserve: detaches over the makespan (None for a
-    static row, or one that did not run)."""
-    if row is None or row.get("policy") != "elastic":
-        return None
-    detaches, makespan_s = row.get("num_detach"), row.get("makespan_s")
-    if detaches is None or not makespan_s:
-        return None
-    return detaches / makespan_s
-
-
-def reclaims_often(row: dict | None) -> bool:
-    """An elastic row run with async scheduling that reclaimed its reserve
-    RECLAIMS_NOTED_PER_S times a second or more: the model likely under-prices its cost."""
-    rate = reclaims_per_s(row)
-    return rate is not None and rate >= RECLAIMS_NOTED_PER_S and bool(
-        row is not None and row.get("async_scheduling"))
-
-
 def reclaim_note(row: dict | None) -> str | None:
-    """RECLAIM_NOTE for a row that `reclaims_often`; else None."""
-    return RECLAIM_NOTE.format(rate=reclaims_per_s(row)) if reclaims_often(row) else None
+    """What the plan says of an elastic row that reclaims often (`sim.recording.reclaims`)."""
+    return reclaims.reclaim_note(row, bool(row and row.get("async_scheduling")),
+                                 "elastic's pick")
 
 
 def sustained_rows(rows: list[dict], policy: str) -> list[dict]:

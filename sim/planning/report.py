@@ -12,10 +12,10 @@ from rich.console import Console
 from rich.table import Table
 
 from sim.planning.gain_map import OUTPUT_TOKENS, Cell, MapQuery
-from sim.planning.plan import RECLAIM_EVIDENCE, RECLAIMS_NOTED_PER_S
 from sim.planning.reserve import PUBLISHED_NOTE
 from sim.planning.sweep import BEYOND_CONTEXT, fit_status
 from sim.recording.folder import TEMP_PREFIX
+from sim.recording.reclaims import RECLAIM_EVIDENCE, RECLAIMS_NOTED_PER_S
 
 # (header, row key, format)
 SWEEP_COLUMNS = (
