@@ -15,7 +15,7 @@ import numpy as np
 
 from sim.planning.gain_map import OUTPUT_TOKENS, Cell, MapQuery
 from sim.planning.sweep import BEYOND_CONTEXT
-from sim.recording.reclaims import RECLAIMS_NOTED_PER_S
+from sim.recording.reclaims import RECLAIM_MARK
 
 STATUS_TEXT = {"does not fit": "no fit", "invalid": "TP n/a"}
 UNRUN_GREY = "0.85"
@@ -82,9 +82,7 @@ def _legend(fig, reclaims: bool) -> None:
     ]
     if reclaims:
         handles.append(Patch(facecolor="none", edgecolor="none",
-                             label=f"!: elastic reclaims its reserve {RECLAIMS_NOTED_PER_S:g} "
-                                   "times a second or more there (async): its own cost is "
-                                   "likely under-priced (README, Limits)"))
+                             label=f"{RECLAIM_MARK} (README, Limits)"))
     fig.legend(handles=handles, loc="upper center", fontsize=8, frameon=False,
                bbox_to_anchor=(0.45, -0.02))  # below the panels' axis labels
 

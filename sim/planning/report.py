@@ -15,7 +15,7 @@ from sim.planning.gain_map import OUTPUT_TOKENS, Cell, MapQuery
 from sim.planning.reserve import PUBLISHED_NOTE
 from sim.planning.sweep import BEYOND_CONTEXT, fit_status
 from sim.recording.folder import TEMP_PREFIX
-from sim.recording.reclaims import RECLAIM_EVIDENCE, RECLAIMS_NOTED_PER_S
+from sim.recording.reclaims import RECLAIM_EVIDENCE, RECLAIM_MARK
 
 # (header, row key, format)
 SWEEP_COLUMNS = (
@@ -138,9 +138,7 @@ def print_map(cells: Sequence[Cell], query: MapQuery, console: Console | None = 
             table.add_row(model, *[_map_text(index[(model, p)]) for p in query.prompts])
         console.print(table)
     if any(c.reclaims_often for c in cells):
-        console.print(f"!: elastic's pick reclaims its reserve {RECLAIMS_NOTED_PER_S:g} times a "
-                      f"second or more there: its own cost is likely under-priced. "
-                      f"{RECLAIM_EVIDENCE}")
+        console.print(f"{RECLAIM_MARK}. {RECLAIM_EVIDENCE}")
     if any(c.status == BEYOND_CONTEXT for c in cells):
         console.print(f"{BEYOND_CONTEXT} (N): prompt + up to {OUTPUT_TOKENS[1]} output tokens "
                       "exceed the model's N-token context; vLLM refuses such a max_model_len")

@@ -18,6 +18,9 @@ RECLAIMS_NOTED_PER_S = 2.0
 RECLAIM_EVIDENCE = ("Replays that reclaimed 4.6-6.8 times a second with async scheduling "
                     "measured elastic's TTFT p50 over static's at 1.6-5.4x what the model "
                     "predicted (README, Limits)")
+# the key to the `!` a gain map puts on a cell whose elastic pick reclaims that often
+RECLAIM_MARK = (f"!: elastic's pick reclaims its reserve {RECLAIMS_NOTED_PER_S:g} times a second "
+                "or more there, under async scheduling: its own cost is likely under-priced")
 
 
 def reclaims_per_s(summary: Mapping | None) -> float | None:
