@@ -133,7 +133,7 @@ class Replica:
                     yield self._wakeup
                     continue
                 step = self._schedule_ahead(env.now, exposed=True)
-                yield from self._pause(env, step.out.elastic)
+                yield from self._pause(env, step.out.elastic, behind_step=False)
             start_s = env.now
             head_s = step.duration_s - step.durations[-1] if step.out.num_steps > 1 else 0.0
             if head_s > 0:  # a decode run: the next step is scheduled as its last one starts
@@ -147,7 +147,7 @@ class Replica:
             self._close_ahead(step, start_s)
             step = after
             if step is not None:
-                yield from self._pause(env, step.out.elastic)
+                yield from self._pause(env, step.out.elastic, behind_step=True)
             if fleet.next_arrival_s is None:
                 fleet.check_done()
 
@@ -155,14 +155,16 @@ class Replica:
         """Schedule the step that starts at `start_s` (after its elastic pause, if any) and
         close it in the scheduler at once; its requests are stamped when it ends. `exposed`:
         the replica is idle, so no step runs before this one to hide its host work (nor does
-        one after an elastic pause, which waits for the device to drain)."""
+        one after an elastic action that waits for the device to drain)."""
         sched = self.scheduler
         self._run = None
         self._run_start_s = start_s
         self._exposed = exposed
         out = sched.schedule(decode_run_limit=self._decode_run_limit)
         stats = sched.make_stats()
-        durations, duration_s = self._durations(out, exposed or out.elastic is not None)
+        action = out.elastic
+        drained = action is not None and action.needs_idle_device
+        durations, duration_s = self._durations(out, exposed or drained)
         requests = sched.requests
         # only a step with prefill tokens gives a request its first token (a decode row's came
         # before, or is due from the step in flight, which stamps it)
@@ -190,14 +192,18 @@ class Replica:
             duration_s = self.cost.step(out).total_s
         return [duration_s], duration_s
 
-    def _pause(self, env: simpy.Environment,
-               action: ElasticAction | None) -> Generator[simpy.Event, None, None]:
-        """A step's elastic action, if any, before the step (under async scheduling, after the
-        step before it ended: the device idle)."""
+    def _pause(self, env: simpy.Environment, action: ElasticAction | None,
+               behind_step: bool = False) -> Generator[simpy.Event, None, None]:
+        """A step's elastic action, if any, before the step. `behind_step` (async
+        scheduling: a step was in flight when this one was scheduled): an action that needs
+        the device idle runs after that step ended; one that does not (a detach that step's
+        tables do not touch) runs on the host while it runs, as the engine does, and hides
+        behind it."""
         if action is not None:
             pause_s = self._pause_s(action)
             self.recorder.elastic(env.now, action, pause_s)
-            yield env.timeout(pause_s)
+            if not behind_step or action.needs_idle_device:
+                yield env.timeout(pause_s)
 
     def _close(self, out: SchedulerOutput, stats: SchedulerStats, ended: list[RequestState],
                start_s: float, durations: list[float], duration_s: float) -> None:

@@ -313,3 +313,85 @@ def test_an_attach_pays_for_the_activations_the_allocator_still_caches():
         sched.update(out, 4.0)
         out = sched.schedule()
     assert out.elastic.duration_s == pytest.approx(2e-3 + 92 * per_byte)
+
+
+
+
+def _spilling(drain=DrainStrategy.PREEMPT, outputs=(4, 8)) -> tuple:
+    """Two requests of 8 prompt tokens on 5 base blocks of 4 tokens: their prefills take 4,
+    and their first decodes need a block each, so the one the reserve lends is elastic.
+    Steps (1 s each) run until the pool holds no base-only request: by default request 0
+    has finished and request 1 holds an elastic block. Returns (scheduler, time)."""
+    sched = _elastic(drain, base=5)
+    for i, output in enumerate(outputs):
+        assert sched.add_request(request(i, prompt=8, output=output))
+    now = 0.0
+    while len(sched.running) != 2 or sched.running[0].num_output_tokens < outputs[0] - 1:
+        now += 1.0
+        sched.update(sched.schedule(), now)
+        assert now < 20
+    now += 1.0
+    sched.update(sched.schedule(), now)  # request 0's last step
+    assert sched.pool.elastic_state is ElasticState.ATTACHED
+    return sched, now
+
+
+def test_a_detach_waits_for_the_step_in_flight_only_if_that_step_held_elastic_blocks():
+    """Under async scheduling the step before a detach may still be running: its kernels
+    touch the reserve only if its tables hold elastic blocks. An attach always waits (it
+    hands torch's cache back)."""
+    sched = _elastic(base=20)
+    sched.add_request(request(0, prompt=8, output=40))
+    sched.update(sched.schedule(), 1.0)
+    out = sched.schedule()
+    assert out.elastic.kind is ElasticActionKind.ATTACH and out.elastic.needs_idle_device
+    sched.update(out, 2.0)
+    assert sched.pool.num_used_elastic == 0  # 20 base blocks hold the one decode
+    sched.add_request(request(1, prompt=8, output=4))
+    out = sched.schedule()
+    assert out.elastic.kind is ElasticActionKind.DETACH
+    assert not out.elastic.needs_idle_device
+
+    spills, _ = _spilling()
+    assert [r.request_id for r in spills.running] == [1] and spills.pool.num_used_elastic == 1
+    spills.add_request(request(2, prompt=8, output=4))
+    out = spills.schedule()
+    assert out.elastic.kind is ElasticActionKind.DETACH and out.elastic.preempted_ids == (1,)
+    assert out.elastic.needs_idle_device
+
+
+def test_with_detach_behind_step_off_every_detach_waits():
+    """EngineConfig.detach_behind_step off (how every replay recorded before the setting
+    ran): the engine waits for the step in flight before any elastic action."""
+    from sim.core.engine_config import EngineConfig
+    sched = _elastic(base=20)
+    sched.controller.detach_behind_step = False
+    sched.add_request(request(0, prompt=8, output=40))
+    sched.update(sched.schedule(), 1.0)
+    sched.update(sched.schedule(), 2.0)  # the attach
+    sched.add_request(request(1, prompt=8, output=4))
+    out = sched.schedule()
+    assert out.elastic.kind is ElasticActionKind.DETACH and out.elastic.needs_idle_device
+    assert EngineConfig().detach_behind_step
+    assert not EngineConfig.from_dict({}, recorded=True).detach_behind_step
+    assert EngineConfig.from_dict({}).detach_behind_step
+
+
+def test_a_drain_wait_has_nothing_to_wait_for():
+    sched, _ = _spilling(DrainStrategy.WAIT)
+    sched.add_request(request(2, prompt=8, output=4))
+    out = sched.schedule()
+    assert out.elastic.kind is ElasticActionKind.DRAIN_WAIT
+    assert not out.elastic.needs_idle_device
+
+
+def test_a_detach_waits_when_the_step_before_held_elastic_blocks_its_close_freed():
+    """The scheduler frees a finished request's blocks as it closes the step, while that step
+    may still run on the device: the pool then holds no elastic block, yet the detach must
+    wait for that step all the same."""
+    sched, now = _spilling(outputs=(4, 4))  # both finish in the same step
+    assert not sched.running and sched.pool.num_used_elastic == 0
+    sched.add_request(request(2, prompt=8, output=4))
+    out = sched.schedule()
+    assert out.elastic.kind is ElasticActionKind.DETACH and not out.elastic.preempted_ids
+    assert out.elastic.needs_idle_device

@@ -8,6 +8,9 @@ time when the host's work fits behind it."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import numpy as np
 import pytest
 import torch
 from test_engine_helpers import (
@@ -22,13 +25,14 @@ from test_engine_helpers import (
 )
 from test_engine_smoke import MIGRATION, REQUESTS, CpuDecodeGraphs
 
-from gpu_backend.engine.engine import STEP_COLUMNS
+from gpu_backend.engine.engine import STEP_COLUMNS, InFlight
 from gpu_backend.engine.memory import kv_caches_of
 from gpu_backend.engine.piecewise import PiecewiseGraphs
 from gpu_backend.engine.replay import engine_summary, replay
 from gpu_backend.engine.setup import assemble_engine, plain_store
 from sim.core.elastic import DrainStrategy, Policy
 from sim.core.request import RequestStatus
+from sim.core.step import ElasticAction, ElasticActionKind
 from traces import Request
 
 
@@ -145,7 +149,72 @@ def test_a_real_oom_in_a_launched_step_fails_it_and_the_step_in_flight_finishes(
     assert engine.scheduler.pool.num_used_blocks == 0
 
 
-def test_an_elastic_action_waits_for_the_step_in_flight():
+def elastic_actions(engine) -> list[tuple[int, str, bool]]:
+    """Wraps the engine's elastic executor: (step id, kind, waited) of every action run."""
+    actions, apply = [], engine.elastic.apply
+
+    def recorded(out, wait=True):
+        actions.append((out.step_id, out.elastic.kind.value, wait))
+        return apply(out, wait)
+
+    engine.elastic.apply = recorded
+    return actions
+
+
+@pytest.mark.parametrize("arrival_s, waits", [(50.0, True), (5.0, False)])
+def test_a_detach_waits_for_the_step_in_flight_only_if_it_touches_the_reserve(arrival_s, waits):
+    """Steps of 1 s on the device and 0.4 s of host work to launch each. Three requests on 12
+    base blocks: the two long ones outgrow the base into the reserve (lent from step 3) once
+    the short one has finished, and a prompt arriving at `arrival_s` makes the engine take the
+    reserve back. Arriving at 50 s, the step before the detach held elastic blocks, so the
+    detach waits for it and the step after is exposed (1.4 s, as after every attach); at 5 s
+    no elastic block was in use, the reserve is unmapped behind the step in flight, and the
+    step after hides its host work (1.0 s)."""
+    timer = FakeTimer()
+    runner = FakeRunner(timer, step_s=1.0, host_s=0.4)
+    core = toy_core(toy_config(Policy.ELASTIC, async_scheduling=True), 12)
+    engine = assemble_engine(core, None, plain_store(core, "cpu", torch.float32),
+                             torch.device("cpu"), None)
+    engine.runner, engine.timer = runner, timer
+    actions = elastic_actions(engine)
+    requests = [Request(0, 0.0, 40, 12), Request(1, 0.0, 40, 60), Request(2, 0.0, 40, 60),
+                Request(9, arrival_s, 16, 5)]
+    replay(engine, requests, wait=False)
+    summary = engine_summary(engine, {})
+    assert summary["num_finished"] == 4
+    assert summary["measured"]["num_detach_behind_step"] == (0 if waits else 1)
+    measured = {row[0]: row[STEP_COLUMNS.index("measured_s")] for row in engine.steps}
+    detaches = [(step, wait) for step, kind, wait in actions if kind == "detach"]
+    attaches = [step for step, kind, _ in actions if kind == "attach"]
+    assert len(detaches) == 1 and len(attaches) == 2
+    ((detach_step, waited),) = detaches
+    assert waited is waits
+    assert measured[detach_step] == pytest.approx(1.4 if waits else 1.0)
+    assert all(measured[step] == pytest.approx(1.4) for step in attaches)
+    # the step in flight at the detach held an elastic block exactly when it waited
+    first_elastic = engine.elastic.block_id_offset + engine.elastic.num_core_base_blocks
+    before = runner.batches[[row[0] for row in engine.steps].index(detach_step) - 1]
+    assert (int(before.block_tables.max()) >= first_elastic) is waits
+
+
+def test_the_engine_waits_for_a_step_in_flight_whose_tables_hold_elastic_blocks():
+    """Whatever the core's flag says, the engine never unmaps under a launched table that
+    points into the reserve."""
+    timer = FakeTimer()
+    engine = fake_engine(FakeRunner(timer), timer, Policy.ELASTIC)
+    detach = ElasticAction(ElasticActionKind.DETACH, 1, 0.0, needs_idle_device=False)
+    assert engine._needs_idle_device(detach)  # nothing in flight: the plain path
+    first_elastic = engine.elastic.block_id_offset + engine.elastic.num_core_base_blocks
+    for top, waits in ((first_elastic - 1, False), (first_elastic, True)):
+        tables = np.array([[1, top]], dtype=np.int32)
+        batch = SimpleNamespace(block_tables=tables)
+        engine._in_flight = InFlight(None, None, object(), batch, False, None, 0.0, (0.0,) * 3)
+        assert engine._needs_idle_device(detach) is waits
+        assert engine._needs_idle_device(detach._replace(needs_idle_device=True))
+    engine._in_flight = None
+
+
+def test_an_elastic_action_keeps_step_rows_apart_in_time():
     timer = FakeTimer()
     engine = fake_engine(FakeRunner(timer, step_s=0.1), timer, Policy.ELASTIC)
     requests = [Request(i, 0.0, 24, 30) for i in range(4)] + [Request(9, 3.0, 40, 5)]

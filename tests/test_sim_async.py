@@ -114,6 +114,33 @@ def test_a_step_after_an_elastic_pause_hides_no_host_work():
     assert runs[0] - runs[1] == pytest.approx(8.0, abs=1e-9)
 
 
+def test_a_detach_behind_a_step_off_the_reserve_waits_for_nothing():
+    """Each step's 1 s of overhead is all host gap. A prompt arriving during the decodes takes
+    the reserve back; the decode in flight holds no elastic block (its KV fits the base), so
+    the engine unmaps behind it and the prompt's step hides its host gap: it takes its device
+    time only, well under a second. The step after the attach waited for the device (1 s or
+    more), as did the first step."""
+    t = trace([0.0, 5.5], [100, 100], [3000, 5])
+    hidden = replace(SLOW_STEPS, host_gap_s=1.0)
+    engine = replace(config(True), policy=Policy.ELASTIC)
+    result = simulate(RunSpec(engine, efficiency=hidden), t)
+    assert result.summary["num_detach"] == 1 and result.summary["num_attach"] == 2
+    rows = timeline_array(result.recorders[0])
+    start, duration, prefill, lent = rows[:, 0], rows[:, 1], rows[:, 3], rows[:, 8]
+    (second_prompt,) = np.flatnonzero((prefill > 0) & (start > 5.0))
+    assert lent[second_prompt - 1] > 0 and lent[second_prompt] == 0  # the detach between
+    assert duration[second_prompt] < 0.1
+    assert start[second_prompt] == pytest.approx(start[second_prompt - 1]
+                                                 + duration[second_prompt - 1], abs=1e-12)
+    after_attach = np.flatnonzero((lent[1:] > 0) & (lent[:-1] == 0)) + 1
+    assert len(after_attach) == 2 and (duration[after_attach] >= 1.0).all()
+    assert duration[0] >= 1.0
+    waiting = simulate(RunSpec(replace(engine, detach_behind_step=False), efficiency=hidden), t)
+    rows = timeline_array(waiting.recorders[0])
+    (second_prompt,) = np.flatnonzero((rows[:, 3] > 0) & (rows[:, 0] > 5.0))
+    assert rows[second_prompt, 1] >= 1.0  # the step after a detach that waited: exposed
+
+
 def test_a_request_arriving_during_a_step_runs_one_step_later():
     """Steps of about 1 s from t=0. Request 1 arrives at 5.5 s, during step 6. Synchronously
     it is scheduled as step 6 ends and has its first token as step 7 ends (about 7 s).

@@ -113,6 +113,41 @@ def test_sync_before_every_unmap(streams: tuple) -> None:
     pool.close()
 
 
+@pytest.mark.parametrize("reclaim", MODES)
+def test_detach_without_sync_unmaps_with_no_wait_and_ends_where_a_synced_one_does(
+        reclaim: str) -> None:
+    """sync=False: the caller knows no queued kernel touches the reserve (an engine whose
+    step in flight holds no elastic block), so nothing waits before the unmap."""
+    synced, synced_fake = make_pool(reclaim, start_attached=True)
+    synced.detach()
+    pool, fake = make_pool(reclaim, start_attached=True)
+    start = len(fake.events)
+    pool.detach(sync=False)
+    kinds = [kind for kind, _ in fake.events[start:]]
+    assert "unmap" in kinds and "sync" not in kinds
+    assert fake.snapshot() == synced_fake.snapshot()
+    assert not pool.attached and pool.location is synced.location
+    pool.attach()
+    assert fake.is_accessible(pool.kv_address, pool.plan.total_bytes)
+    for p, f in ((pool, fake), (synced, synced_fake)):
+        p.close()
+        assert f.leaks() == []
+
+
+@pytest.mark.parametrize("reclaim", MODES)
+def test_failed_detach_without_sync_rolls_back(reclaim: str) -> None:
+    pool, fake = make_pool(reclaim, start_attached=True)
+    before = fake.snapshot()
+    fake.fail_next("cuMemUnmap", 2)
+    with pytest.raises(VmmError):
+        pool.detach(sync=False)
+    assert fake.snapshot() == before and pool.attached
+    fake.clear_failures()
+    pool.detach(sync=False)
+    pool.close()
+    assert fake.leaks() == []
+
+
 ATTACH_CALLS = {"remap": ["cuCtxSynchronize", "cuMemUnmap", "cuMemMap", "cuMemSetAccess"],
                 "release": ["cuMemCreate", "cuMemMap", "cuMemSetAccess"]}
 DETACH_CALLS = {"remap": ["cuCtxSynchronize", "cuMemUnmap", "cuMemMap", "cuMemSetAccess"],

@@ -6,7 +6,7 @@ elastic run with attach/detach leaves base blocks untouched; migration copies wh
 (every layer) on the VMM pool; a real torch.OutOfMemoryError fails the step, not the run;
 piecewise graphs give the eager forward's logits and K/V, and a replay through them runs
 every step with a prompt as graphs; decode steps launched back to back keep their own ids; a
-step collected late is dated when the device finished it; async scheduling gives every request the synchronous engine's tokens.
+step collected late is dated when the device finished it; async scheduling gives every request the synchronous engine's tokens; a detach behind the step in flight faults nothing.
 """
 
 from __future__ import annotations
@@ -115,6 +115,33 @@ def test_elastic_run_keeps_base_blocks_intact():
     for layer in range(MODEL.num_layers):
         assert torch.equal(store.k_cache(layer)[top], pattern)
         assert torch.equal(store.v_cache(layer)[top], pattern + 1)
+    teardown(setup)
+
+
+@pytest.mark.parametrize("behind", [True, False])
+def test_a_detach_behind_the_step_in_flight_leaves_base_blocks_and_kernels_sound(behind):
+    """Async scheduling: two decodes on base blocks, then a prompt; the reserve is taken back
+    while the decode step in flight still runs (it holds no elastic block), and the prompt's
+    step is launched behind it. Every request finishes, the device reports no fault, and a
+    base block no request uses keeps its contents. With detach_behind_step off, every detach
+    waits for the step in flight."""
+    cfg = replace(config(Policy.ELASTIC, async_scheduling=True), detach_behind_step=behind)
+    setup = build_gpu_engine(cfg, seed=0, max_kv_blocks=160)
+    engine, store = setup.engine, setup.store
+    top = engine.core.plan.num_kv_blocks  # device id of the last base block: unused here
+    pattern = torch.arange(kv_layout(MODEL, 16).plane_elements, device="cuda") % 251
+    pattern = pattern.to(torch.bfloat16).view(store.k_cache(0)[top].shape)
+    for layer in range(MODEL.num_layers):
+        store.k_cache(layer)[top] = pattern
+    late = [Request(50 + i, 0.3 + 0.4 * i, 64, 4) for i in range(3)]
+    replay(engine, REQUESTS[:2] + late, wait=False)
+    torch.cuda.synchronize()  # a kernel that read unmapped memory would fault here
+    summary = engine_summary(engine, {})
+    assert summary["num_finished"] == 5 and summary["num_detach"] >= 1
+    behind_steps = summary["measured"]["num_detach_behind_step"]
+    assert behind_steps == (summary["num_detach"] if behind else 0)
+    for layer in range(MODEL.num_layers):
+        assert torch.equal(store.k_cache(layer)[top], pattern)
     teardown(setup)
 
 

@@ -3,7 +3,11 @@
     ATTACH      (release mode) torch.cuda.empty_cache() so the reserve's memory leaves torch's
                 cache, then map the handles covering the blocks the controller lent
     DETACH      copy migrated blocks (whole blocks: every layer is contiguous), then unmap; the
-                pool synchronizes before the unmap, and refuses while elastic blocks are live
+                pool synchronizes before the unmap, and refuses while elastic blocks are live.
+                Under async scheduling a detach whose step in flight holds no elastic block
+                (`ElasticAction.needs_idle_device` false, and the engine's own check of that
+                step's tables) unmaps without waiting: none of the queued kernels touch the
+                reserve, and there is nothing to copy
     DRAIN_WAIT  nothing to do on the device
 
 Overcommit maps the reserve handle by handle as elastic blocks are first used (the core's
@@ -44,6 +48,7 @@ class Transition:
     map_s: float = 0.0  # handles created and mapped, device synchronized
     unmap_s: float = 0.0  # handles unmapped and released (synchronizes first)
     freed_bytes: int = 0  # torch's reserved bytes the empty_cache gave back
+    behind_step: int = 0  # 1: a detach run while the step in flight still ran (no wait)
 
 
 TRANSITION_COLUMNS = tuple(f.name for f in fields(Transition))
@@ -88,35 +93,46 @@ class ElasticExecutor:
         return count
 
     # ----------------------------------------------------------------- actions
-    def apply(self, out: SchedulerOutput) -> float:
-        """Run `out.elastic`; returns the measured pause in seconds."""
+    def apply(self, out: SchedulerOutput, wait: bool = True) -> float:
+        """Run `out.elastic`; returns the measured pause in seconds. `wait=False`: a detach
+        the caller knows no queued kernel touches (see `detach`)."""
         action = out.elastic
         if action is None or action.kind is ElasticActionKind.DRAIN_WAIT:
             return 0.0
         if action.kind is ElasticActionKind.ATTACH:
             return self.attach(action.num_blocks, out.step_id)
-        return self.detach(action.migrations, out.step_id)
+        return self.detach(action.migrations, out.step_id, wait=wait)
 
     def attach(self, num_lent_blocks: int, step_id: int = -1) -> float:
         """Map the handles covering `num_lent_blocks` elastic blocks; returns the seconds."""
         self.sync()
         return self._map_timed("attach", self.handles_for(num_lent_blocks), step_id, sync=True)
 
-    def detach(self, migrations: tuple[tuple[int, int], ...] = (), step_id: int = -1) -> float:
-        """Copy `migrations` (core block ids), then unmap the reserve; returns the seconds."""
-        self.sync()
+    def detach(self, migrations: tuple[tuple[int, int], ...] = (), step_id: int = -1,
+               wait: bool = True) -> float:
+        """Copy `migrations` (core block ids), then unmap the reserve; returns the seconds.
+
+        `wait=False` unmaps without waiting for queued kernels: only for a caller that knows
+        none of them reads or writes an elastic block (the engine's step in flight holds
+        none in its tables), and so with nothing to migrate."""
+        if not wait and migrations:
+            raise ValueError("a detach with migrations copies elastic blocks: it must wait")
+        if wait:
+            self.sync()
         start = time.perf_counter()
         handles = mapped_handles(self.store)
         offset = self.block_id_offset
         copy_blocks(self.store, [(s + offset, d + offset) for s, d in migrations])
-        self.sync()
+        if wait:
+            self.sync()
         copied = time.perf_counter()
-        self.store.detach()  # synchronizes before unmapping
+        self.store.detach(sync=wait)  # with sync, the pool waits for the device first
         end = time.perf_counter()
         self.migration_latencies_s.append(copied - start)
         self.detach_latencies_s.append(end - start)
         self.transitions.append(Transition(step_id, "detach", handles, end - start,
-                                           copy_s=copied - start, unmap_s=end - copied))
+                                           copy_s=copied - start, unmap_s=end - copied,
+                                           behind_step=int(not wait)))
         self._notify()
         return end - start
 

@@ -19,7 +19,11 @@ may be collected well after it ended: it is stamped when the device finished it
 (`LaunchedStep.done_t`, dated by the device's timer). A step's measured time runs from the
 later of the last step's end and its own start to its own end: the host's work between two
 steps overlaps the device's. An elastic action waits for the step in flight first (unmap needs
-an idle device), as does a step that compiled a kernel (re-timed synchronously). Unlike vLLM,
+an idle device), as does a step that compiled a kernel (re-timed synchronously), unless the
+action is a detach and the step in flight holds no elastic block in its tables (the core's
+`ElasticAction.needs_idle_device`, checked against the tables the engine launched): then the
+reserve is unmapped while that step runs and the next step is launched behind it, timed from
+before the unmap, so what of the unmap outlasts the step in flight counts in the next step. Unlike vLLM,
 which frees a finished request's blocks when its step's output arrives, the scheduler frees
 them as it closes the step, one step earlier.
 
@@ -42,7 +46,7 @@ from gpu_backend.engine.inputs import BlockTableError, HostBatch, RequestMirror
 from gpu_backend.engine.prompts import PromptSpec
 from sim.core.engine_config import EngineCore
 from sim.core.request import RequestState, RequestStatus
-from sim.core.step import OutOfMemory, SchedulerOutput, SchedulerStats
+from sim.core.step import ElasticAction, OutOfMemory, SchedulerOutput, SchedulerStats
 from sim.recording.metrics import ReplicaRecorder
 
 STEP_COLUMNS = ("step_id", "start_s", "num_prefill_tokens", "num_decode_tokens",
@@ -182,13 +186,27 @@ class GpuEngine:
         ended = self.scheduler.update(out, end_s)
         return self._close(out, stats, ended, start_s, duration_s, graph, failed, phases)
 
-    def _pause(self, out: SchedulerOutput, clock: Clock) -> None:
-        """Carry out the step's elastic action on the pool, timed, and record it."""
+    def _pause(self, out: SchedulerOutput, clock: Clock, wait: bool = True) -> None:
+        """Carry out the step's elastic action on the pool, timed, and record it. `wait=False`:
+        a detach behind the step in flight; its time overlaps that step, so the clock does not
+        advance by it (the next step's time counts what outlasts the step in flight)."""
         assert out.elastic is not None
         pause_start_s = clock.now()
-        pause_s = self._agree_seconds(self.elastic.apply(out))
+        pause_s = self._agree_seconds(self.elastic.apply(out, wait=wait))
         self.recorder.elastic(pause_start_s, out.elastic, pause_s)
-        clock.advance(pause_s)
+        if wait:
+            clock.advance(pause_s)
+
+    def _needs_idle_device(self, action: ElasticAction) -> bool:
+        """Must the step in flight end before `action` runs? Yes when the core says so, or
+        when the tables that step was launched with point at an elastic block (never
+        unmapped under a kernel that may read it), or when nothing is in flight."""
+        step = self._in_flight
+        if action.needs_idle_device or step is None or step.batch is None:
+            return True
+        tables = step.batch.block_tables
+        first_elastic = self.elastic.block_id_offset + self.elastic.num_core_base_blocks
+        return bool(tables.size) and int(tables.max()) >= first_elastic
 
     def _close(self, out: SchedulerOutput, stats: SchedulerStats, ended: list[RequestState],
                start_s: float, duration_s: float, graph: bool, failed: OutOfMemory | None,
@@ -210,11 +228,16 @@ class GpuEngine:
         out = self.scheduler.schedule()
         stats = self.scheduler.make_stats()
         finished: list[RequestState] = []
+        start_t = None
         if out.elastic is not None:
-            finished += self._collect(clock)  # map / unmap with nothing running
-            self._pause(out, clock)
+            if self._needs_idle_device(out.elastic):
+                finished += self._collect(clock)  # map / unmap with nothing running
+                self._pause(out, clock)
+            else:  # unmapped behind the step in flight, which does not touch the reserve
+                start_t = self.timer()
+                self._pause(out, clock, wait=False)
         self.mirror.apply(out, self.prompt_len)
-        step = self._launch(out, stats)
+        step = self._launch(out, stats, start_t)
         finished += self._collect(clock)  # the step before, while this one runs
         requests = self.scheduler.requests
         if step.failed is None:
@@ -226,12 +249,14 @@ class GpuEngine:
             finished += self._collect(clock)
         return finished
 
-    def _launch(self, out: SchedulerOutput, stats: SchedulerStats) -> InFlight:
+    def _launch(self, out: SchedulerOutput, stats: SchedulerStats,
+                start_t: float | None = None) -> InFlight:
         """Build and launch `out` behind the step in flight (a real OOM fails it here). An
         eager or piecewise launch (every kernel launched from Python) keeps the host busy
         while the step in flight runs; that step is collected afterwards but stamped when the
-        device finished it (`LaunchedStep.done_t`)."""
-        start_t = self.timer()
+        device finished it (`LaunchedStep.done_t`). `start_t`: when its host work began, if
+        before now (an elastic action run behind the step in flight)."""
+        start_t = self.timer() if start_t is None else start_t
         step = InFlight(out, stats, None, None, False, None, start_t, (math.nan,) * 3)
         if not out.scheduled:
             self.mirror.launched(())  # no ids will come from it

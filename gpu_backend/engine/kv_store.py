@@ -49,7 +49,9 @@ class PlainKVStore:
             raise ValueError(f"can map 0..{total} elastic handles, not {num}")
         self.num_mapped_handles = max(self.num_mapped_handles, num)
 
-    def detach(self) -> None:
+    def detach(self, sync: bool = True) -> None:
+        """Poison the elastic blocks (NaN) and forget them. `sync` is the pool's (a tensor
+        needs none: the poison is queued behind every kernel already launched)."""
         if self.buffer.is_floating_point():
             self.buffer[self.num_base_blocks:] = float("nan")
         self.num_mapped_handles = 0

@@ -105,6 +105,8 @@ def engine_summary(engine: GpuEngine, measured: dict, slo: Slo | None = None) ->
         "kv_elastic_blocks": engine.core.layout.num_elastic_blocks,
         "attach_latency_s": _stats(el.attach_latencies_s),
         "detach_latency_s": _stats(el.detach_latencies_s),
+        # detaches run while the step in flight still ran (EngineConfig.detach_behind_step)
+        "num_detach_behind_step": sum(t.behind_step for t in el.transitions),
         "migration_latency_s": _stats(el.migration_latencies_s),
         "num_real_oom": engine.num_real_oom,
         "num_graph_steps": getattr(engine.runner, "num_graph_steps", 0),

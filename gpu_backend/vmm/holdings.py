@@ -97,12 +97,13 @@ class PoolHoldings:
 
     # -- transitions ----------------------------------------------------------------------------
 
-    def move(self, targets: dict[Chunk, Target]) -> None:
+    def move(self, targets: dict[Chunk, Target], sync: bool = True) -> None:
         """Converge to `targets`; on failure read the truth back from the driver, roll back to
-        what was usable before, and read it back again if the rollback failed too."""
+        what was usable before, and read it back again if the rollback failed too. `sync`:
+        see `ChunkOps.converge` (a rollback always synchronizes)."""
         before = {c: c.current_target() for c in targets}
         try:
-            self.ops.converge(targets)
+            self.ops.converge(targets, sync=sync)
         except BaseException as exc:
             self.ops.reconcile(self.elastic)
             rollback_errors = self.ops.converge(before, best_effort=True)

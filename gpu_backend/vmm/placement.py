@@ -63,13 +63,16 @@ class ChunkOps:
 
     # -- transitions ----------------------------------------------------------------------
 
-    def converge(self, targets: dict[Chunk, Target], best_effort: bool = False) -> list[Exception]:
+    def converge(self, targets: dict[Chunk, Target], best_effort: bool = False,
+                 sync: bool = True) -> list[Exception]:
         """Bring every chunk to its target: sync, unmap what is elsewhere, create, map, grant
         access, release. Stops at the first failure unless ``best_effort``, which goes on with
         the steps that do not depend on a failed one and returns the failures.
 
         A chunk is mapped at a new place only once it is mapped nowhere else, so no two
         addresses ever alias the same memory; nothing is unmapped unless the sync succeeded.
+        ``sync=False`` unmaps without the sync: for a caller that knows no queued kernel
+        touches the chunks being unmapped.
         """
         errors: list[Exception] = []
 
@@ -84,7 +87,8 @@ class ChunkOps:
         stale = [(c, a) for c, t in targets.items() for a in list(c.mappings) if a != t.address]
         if stale:
             num_errors = len(errors)
-            attempt(self.sync)
+            if sync:
+                attempt(self.sync)
             for chunk, address in stale if len(errors) == num_errors else ():
                 attempt(self.unmap, chunk, address)
         placed = [(c, t.address) for c, t in targets.items() if t.address is not None]

@@ -26,7 +26,9 @@ them, or the memory is new); callers must treat elastic blocks as empty after re
 Base blocks are always preserved.
 
 Safety: the pool synchronizes (the context, or ``sync_streams``) before every unmap, since
-unmap does not wait for queued kernels; ``detach`` raises :class:`ElasticBusyError` while any
+unmap does not wait for queued kernels; only ``detach(sync=False)`` skips that, for a caller
+that knows no queued kernel reads or writes an elastic block (an engine whose step in flight
+holds none in its tables; its activations then come from memory released behind it). ``detach`` raises :class:`ElasticBusyError` while any
 elastic block is live (:meth:`mark_allocated` or the ``live_elastic_blocks`` callable);
 elastic blocks can be marked only inside the mapped part.
 
@@ -189,10 +191,12 @@ class ElasticKVPool:
             self._holdings.move({c: Target(c.kv_address) for c in self._holdings.elastic[:target]})
             self._timer.record_attach(time.perf_counter() - start)
 
-    def detach(self) -> None:
+    def detach(self, sync: bool = True) -> None:
         """Unmap the elastic blocks and lend their memory to activations (no-op when detached).
 
         Raises ElasticBusyError while any elastic block is live; the caller drains first.
+        `sync=False` unmaps without waiting for queued kernels: the caller's promise that none
+        of them touches the elastic range (see the module's Safety).
         In release mode a handle that fails to release is kept (not rolled back): attach()
         reuses it and close() retries it.
         """
@@ -210,7 +214,7 @@ class ElasticKVPool:
                     f"cannot detach: {num_live} elastic block(s) in [{self.plan.num_base_blocks}, "
                     f"{self.plan.num_blocks}) are still allocated; free or migrate them first")
             start = time.perf_counter()
-            self._holdings.move(targets)
+            self._holdings.move(targets, sync=sync)
             errors = ([] if self.reclaim is Reclaim.REMAP
                       else self._holdings.ops.release_unmapped(elastic))
             self._timer.record_detach(time.perf_counter() - start)

@@ -24,6 +24,8 @@ class SchedulerView(Protocol):
     this; naming it here keeps the controller from importing the scheduler)."""
 
     pool: BlockPool
+    # whether the last step scheduled held elastic blocks (its tables may point into them)
+    step_held_elastic: bool
 
     @property
     def running(self) -> Sequence[RequestState]: ...
@@ -45,6 +47,7 @@ class ElasticController:
         activation_fn: ActivationFn,
         vmm: VmmCostModel | None = None,
         drain: DrainStrategy = DrainStrategy.MIGRATE,
+        detach_behind_step: bool = True,
     ) -> None:
         self.policy = policy
         self.layout = layout
@@ -52,6 +55,7 @@ class ElasticController:
         self.activation_fn = functools.lru_cache(maxsize=1 << 14)(activation_fn)
         self.vmm = vmm or VmmCostModel()
         self.drain = drain
+        self.detach_behind_step = detach_behind_step  # EngineConfig.detach_behind_step
         self._lends = policy is Policy.ELASTIC and layout.num_elastic_blocks > 0
         # (handles, map seconds, detach seconds) by bytes lent: pure, and a decode batch
         # lends one of a few hundred sizes, attached and detached thousands of times
@@ -118,7 +122,7 @@ class ElasticController:
             if pool.elastic_state is ElasticState.DRAINING:
                 return None
             pool.start_draining()
-            return ElasticAction(ElasticActionKind.DRAIN_WAIT, 0, 0.0)
+            return ElasticAction(ElasticActionKind.DRAIN_WAIT, 0, 0.0, needs_idle_device=False)
         return self._drain_and_detach(sched)
 
     def _attach(self, pool: BlockPool, batch_size: int) -> ElasticAction | None:
@@ -140,12 +144,17 @@ class ElasticController:
         # as vmm.attach_s(lent_bytes, cached_bytes) adds them
         duration_s = map_s + self.vmm.cache_release_s(self.cached_bytes)
         self.cached_bytes = 0  # handed back
-        # kind, handles, seconds, preempted, migrations, migrated bytes, blocks
+        # kind, handles, seconds, preempted, migrations, migrated bytes, blocks, waits
         return new_tuple(ElasticAction, (ElasticActionKind.ATTACH, self.lent_handles,
-                                         duration_s, (), (), 0, num_blocks))
+                                         duration_s, (), (), 0, num_blocks, True))
 
     def _drain_and_detach(self, sched: SchedulerView) -> ElasticAction:
+        """Preempt or migrate the holders of elastic blocks, then detach. The detach waits
+        for the step in flight only if that step held elastic blocks (or `detach_behind_step`
+        is off): otherwise none of its kernels touch the reserve, and there is nothing to
+        migrate either."""
         pool = sched.pool
+        waits = sched.step_held_elastic or not self.detach_behind_step
         pool.start_draining()  # allocations from here on land in base blocks only
         preempted: list[int] = []
         migrations: list[tuple[int, int]] = []
@@ -162,10 +171,11 @@ class ElasticController:
         pool.detach_elastic()
         duration_s = self._costs(self.lent_bytes)[2]
         handles, self.lent_bytes, self.lent_handles = self.lent_handles, 0, 0
-        # kind, handles, seconds, preempted, migrations, migrated bytes, blocks
+        # kind, handles, seconds, preempted, migrations, migrated bytes, blocks, waits
         return new_tuple(ElasticAction, (
             ElasticActionKind.DETACH, handles, duration_s, tuple(preempted),
-            tuple(migrations), len(migrations) * self.layout.block_bytes, 0))
+            tuple(migrations), len(migrations) * self.layout.block_bytes, 0,
+            waits or bool(migrations) or bool(preempted)))
 
     def _costs(self, lent_bytes: int) -> tuple[int, float, float]:
         """(handles, `VmmCostModel.map_s`, `VmmCostModel.detach_s`) of lending `lent_bytes`."""

@@ -140,6 +140,16 @@ class EngineConfig:
         "create them again on attach, as the GPU engine does) or remap (keep the handles and "
         "map them elsewhere; simulator only)", "--reclaim", codec=choice(RECLAIM_MODES),
         choices=RECLAIM_MODES))
+    # Under async scheduling a detach comes while the step before it still runs. When that
+    # step's tables hold no elastic block its kernels never touch the reserve, so the GPU
+    # engine unmaps behind it and launches the prompt's step at once (ElasticAction.
+    # needs_idle_device); an attach always waits (it hands torch's cache back). Replays
+    # recorded before this setting existed waited for every elastic action.
+    detach_behind_step: bool = field(default=True, metadata=setting(
+        "under async scheduling, take the reserve back while the step in flight still runs "
+        "when that step holds no elastic block (nothing it runs touches the reserve), and "
+        "launch the next step behind it; off: wait for the step in flight first, as an "
+        "attach does", "--detach-behind-step", codec=BOOL, absent=False))
     enable_prefix_caching: bool = field(default=True, metadata=setting(
         "reuse the KV blocks of a prompt prefix computed before (traces with block hashes)",
         "--enable-prefix-caching", codec=BOOL))
@@ -342,7 +352,7 @@ def build_core(
     pool = BlockPool(plan.num_kv_blocks, layout.num_elastic_blocks,
                      elastic_attached=config.policy is Policy.OVERCOMMIT)
     controller = ElasticController(config.policy, layout, act, vmm or config.vmm_cost(),
-                                   config.drain)
+                                   config.drain, config.detach_behind_step)
     return EngineCore(config, plan, layout, Scheduler(scheduler_config, pool, controller))
 
 

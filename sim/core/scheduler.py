@@ -66,6 +66,7 @@ class Scheduler:
         self._stats: SchedulerStats | None = None
         self._failed: list[RequestState] = []  # failed since the last update()
         self._run_states: tuple[int, tuple[RequestState, ...]] | None = None  # the last run's
+        self.step_held_elastic = False  # the last step scheduled held elastic blocks
 
     # -------------------------------------------------------------- requests
     def add_request(self, req: RequestState) -> bool:
@@ -122,6 +123,11 @@ class Scheduler:
 
     # -------------------------------------------------------------- schedule
     def schedule(self, decode_run_limit: DecodeRunLimit | None = None) -> SchedulerOutput:
+        out = self._schedule(decode_run_limit)
+        self.step_held_elastic = self.pool.num_used_elastic > 0
+        return out
+
+    def _schedule(self, decode_run_limit: DecodeRunLimit | None) -> SchedulerOutput:
         self._step_id += 1
         action = self.controller.before_step(self)
         preempted: list[int] = list(action.preempted_ids) if action else []

@@ -44,6 +44,11 @@ class ElasticAction(NamedTuple):
     migrations: tuple[tuple[int, int], ...] = ()  # (elastic block, base block) copies to run
     migrated_bytes: int = 0
     num_blocks: int = 0  # ATTACH: the first num_blocks elastic blocks become usable
+    # Must the step in flight (async scheduling) end before this action runs? An attach
+    # always waits (release mode hands torch's cache back, which waits for the device), a
+    # drain-wait never does (nothing to do on the device), and a detach only when the step
+    # scheduled before it held elastic blocks (its kernels may still read or write them).
+    needs_idle_device: bool = True
 
 
 class OutOfMemory(NamedTuple):

@@ -185,6 +185,7 @@ class EngineOptions:
     drain: str = setting_default("drain").value
     vmm_handle_mib: int = setting_default("vmm_handle_bytes") // MIB
     reclaim: str = setting_default("reclaim")
+    detach_behind_step: bool = setting_default("detach_behind_step")
     enable_prefix_caching: bool = setting_default("enable_prefix_caching")
     cuda_graph_sizes: tuple[int, ...] = ()  # EngineConfig.cuda_graph_sizes
     piecewise_graphs: bool = False  # EngineConfig.piecewise_graph_sizes, at the case's chunk
@@ -225,8 +226,8 @@ class Case:
             allow_long_max_model_len=o.allow_long_max_model_len,
             block_size=o.block_size, policy=Policy.parse(self.policy),
             drain=DrainStrategy.parse(o.drain), vmm_handle_bytes=o.vmm_handle_mib * MIB,
-            reclaim=o.reclaim, enable_prefix_caching=o.enable_prefix_caching,
-            cuda_graph_sizes=o.cuda_graph_sizes, attention_backend=o.attention_backend,
+            reclaim=o.reclaim, detach_behind_step=o.detach_behind_step,
+            enable_prefix_caching=o.enable_prefix_caching, cuda_graph_sizes=o.cuda_graph_sizes, attention_backend=o.attention_backend,
             async_scheduling=o.async_scheduling, mixed_split_bytes=o.mixed_split_mib * MIB,
         )
         if not o.piecewise_graphs:
@@ -252,6 +253,7 @@ class Case:
             "max_model_len": o.max_model_len,
             "allow_long_max_model_len": o.allow_long_max_model_len, "block_size": o.block_size, "drain": o.drain,
             "vmm_handle_mib": o.vmm_handle_mib, "reclaim": o.reclaim,
+            "detach_behind_step": o.detach_behind_step,
             "enable_prefix_caching": o.enable_prefix_caching,
             "cuda_graph_sizes": ",".join(map(str, o.cuda_graph_sizes)) or "none",
             "piecewise_graphs": o.piecewise_graphs,
