@@ -13,6 +13,16 @@ under async scheduling, and this times each alone:
   (`torch.cuda.empty_cache()`, gpu_backend/engine/elastic.py), so the step after the next
   reclaim allocates its activations from the driver again.
 
+and then the reclaim itself, on a real release-mode ElasticKVPool holding `--reserve-mib` of
+reserve (lent before each round, after torch's cache is emptied, as the engine's lend does):
+
+- **reclaimed, waiting**: the decode step collected, the reserve detached (the pool
+  synchronizes, unmaps and releases), then the mixed step launched: the engine with
+  `--no-detach-behind-step`. Its time is the detach's plus the step's;
+- **reclaimed behind the step**: the reserve detached without waiting while the decode step
+  runs (it holds no elastic block), then the mixed step launched behind it: the engine's
+  default. Timed from before the detach, as the engine times it.
+
 The step: a new prompt of `--prompt` tokens beside `--decodes` decodes of 1,024 keys, eager
 (the engine's mixed step), after one decode step of the same decodes (a CUDA graph). Each
 round times it three ways, in turn: **async** (launched while the decode step runs, as the
@@ -23,7 +33,8 @@ apart). Per way: the median step time, the host's enqueue time, the device span,
 driver allocations (`num_device_alloc`) the step made.
 
 Writes JSON (benchmarks/results/reclaim_step_<gpu>_<model>[_prompt-N][_decodes-N].json by
-default) and prints the medians and their ratios to the async step.
+default) and prints the medians and their ratios to the async step (`total_s`: the detach's
+time where the engine's clock adds it, plus the step's).
 """
 
 from __future__ import annotations
@@ -41,15 +52,17 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import torch  # noqa: E402
 from engine_bench import DECODE_CONTEXT, prompt_batches  # noqa: E402
 
-from gpu_backend.engine.memory import dummy_store, kv_caches_of  # noqa: E402
+from gpu_backend.engine.memory import dummy_store, kv_caches_of, kv_layout  # noqa: E402
 from gpu_backend.engine.runner import DecodeGraphs, ModelRunner  # noqa: E402
 from gpu_backend.engine.setup import load_model  # noqa: E402
 from gpu_backend.engine.shapes import decode_shape, host_batch  # noqa: E402
 from gpu_backend.env import device_environment, write_result  # noqa: E402
+from gpu_backend.vmm import MIB, ElasticKVPool  # noqa: E402
 from sim.core.catalog import get_gpu, get_model  # noqa: E402
 from sim.core.engine_config import EngineConfig  # noqa: E402
 
-WAYS = ("async", "exposed", "exposed, cache emptied")
+WAYS = ("async", "exposed", "exposed, cache emptied", "reclaimed, waiting",
+        "reclaimed behind the step")
 PROMPT = 205  # the mixed step's new tokens by default: Azure conv's median prompt
 DECODES = 16
 
@@ -59,9 +72,12 @@ def device_allocs() -> int:
     return int(torch.cuda.memory_stats().get("num_device_alloc", 0))
 
 
-def time_once(runner: ModelRunner, decode, mixed, way: str) -> dict:
+def time_once(runner: ModelRunner, decode, mixed, way: str, pool: ElasticKVPool) -> dict:
     """One decode step, then the mixed step the `way` says; the mixed step's seconds (as the
-    engine measures a step), its phases and the driver allocations it made."""
+    engine measures a step), its phases, the driver allocations it made, and the detach's
+    seconds where the way reclaims."""
+    if way.startswith("reclaimed"):
+        return time_reclaim(runner, decode, mixed, pool, behind=way.endswith("step"))
     before = runner.launch(decode)
     empty_s = 0.0
     if way == "async":
@@ -86,7 +102,39 @@ def time_once(runner: ModelRunner, decode, mixed, way: str) -> dict:
         seconds = step.done_t - start
     return {"step_s": seconds, "enqueue_s": step.phases.enqueue_s,
             "span_s": step.phases.device_s, "device_allocs": device_allocs() - allocs,
-            "empty_cache_s": empty_s}
+            "empty_cache_s": empty_s, "detach_s": 0.0, "total_s": seconds}
+
+
+def time_reclaim(runner: ModelRunner, decode, mixed, pool: ElasticKVPool,
+                 behind: bool) -> dict:
+    """The reserve lent (torch's cache emptied, the pool attached), one decode step, then the
+    reserve taken back and the mixed step launched: behind the decode step, or after it."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    torch.cuda.empty_cache()
+    empty_s = time.perf_counter() - t0
+    pool.attach()
+    before = runner.launch(decode)
+    if not behind:
+        before.collect()
+    allocs = device_allocs()
+    start = time.perf_counter()
+    pool.detach(sync=not behind)
+    detach_s = time.perf_counter() - start
+    launched = time.perf_counter()
+    step = runner.launch(mixed)
+    before.collect()
+    step.collect()
+    assert before.done_t is not None and step.done_t is not None
+    if behind:  # timed from before the detach, from the decode step's end at the earliest
+        seconds = step.done_t - max(before.done_t, start)
+        total = seconds
+    else:  # the engine's clock adds the detach, then times the step from its launch
+        seconds = step.done_t - launched
+        total = detach_s + seconds
+    return {"step_s": seconds, "enqueue_s": step.phases.enqueue_s,
+            "span_s": step.phases.device_s, "device_allocs": device_allocs() - allocs,
+            "empty_cache_s": empty_s, "detach_s": detach_s, "total_s": total}
 
 
 def summarize(samples: list[dict]) -> dict:
@@ -102,6 +150,10 @@ def main() -> None:
                         help="the mixed step's new prompt tokens (default: Azure conv's median)")
     parser.add_argument("--decodes", type=int, default=DECODES)
     parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--reserve-mib", type=int, default=1024,
+                        help="the elastic reserve lent and taken back each round, MiB")
+    parser.add_argument("--handle-mib", type=int, default=512,
+                        help="its handles' size, MiB (the engine's --vmm-handle-mib)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -118,26 +170,34 @@ def main() -> None:
     runner = ModelRunner(model, caches, cuda, graphs)
     decode = host_batch(decode_shape(args.decodes, DECODE_CONTEXT), bs, num_blocks)
     (mixed,) = prompt_batches(bs, num_blocks, args.prompt, args.prompt, args.decodes)
+    # a reserve of its own beside the runner's KV (no table points into it), release mode
+    pool = ElasticKVPool(kv_layout(spec, bs), 1, args.reserve_mib * MIB,
+                         elastic_handle_bytes=args.handle_mib * MIB, reclaim="release")
 
-    for way in WAYS * 3:  # warm-up: kernels compiled, torch's cache filled
-        time_once(runner, decode, mixed, way)
-    samples: dict[str, list[dict]] = {way: [] for way in WAYS}
-    for _ in range(args.rounds):  # the ways in turn, so drift touches each alike
-        for way in WAYS:
-            samples[way].append(time_once(runner, decode, mixed, way))
+    try:
+        for way in WAYS * 3:  # warm-up: kernels compiled, torch's cache filled
+            time_once(runner, decode, mixed, way, pool)
+        samples: dict[str, list[dict]] = {way: [] for way in WAYS}
+        for _ in range(args.rounds):  # the ways in turn, so drift touches each alike
+            for way in WAYS:
+                samples[way].append(time_once(runner, decode, mixed, way, pool))
+    finally:
+        pool.close()
     medians = {way: summarize(rows) for way, rows in samples.items()}
     base = medians["async"]["step_s"]
     print(f"{spec.name}, mixed step of {args.prompt} new tokens beside {args.decodes} decodes "
           f"of {DECODE_CONTEXT} keys, {args.rounds} rounds, medians:")
-    print(f"{'':24s} {'step ms':>8s} {'x async':>8s} {'enqueue ms':>11s} {'span ms':>8s} "
-          f"{'allocs':>7s} {'empty_cache ms':>15s}")
+    print(f"{'':26s} {'step ms':>8s} {'total ms':>9s} {'x async':>8s} {'enqueue ms':>11s} "
+          f"{'span ms':>8s} {'allocs':>7s} {'empty_cache ms':>15s} {'detach ms':>10s}")
     for way, m in medians.items():
-        print(f"{way:24s} {m['step_s'] * 1e3:8.2f} {m['step_s'] / base:8.3f} "
-              f"{m['enqueue_s'] * 1e3:11.2f} {m['span_s'] * 1e3:8.2f} {m['device_allocs']:7.0f} "
-              f"{m['empty_cache_s'] * 1e3:15.2f}")
+        print(f"{way:26s} {m['step_s'] * 1e3:8.2f} {m['total_s'] * 1e3:9.2f} "
+              f"{m['total_s'] / base:8.3f} {m['enqueue_s'] * 1e3:11.2f} "
+              f"{m['span_s'] * 1e3:8.2f} {m['device_allocs']:7.0f} "
+              f"{m['empty_cache_s'] * 1e3:15.2f} {m['detach_s'] * 1e3:10.2f}")
     res = {"env": device_environment(), "model": spec.name, "prompt_tokens": args.prompt,
            "num_decodes": args.decodes, "decode_context": DECODE_CONTEXT,
-           "rounds": args.rounds, "medians": medians, "samples": samples}
+           "rounds": args.rounds, "reserve_bytes": args.reserve_mib * MIB,
+           "handle_bytes": args.handle_mib * MIB, "medians": medians, "samples": samples}
     shape = [f"prompt-{args.prompt}"] if args.prompt != PROMPT else []
     shape += [f"decodes-{args.decodes}"] if args.decodes != DECODES else []
     path = write_result(res, args.out, "reclaim_step", res["env"]["gpu"], spec.name, *shape)
