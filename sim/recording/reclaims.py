@@ -1,13 +1,16 @@
 """Where the model's price of elastic's own cost is known to fall short: a run that lends and
 reclaims its reserve often, under async scheduling.
 
-Each reclaim exposes the step after it (the engine waits for the step in flight before an
-elastic action, so that step's launches hide behind nothing) and, in release mode, makes it
-allocate torch's activations again. The Azure-conversation slices of `validation/evidence`
-reclaimed 4.6-6.8 times a second; with async scheduling their replays measured elastic's TTFT
-p50 over static's at the same chunk at 1.6-5.4x what the model predicted, where the slices
-that reclaimed at most 1.1 times a second missed both ways (README, Limits; docs/engine.md,
-"The step after a reclaim"). Outputs say so from RECLAIMS_NOTED_PER_S on.
+In release mode each reclaim makes the step after it allocate torch's activations again, and
+the engine that recorded the evidence also exposed that step: it waited for the step in
+flight before every elastic action, so the step's launches hid behind nothing (the engine
+now detaches behind a step in flight that holds no elastic block, EngineConfig.
+detach_behind_step, and no replay has measured that yet). The Azure-conversation slices of
+`validation/evidence` reclaimed 4.6-6.8 times a second; with async scheduling their replays
+measured elastic's TTFT p50 over static's at the same chunk at 1.6-5.4x what the model
+predicted, where the slices that reclaimed at most 1.1 times a second missed both ways
+(README, Limits; docs/engine.md, "The step after a reclaim"). Outputs say so from
+RECLAIMS_NOTED_PER_S on.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from collections.abc import Mapping
 RECLAIMS_NOTED_PER_S = 2.0
 RECLAIM_EVIDENCE = ("Replays that reclaimed 4.6-6.8 times a second with async scheduling "
                     "measured elastic's TTFT p50 over static's at 1.6-5.4x what the model "
-                    "predicted (README, Limits)")
+                    "predicted, on an engine that waited for the step in flight before each "
+                    "reclaim, as it no longer does where that step holds no elastic block "
+                    "(README, Limits)")
 # the key to the `!` a gain map puts on a cell whose elastic pick reclaims that often
 RECLAIM_MARK = (f"!: elastic's pick reclaims its reserve {RECLAIMS_NOTED_PER_S:g} times a second "
                 "or more there, under async scheduling: its own cost is likely under-priced")
