@@ -81,6 +81,11 @@ class ElasticExecutor:
     def num_mapped_device_blocks(self) -> int:
         return mapped_device_blocks(self.store)
 
+    @property
+    def first_elastic_device_block(self) -> int:
+        """The device id of the first elastic block (core ids are shifted by the offset)."""
+        return self.block_id_offset + self.num_core_base_blocks
+
     def handles_for(self, num_elastic_blocks: int) -> int:
         """Handles that cover the first `num_elastic_blocks` elastic blocks."""
         need = num_elastic_blocks * self.store.layout.block_bytes

@@ -23,9 +23,9 @@ an idle device), as does a step that compiled a kernel (re-timed synchronously),
 action is a detach and the step in flight holds no elastic block in its tables (the core's
 `ElasticAction.needs_idle_device`, checked against the tables the engine launched): then the
 reserve is unmapped while that step runs and the next step is launched behind it, timed from
-before the unmap, so what of the unmap outlasts the step in flight counts in the next step. Unlike vLLM,
-which frees a finished request's blocks when its step's output arrives, the scheduler frees
-them as it closes the step, one step earlier.
+before the unmap, so what of the unmap outlasts the step in flight counts in the next step.
+Unlike vLLM, which frees a finished request's blocks when its step's output arrives, the
+scheduler frees them as it closes the step, one step earlier.
 
 Time comes from a `Clock`: the wall clock (arrivals in real time) or a virtual clock that
 advances by each measured step and skips idle gaps (`--no-wait`).
@@ -205,8 +205,7 @@ class GpuEngine:
         if action.needs_idle_device or step is None or step.batch is None:
             return True
         tables = step.batch.block_tables
-        first_elastic = self.elastic.block_id_offset + self.elastic.num_core_base_blocks
-        return bool(tables.size) and int(tables.max()) >= first_elastic
+        return bool(tables.size) and int(tables.max()) >= self.elastic.first_elastic_device_block
 
     def _close(self, out: SchedulerOutput, stats: SchedulerStats, ended: list[RequestState],
                start_s: float, duration_s: float, graph: bool, failed: OutOfMemory | None,

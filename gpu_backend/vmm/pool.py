@@ -28,9 +28,10 @@ Base blocks are always preserved.
 Safety: the pool synchronizes (the context, or ``sync_streams``) before every unmap, since
 unmap does not wait for queued kernels; only ``detach(sync=False)`` skips that, for a caller
 that knows no queued kernel reads or writes an elastic block (an engine whose step in flight
-holds none in its tables; its activations then come from memory released behind it). ``detach`` raises :class:`ElasticBusyError` while any
-elastic block is live (:meth:`mark_allocated` or the ``live_elastic_blocks`` callable);
-elastic blocks can be marked only inside the mapped part.
+holds none in its tables; its activations then come from memory released behind it).
+``detach`` raises :class:`ElasticBusyError` while any elastic block is live
+(:meth:`mark_allocated` or the ``live_elastic_blocks`` callable); elastic blocks can be marked
+only inside the mapped part.
 
 Which elastic blocks an engine may use: those inside the first :attr:`num_mapped_handles`
 handles. That count is the prefix of handles mapped in the KV range *with access granted*

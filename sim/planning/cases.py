@@ -227,7 +227,8 @@ class Case:
             block_size=o.block_size, policy=Policy.parse(self.policy),
             drain=DrainStrategy.parse(o.drain), vmm_handle_bytes=o.vmm_handle_mib * MIB,
             reclaim=o.reclaim, detach_behind_step=o.detach_behind_step,
-            enable_prefix_caching=o.enable_prefix_caching, cuda_graph_sizes=o.cuda_graph_sizes, attention_backend=o.attention_backend,
+            enable_prefix_caching=o.enable_prefix_caching, cuda_graph_sizes=o.cuda_graph_sizes,
+            attention_backend=o.attention_backend,
             async_scheduling=o.async_scheduling, mixed_split_bytes=o.mixed_split_mib * MIB,
         )
         if not o.piecewise_graphs:
