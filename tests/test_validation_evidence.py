@@ -116,6 +116,9 @@ def test_evidence_changed_after_its_report_is_found(tmp_path):
     (lambda r: r.pop("calibration"), "no 'calibration'"),
     (lambda r: r.update(limit="40"), "'limit' is '40'"),
     (lambda r: r.update(rate=2), r"unknown fields \['rate'\]"),
+    (lambda r: r.update(replayed_apart=["elastic_chunk_4096"]),
+     r"'replayed_apart' is \['elastic_chunk_4096'\]; expected a list of run folders"),
+    (lambda r: r.update(replayed_apart="elastic_chunk_8192"), "'replayed_apart' is"),
 ])
 def test_a_bad_slice_recipe_names_its_file_and_field(tmp_path, edit, message):
     recipe = json.loads((EVIDENCE_DIR / BYTE_FOR_BYTE[0] / "slice.json").read_text())
@@ -124,6 +127,27 @@ def test_a_bad_slice_recipe_names_its_file_and_field(tmp_path, edit, message):
     with pytest.raises(ValueError, match=message) as info:
         read_recipe(tmp_path)
     assert str(tmp_path / "slice.json") in str(info.value)
+
+
+def test_runs_replayed_apart_mark_the_gains_across_the_two_starts(tmp_path):
+    from validation.evidence import mark_replayed_apart
+
+    folder = _copy_slice(BYTE_FOR_BYTE[1], tmp_path)
+    runs = sorted(p.name for p in (folder / "runs").iterdir())
+    recipe = json.loads((folder / "slice.json").read_text())
+    recipe["replayed_apart"] = [r for r in runs if r.startswith("elastic")]
+    (folder / "slice.json").write_text(json.dumps(recipe))
+    assert read_recipe(folder).replayed_apart == tuple(recipe["replayed_apart"])
+    gains = [{"run": "elastic/chunk=8192", "baseline": "static/chunk=8192"},
+             {"run": "elastic/chunk=2048", "baseline": "static/chunk=2048"}]
+    mark_replayed_apart(gains, ["elastic_chunk_8192"])
+    assert [g.get("replayed_apart", False) for g in gains] == [True, False]
+    texts, _ = render(folder, tmp_path)
+    assert "(replayed apart)" in texts["report.md"]
+    assert "ran on another start of the machine" in texts["report.md"]
+    report = json.loads(texts["report.json"])
+    assert report["provenance"]["replayed_apart"] == recipe["replayed_apart"]
+    assert all(g.get("replayed_apart") for g in report["gains"])
 
 
 def test_the_results_go_between_the_markers_only(tmp_path):

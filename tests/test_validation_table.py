@@ -136,3 +136,25 @@ def test_decisions_settled_by_the_replays_count_apart(tmp_path):
     # one way, but one replay pair under 2%; the compared replays' +3.0% is +1.1% on the
     # medians (0.90 over 0.8901): counted in the decisions, not on the medians
     assert same.endswith("| 1 (1 measured >= 2%) | 1 of 1 | 0.00 pp | 0 of 1 | 0 of 0 | 0 of 0 |")
+
+
+def test_a_pair_replayed_apart_settles_nothing(tmp_path):
+    """Replays of the run and its baseline on different starts of the machine compare two
+    hosts: however one-sided their gains, they settle no decision."""
+    write_report(tmp_path / "a", [0.01])
+    report = json.loads((tmp_path / "a" / "report.json").read_text())
+    run, base = "elastic/chunk=2048", "static/chunk=2048"
+    report["gains"] = [{**gain(run, base, {"ttft_p50_s": (-0.10, -0.10)}), "replayed_apart": True}]
+    report["repeats"] = [
+        repeat_row(run, "ttft_p50_s", 0.90, {"repeat-1": 0.92, "repeat-2": 0.88}),
+        repeat_row(base, "ttft_p50_s", 1.00, {"repeat-1": 1.00, "repeat-2": 1.00})]
+    (tmp_path / "a" / "report.json").write_text(json.dumps(report))
+    same = next(line for line in table([tmp_path / "a"]).splitlines()
+                if line.startswith("| at the same chunk | TTFT p50"))
+    # decided and right on the compared replays and on the medians, but not settled
+    assert same.endswith("| 1 (1 measured >= 2%) | 1 of 1 | 0.00 pp | 0 of 0 | 0 of 0 | 1 of 1 |")
+    del report["gains"][0]["replayed_apart"]
+    (tmp_path / "a" / "report.json").write_text(json.dumps(report))
+    same = next(line for line in table([tmp_path / "a"]).splitlines()
+                if line.startswith("| at the same chunk | TTFT p50"))
+    assert same.endswith("| 1 (1 measured >= 2%) | 1 of 1 | 0.00 pp | 1 of 1 | 1 of 1 | 1 of 1 |")

@@ -41,6 +41,9 @@ REPORT_FILES = ("report.json", "report.md")
 RECIPE_FIELDS = {"calibration": str, "trace": str, "limit": (int, type(None)),
                  "window_s": (list, type(None)), "rate_scale": (int, float),
                  "measured_on": str, "gpus": str, "command": str}
+# optional: the runs (folder names under runs/) whose every replay ran on another start of the
+# machine than the slice's other runs, as when one policy is measured again on its own
+RECIPE_OPTIONAL = {"replayed_apart": list}
 
 Log = Callable[[str], None]
 
@@ -54,6 +57,8 @@ class SliceRecipe:
     measured_on: str  # the date the replays ran (YYYY-MM-DD)
     gpus: str  # e.g. "1 x NVIDIA H200"
     command: str  # measures the slice again on a GPU (`python -m validation run ...`)
+    # runs whose every replay ran on another start of the machine than the other runs'
+    replayed_apart: tuple[str, ...] = ()
 
 
 def read_recipe(folder: Path) -> SliceRecipe:
@@ -70,13 +75,36 @@ def read_recipe(folder: Path) -> SliceRecipe:
             raise ValueError(f"{path}: no {name!r}; expected {sorted(RECIPE_FIELDS)}")
         if not isinstance(data[name], kind) or isinstance(data[name], bool):
             raise ValueError(f"{path}: {name!r} is {data[name]!r}, of the wrong type")
-    unknown = sorted(set(data) - set(RECIPE_FIELDS))
+    known = {**RECIPE_FIELDS, **RECIPE_OPTIONAL}
+    unknown = sorted(set(data) - set(known))
     if unknown:
-        raise ValueError(f"{path}: unknown fields {unknown}; expected {sorted(RECIPE_FIELDS)}")
+        raise ValueError(f"{path}: unknown fields {unknown}; expected {sorted(RECIPE_FIELDS)}"
+                         f", optionally {sorted(RECIPE_OPTIONAL)}")
+    apart = data.get("replayed_apart", [])
+    runs = {p.name for p in (folder / "runs").iterdir() if p.is_dir()} if (
+        folder / "runs").is_dir() else set()
+    if not isinstance(apart, list) or any(name not in runs for name in apart):
+        raise ValueError(f"{path}: 'replayed_apart' is {apart!r}; expected a list of run folders "
+                         f"under runs/ ({', '.join(sorted(runs)) or 'none'})")
     window = tuple(float(x) for x in data["window_s"]) if data["window_s"] else None
     trace = TraceSlice(data["trace"], None, data["limit"], window, float(data["rate_scale"]))
     return SliceRecipe(data["calibration"], trace, data["measured_on"], data["gpus"],
-                       data["command"])
+                       data["command"], tuple(apart))
+
+
+def run_folder(label: str) -> str:
+    """The folder under runs/ of a run a report labels "elastic/chunk=2048"."""
+    policy, _, chunk = label.partition("/chunk=")
+    return f"{policy}_chunk_{chunk}"
+
+
+def mark_replayed_apart(gains: list[dict], apart: Sequence[str]) -> None:
+    """Mark each gain whose run and baseline ran on different starts of the machine (one of
+    them in `apart`, the other not): its replay pairs compare two hosts, so they settle
+    nothing (validation.table.replay_gains)."""
+    for g in gains:
+        if (run_folder(g["run"]) in apart) != (run_folder(g["baseline"]) in apart):
+            g["replayed_apart"] = True
 
 
 def slice_folders(evidence_dir: Path = EVIDENCE_DIR) -> list[Path]:
@@ -138,18 +166,27 @@ def build(folder: Path, root: Path = ROOT, log: Log = lambda _: None):
     repeats = sorted(p for p in (folder / "repeats").glob("*") if p.is_dir())
     v.repeats = repeat_rows(runs, [(d.name, [load_summary(f) for f in find_runs(d)])
                                    for d in repeats])
+    mark_replayed_apart(v.gains, recipe.replayed_apart)
     return v
 
 
 def provenance(folder: Path, recipe: SliceRecipe, root: Path = ROOT) -> dict:
+    extra = {"replayed_apart": list(recipe.replayed_apart)} if recipe.replayed_apart else {}
     return {"slice": folder.name, "measured_on": recipe.measured_on, "gpus": recipe.gpus,
-            "command": recipe.command, "rebuild": f"python -m validation rebuild {folder.name}",
+            "command": recipe.command, **extra,
+            "rebuild": f"python -m validation rebuild {folder.name}",
             "inputs": digests(folder, recipe, root)}
 
 
 def provenance_note(folder: Path, recipe: SliceRecipe) -> str:
+    apart = ""
+    if recipe.replayed_apart:
+        apart = (f" Every replay of {', '.join(recipe.replayed_apart)} ran on another start of "
+                 "the machine than the other runs' (the host-speed line shows each run's "
+                 "host): a gain between the two sides compares two hosts, and its replays "
+                 "settle no decision.")
     return (f"Replayed on {recipe.measured_on} on {recipe.gpus}; measured again on a GPU by "
-            f"`{recipe.command}`. This report is rebuilt from its folder "
+            f"`{recipe.command}`.{apart} This report is rebuilt from its folder "
             f"(validation/evidence/{folder.name}/) by `python -m validation rebuild "
             f"{folder.name}`.")
 

@@ -85,7 +85,8 @@ def gains_table(gains: list[dict]) -> list[str]:
         for name, m in g["metrics"].items():
             err = "-" if m["gain_error"] is None else f"{m['gain_error'] * 100:+.1f}"
             same = {True: "yes", False: "**no**", None: "-"}[m["same_direction"]]
-            lines.append(f"| {g['run']} | {g['baseline']} | {name} "
+            apart = " (replayed apart)" if g.get("replayed_apart") else ""
+            lines.append(f"| {g['run']} | {g['baseline']}{apart} | {name} "
                          f"| {signed_pct(m['predicted_gain'])} "
                          f"| {signed_pct(m['measured_gain'])} | {err} | {same} |")
     return lines

@@ -118,10 +118,11 @@ def repeat_rows_of(gain: dict, metric: str, repeats: list[dict]
 def replay_gains(gain: dict, metric: str, repeats: list[dict]) -> list[float] | None:
     """The gain of `gain`'s run over its baseline on `metric` as each replay pair measured it:
     the compared replays, then each repeat folder that replayed both runs (one validation run,
-    so one start of the machine); None with fewer than two pairs. `repeats`: the report's
-    `repeats` rows (repeats.repeat_rows)."""
+    so one start of the machine); None with fewer than two pairs, or where the run and its
+    baseline were replayed apart (on different starts: evidence.mark_replayed_apart).
+    `repeats`: the report's `repeats` rows (repeats.repeat_rows)."""
     run, base = repeat_rows_of(gain, metric, repeats)
-    if run is None or base is None:
+    if run is None or base is None or gain.get("replayed_apart"):
         return None
     base_by_name = {x["name"]: x["value"] for x in base["repeats"]}
     pairs = [(run["value"], base["value"])] + [
@@ -200,10 +201,12 @@ def gain_table(gains: list[tuple[dict, list[dict]]]) -> str:
                          f"{error:.2f} pp | {len(settled)} of {repeated} | "
                          f"{sum(settled)} of {len(settled)} | "
                          f"{sum(on_medians)} of {len(on_medians)} |")
-    lines += ["", f"Settled by the replays: of the pairs replayed more than once, those whose "
-              f"every replay pair (the compared replays, and each repeat folder that replayed "
-              f"both runs) measured a gain of at least {DECIDED_GAIN:.0%} the "
-              "same way; KV capacity is exact, so one replay settles it. A measured gain the "
+    lines += ["", f"Settled by the replays: of the pairs replayed more than once on one start "
+              f"of the machine, those whose every replay pair (the compared replays, and each "
+              f"repeat folder that replayed both runs) measured a gain of at least "
+              f"{DECIDED_GAIN:.0%} the same way; KV capacity is exact, so one replay settles "
+              "it. A pair whose runs a slice replayed on different starts (its slice.json's "
+              "`replayed_apart`) settles nothing. A measured gain the "
               "replays do not agree on is within the measurement's own spread. Replays' "
               "medians: each run measured as the median of all its replays where both runs "
               f"were replayed more than once (else the compared replays), the pairs whose gain "
