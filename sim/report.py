@@ -165,7 +165,8 @@ def run_warnings(results: Sequence[RunResult]) -> list[str]:
                          f"trace and held {s['queue_at_last_arrival']:,} requests at the last "
                          "arrival, so its latencies grow with the trace's length, not the "
                          "engine; add replicas or lower --rate-scale")
-        note = reclaim_note(s, r.spec.engine.async_scheduling, label)
+        note = reclaim_note(s, r.spec.engine.async_scheduling, label,
+                            r.spec.engine.detach_behind_step)
         if note is not None:
             lines.append(f"note: {note}")
     return lines

@@ -77,7 +77,7 @@ class Cell:
     pays: bool = False
     rate_per_s: float | None = None
     elastic_reclaims_per_s: float | None = None  # the elastic pick's (recording.reclaims)
-    reclaims_often: bool = False  # so often that its own cost is likely under-priced
+    reclaims_often: bool = False  # so often that its own cost is least measured there
 
 
 def cell_cases(query: MapQuery, model: str, prompt_tokens: int, tp: int) -> list[Case]:

@@ -209,7 +209,7 @@ def _fleet_query(query: PlanQuery, rule: Sustain) -> FleetQuery:
 def reclaim_note(row: dict | None) -> str | None:
     """What the plan says of an elastic row that reclaims often (`sim.recording.reclaims`)."""
     return reclaims.reclaim_note(row, bool(row and row.get("async_scheduling")),
-                                 "elastic's pick")
+                                 "elastic's pick", bool(row and row.get("detach_behind_step", True)))
 
 
 def sustained_rows(rows: list[dict], policy: str) -> list[dict]:
