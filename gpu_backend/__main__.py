@@ -247,12 +247,14 @@ def measured_fields(setup, probe, setup_s: float, replay_wall_s: float, clock: s
     """What a single-GPU replay measured besides its steps: setup, memory, graphs, host."""
     import torch
 
-    from gpu_backend.env import versions
+    from gpu_backend.env import machine_start, versions
 
     m = setup.measurement
     return {
         # the host's speed during the replay (a fixed Python loop; gpu_backend.engine.hostprobe)
         "host_probe": probe.summary() if probe is not None else None,
+        # which start of the machine ran it: replays on different starts compare two hosts
+        "machine_start": machine_start(),
         "setup_s": setup_s, "replay_wall_s": replay_wall_s, "clock": clock,
         "gpu_name": torch.cuda.get_device_name(), "versions": versions(),
         "weights_bytes": m.weights_bytes if m else None,

@@ -33,6 +33,17 @@ def versions() -> dict:
             **({"flashinfer": flashinfer} if flashinfer else {})}
 
 
+def machine_start(boot_id_path: Path = Path("/proc/sys/kernel/random/boot_id")) -> str | None:
+    """This start of the machine: its host name and the kernel's boot id. Replays that share
+    it ran on one host in one boot, so their host speed is comparable; None where the boot id
+    cannot be read."""
+    try:
+        boot = boot_id_path.read_text().strip()
+    except OSError:
+        return None
+    return f"{platform.node()}/{boot}" if boot else None
+
+
 def _flashinfer_version() -> str | None:
     """FlashInfer's version: its distribution's, else the importable package's own (a copy of
     the package put on the path without its metadata), else None where it is not installed."""

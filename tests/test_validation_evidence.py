@@ -130,7 +130,7 @@ def test_a_bad_slice_recipe_names_its_file_and_field(tmp_path, edit, message):
 
 
 def test_runs_replayed_apart_mark_the_gains_across_the_two_starts(tmp_path):
-    from validation.evidence import mark_replayed_apart
+    from validation.compare import mark_replayed_apart
 
     folder = _copy_slice(BYTE_FOR_BYTE[1], tmp_path)
     runs = sorted(p.name for p in (folder / "runs").iterdir())
@@ -142,6 +142,13 @@ def test_runs_replayed_apart_mark_the_gains_across_the_two_starts(tmp_path):
              {"run": "elastic/chunk=2048", "baseline": "static/chunk=2048"}]
     mark_replayed_apart(gains, ["elastic_chunk_8192"])
     assert [g.get("replayed_apart", False) for g in gains] == [True, False]
+    # the replays' own record of their start: two known and different starts are apart
+    gains = [{"run": "elastic/chunk=8192", "baseline": "static/chunk=8192"},
+             {"run": "elastic/chunk=2048", "baseline": "static/chunk=2048"},
+             {"run": "elastic/chunk=8192", "baseline": "static/chunk=2048"}]
+    mark_replayed_apart(gains, [], {"elastic/chunk=8192": "h/a", "static/chunk=8192": "h/b",
+                                    "elastic/chunk=2048": "h/a", "static/chunk=2048": None})
+    assert [g.get("replayed_apart", False) for g in gains] == [True, False, False]
     texts, _ = render(folder, tmp_path)
     assert "(replayed apart)" in texts["report.md"]
     assert "ran on another start of the machine" in texts["report.md"]

@@ -166,6 +166,26 @@ def test_compare_with_true_efficiencies_reports_no_error(runs):
             assert run.host_sensitivity["ttft_p50_s"] > 0, run.label
 
 
+def test_gains_between_runs_on_different_starts_of_the_machine_are_marked(runs):
+    """A replay records its start of the machine (measured.machine_start); a gain whose run
+    and baseline recorded different starts compares two hosts and is marked so."""
+    from dataclasses import replace
+
+    def started(run, start):
+        measured = {**run.summary.get("measured", {}), "machine_start": start}
+        return replace(run, summary={**run.summary, "measured": measured})
+
+    moved = [started(r, "host-b/2" if r.label == "elastic/chunk=4096" else "host-a/1")
+             for r in runs]
+    v = validate(moved, TRUE, None, "true", fit=False, log=lambda _: None)
+    marks = {(g["run"], g["baseline"]): g.get("replayed_apart", False) for g in v.gains}
+    assert marks == {("elastic/chunk=1024", "static/chunk=1024"): False,
+                     ("elastic/chunk=4096", "static/chunk=1024"): True,
+                     ("elastic/chunk=4096", "static/chunk=4096"): True}
+    same = validate(runs, TRUE, None, "true", fit=False, log=lambda _: None)
+    assert not any(g.get("replayed_apart") for g in same.gains)  # no start recorded
+
+
 def test_compare_with_default_efficiencies_reports_the_perturbation(runs):
     v = validate(runs, None, None, "defaults", fit=False, log=lambda _: None)
     errors = [r.step_error["all"]["median_abs"] for r in v.runs]

@@ -8,10 +8,14 @@ the chunk and keep the reserve static).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from validation.runs import RunSummary
 
 # (name, summary key, sub key or None, unit). num_cached_tokens: prompt tokens served from the
 # prefix cache, summed over the run's requests. The total rather than the cached share of
@@ -166,6 +170,31 @@ def _gain_row(run: RunPair, base: RunPair) -> dict:
         }
     return {"run": f"{run.policy}/chunk={run.chunk}",
             "baseline": f"{base.policy}/chunk={base.chunk}", "metrics": metrics}
+
+
+def run_folder(label: str) -> str:
+    """The folder under runs/ of a run a report labels "elastic/chunk=2048"."""
+    policy, _, chunk = label.partition("/chunk=")
+    return f"{policy}_chunk_{chunk}"
+
+
+def mark_replayed_apart(gains: list[dict], apart: Sequence[str],
+                        starts: Mapping[str, str | None] | None = None) -> None:
+    """Mark each gain whose run and baseline ran on different starts of the machine: one of
+    them in `apart` (slice.json) and the other not, or both with a recorded start
+    (`starts`: a run's label -> its summary's measured.machine_start) and the two differ. Its
+    replay pairs compare two hosts, so they settle nothing (validation.table.replay_gains)."""
+    starts = starts or {}
+    for g in gains:
+        run, base = starts.get(g["run"]), starts.get(g["baseline"])
+        if ((run_folder(g["run"]) in apart) != (run_folder(g["baseline"]) in apart)
+                or (run is not None and base is not None and run != base)):
+            g["replayed_apart"] = True
+
+
+def machine_starts(runs: Sequence[RunSummary]) -> dict[str, str | None]:
+    """Each run's start of the machine, as its replay recorded it (None before replays did)."""
+    return {r.label: (r.summary.get("measured") or {}).get("machine_start") for r in runs}
 
 
 def check_targets(per_run: Sequence[dict[str, dict]]) -> list[dict]:

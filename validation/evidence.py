@@ -92,21 +92,6 @@ def read_recipe(folder: Path) -> SliceRecipe:
                        data["command"], tuple(apart))
 
 
-def run_folder(label: str) -> str:
-    """The folder under runs/ of a run a report labels "elastic/chunk=2048"."""
-    policy, _, chunk = label.partition("/chunk=")
-    return f"{policy}_chunk_{chunk}"
-
-
-def mark_replayed_apart(gains: list[dict], apart: Sequence[str]) -> None:
-    """Mark each gain whose run and baseline ran on different starts of the machine (one of
-    them in `apart`, the other not): its replay pairs compare two hosts, so they settle
-    nothing (validation.table.replay_gains)."""
-    for g in gains:
-        if (run_folder(g["run"]) in apart) != (run_folder(g["baseline"]) in apart):
-            g["replayed_apart"] = True
-
-
 def slice_folders(evidence_dir: Path = EVIDENCE_DIR) -> list[Path]:
     """Every slice folder (one holding a slice.json), sorted by name."""
     return sorted(p.parent for p in evidence_dir.glob(f"*/{RECIPE}"))
@@ -150,6 +135,7 @@ def build(folder: Path, root: Path = ROOT, log: Log = lambda _: None):
     """The slice's Validation, as `python -m validation compare` builds it from the same
     replays, repeats, calibration and trace slice."""
     from sim.core.calibration import load_calibration
+    from validation.compare import mark_replayed_apart
     from validation.pipeline import validate
     from validation.repeats import repeat_rows
     from validation.runs import load_summary

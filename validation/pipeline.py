@@ -28,7 +28,15 @@ from validation.calibrate import (
     split_tail,
     usable_steps,
 )
-from validation.compare import RunPair, check_targets, compare_metrics, gains, metric_values
+from validation.compare import (
+    RunPair,
+    check_targets,
+    compare_metrics,
+    gains,
+    machine_starts,
+    mark_replayed_apart,
+    metric_values,
+)
 from validation.divergence import Divergence, find_divergence
 from validation.runs import GpuRun, TraceSlice, engine_config, trace_slice
 from validation.simside import simulate_logged
@@ -161,6 +169,7 @@ def validate(gpu_runs: Sequence[GpuRun], efficiency: Efficiency | None,
                         vmm_costs=vmm_costs)
     result.targets = check_targets([r.metrics for r in runs])
     result.gains = gains([r.pair() for r in runs])
+    mark_replayed_apart(result.gains, (), machine_starts(gpu_runs))
     if fit:
         result.fit, result.fit_note = fit_on_runs(runs, result.efficiency, holdout_fraction)
     if resimulate_fitted and result.fit is not None:

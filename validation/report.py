@@ -147,6 +147,11 @@ def markdown(v: Validation, images: list[str], notes: Sequence[str] = ()) -> str
     return "\n".join(out) + "\n"
 
 
+APART_NOTE = (" Replayed apart: the run and its baseline ran on different starts of the machine "
+              "(as their replays recorded, or the slice's `replayed_apart`), so that gain "
+              "compares two hosts as well.")
+
+
 def _results_lines(v: Validation) -> list[str]:
     """The targets, the repeats, predicted vs measured per run, the transitions as measured and
     the gains: what the report is read for."""
@@ -157,4 +162,5 @@ def _results_lines(v: Validation) -> list[str]:
             *nonempty(slowest_transition_line([(r.label, r.gpu.transitions) for r in v.runs])),
             "## Gains: what a user decides on", "",
             "Gain = (run - baseline) / baseline; decisions compare directions, a gain under 1% "
-            "counting as no change.", "", *gains_table(v.gains), ""]
+            "counting as no change." + APART_NOTE * any(g.get("replayed_apart") for g in v.gains),
+            "", *gains_table(v.gains), ""]

@@ -119,7 +119,7 @@ def replay_gains(gain: dict, metric: str, repeats: list[dict]) -> list[float] | 
     """The gain of `gain`'s run over its baseline on `metric` as each replay pair measured it:
     the compared replays, then each repeat folder that replayed both runs (one validation run,
     so one start of the machine); None with fewer than two pairs, or where the run and its
-    baseline were replayed apart (on different starts: evidence.mark_replayed_apart).
+    baseline were replayed apart (on different starts: compare.mark_replayed_apart).
     `repeats`: the report's `repeats` rows (repeats.repeat_rows)."""
     run, base = repeat_rows_of(gain, metric, repeats)
     if run is None or base is None or gain.get("replayed_apart"):
