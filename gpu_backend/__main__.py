@@ -186,6 +186,7 @@ def run_replay(args: argparse.Namespace) -> int:
         ran_config,
         replay,
         replay_fields,
+        wall_clock_compiles,
         write_outputs,
     )
     from gpu_backend.engine.setup import build_gpu_engine
@@ -226,6 +227,9 @@ def run_replay(args: argparse.Namespace) -> int:
     summary = engine_summary(engine, measured)
     summary.update(replay_fields(args, config))
     print_headline(summary)
+    warning = wall_clock_compiles(summary)
+    if warning is not None:
+        print(warning, file=sys.stderr)
     if args.out is not None:
         write_outputs(args.out, engine, summary, trace.source, len(trace),
                       config=ran_config(config, measured))

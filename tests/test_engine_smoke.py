@@ -214,3 +214,17 @@ def test_piecewise_sizes_and_refusals(model):
         pieces.run(batch, 16)
     with pytest.raises(ValueError, match="KV caches"):
         PiecewiseGraphs(model, caches[:1], 64, torch.device("cpu"))
+
+
+def test_a_wall_clock_replay_that_compiled_kernels_says_its_early_latencies_include_them():
+    from gpu_backend.engine.replay import wall_clock_compiles
+
+    def summary(clock, count):
+        return {"measured": {"clock": clock, "num_compiling_steps_retimed": count}}
+
+    said = wall_clock_compiles(summary("wall", 26)) or ""
+    assert said.startswith("warning: 26 steps compiled kernels during this wall-clock replay")
+    assert "--no-wait" in said
+    assert wall_clock_compiles(summary("virtual", 26)) is None  # retimed: nothing queued
+    assert wall_clock_compiles(summary("wall", 0)) is None
+    assert wall_clock_compiles({}) is None

@@ -180,6 +180,21 @@ def replay_fields(args: argparse.Namespace, config: EngineConfig) -> dict:
     }
 
 
+def wall_clock_compiles(summary: dict) -> str | None:
+    """The warning for a wall-clock replay during which kernels compiled (None otherwise):
+    each such step is timed again without its compile, but arrivals kept coming while it
+    compiled, so the requests behind it queued for the compiler."""
+    measured = summary.get("measured") or {}
+    count = measured.get("num_compiling_steps_retimed") or 0
+    if measured.get("clock") != "wall" or not count:
+        return None
+    return (f"warning: {count} steps compiled kernels during this wall-clock replay; each is "
+            "timed again without its compile, but requests kept arriving while it compiled "
+            "and queued behind it, so early latencies include the compiler. Replay with "
+            "--no-wait (the virtual clock `python -m validation run` uses), or again now that "
+            "the kernel cache is warm")
+
+
 def print_headline(summary: dict) -> None:
     print(json.dumps({k: summary[k] for k in ("num_finished", "num_requests", "throughput_tok_s",
                                               "num_preemptions", "num_oom", "num_attach")}))
