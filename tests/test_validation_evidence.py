@@ -206,6 +206,7 @@ def test_each_slice_command_reproduces_its_runs_configuration():
     """A default that changed since a slice was replayed must be pinned in its command, or
     measuring it again would measure another engine."""
     from sim.core.config_flags import engine_configs
+    from sim.core.engine_config import Policy
     from validation.cli import build_parser
     from validation.runs import engine_config, find_runs, load_summary
 
@@ -221,3 +222,8 @@ def test_each_slice_command_reproduces_its_runs_configuration():
         for name in PINNED:
             assert {getattr(c, name) for c in made} == {getattr(r, name) for r in runs}, (
                 folder.name, name)
+        # only an elastic run under async scheduling detaches; its setting must be the run's
+        behind = {r.detach_behind_step for r in runs
+                  if r.policy is Policy.ELASTIC and r.async_scheduling}
+        if behind:
+            assert {c.detach_behind_step for c in made} == behind, folder.name
