@@ -1,4 +1,4 @@
-"""`python -m validation {run,compare,fit,fake-gpu,table,rebuild}`: simulator predictions vs GPU measurements.
+"""`python -m validation {run,compare,fit,fake-gpu,table,rebuild,adopt}`: simulator predictions vs GPU measurements.
 
     # on a GPU machine (with `pip install simpy` there), everything in one command:
     python -m validation run --trace azure-conv --limit 400 --model llama-3.1-8b \\
@@ -11,6 +11,8 @@
     python -m validation table validation/evidence/h200_*
     # every committed report and results table, again from validation/evidence/
     python -m validation rebuild [--check]
+    # runs of a slice measured again (`run ... --gpu-only --out OUT`): into the slice, rebuilt
+    python -m validation adopt OUT SLICE [--repeat]
 """
 
 from __future__ import annotations
@@ -125,6 +127,15 @@ def build_parser() -> argparse.ArgumentParser:
     rebuild.add_argument("--check", action="store_true",
                          help="write nothing; exit 1 naming each file its regeneration changes")
     rebuild.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+
+    adopt = commands.add_parser("adopt", help="put GPU replays measured again into an evidence "
+                                              "slice, then rebuild it")
+    adopt.add_argument("source", type=Path,
+                       help="a `run --out` folder, or a folder of GPU run folders")
+    adopt.add_argument("slice", help="the slice folder's name under validation/evidence/")
+    adopt.add_argument("--repeat", action="store_true",
+                       help="add them as a new repeats/repeat-<k>/ instead of replacing the "
+                            "compared replays (and their repeats)")
     return parser
 
 
@@ -135,11 +146,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     from validation import commands
+    from validation.adopt import adopt_command
     from validation.evidence import rebuild_command
 
     handler = {"compare": commands.compare, "run": commands.run, "fit": commands.fit,
                "fake-gpu": commands.fake_gpu, "table": commands.table,
-               "rebuild": rebuild_command}[args.command]
+               "rebuild": rebuild_command, "adopt": adopt_command}[args.command]
     try:
         return handler(args)
     except (TraceError, ValueError) as exc:

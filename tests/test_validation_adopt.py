@@ -1,0 +1,131 @@
+"""`python -m validation adopt`: replays measured again, put into an evidence slice."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from validation.adopt import adopt
+from validation.cli import main
+from validation.evidence import (
+    EVIDENCE_DIR,
+    EVIDENCE_MARKERS,
+    README_MARKERS,
+    ROOT,
+    read_recipe,
+)
+
+SLICE = "h200_qwen2.5-0.5b_mooncake-conv_piecewise"  # two runs, one repeat each, ~3 s a rebuild
+
+
+@pytest.fixture
+def root(tmp_path) -> Path:
+    """A copy of the slice, its calibration and the two README files the rebuild writes."""
+    folder = tmp_path / "validation" / "evidence" / SLICE
+    shutil.copytree(EVIDENCE_DIR / SLICE, folder)
+    calibration = read_recipe(folder).calibration
+    (tmp_path / calibration).parent.mkdir(parents=True)
+    shutil.copy(ROOT / calibration, tmp_path / calibration)
+    for path, (begin, end) in ((tmp_path / "README.md", README_MARKERS),
+                               (folder.parent / "README.md", EVIDENCE_MARKERS)):
+        path.write_text(f"# results\n{begin}\n{end}\n")
+    return tmp_path
+
+
+def measured_again(root: Path, out: Path, run: str, start: str | None = None) -> Path:
+    """A `run --out` folder holding the slice's own replay of `run`, CSVs uncompressed as the
+    engine writes them, with the start of the machine it recorded."""
+    source, dest = root / "validation" / "evidence" / SLICE / "runs" / run, out / "gpu" / run
+    dest.mkdir(parents=True)
+    for f in source.iterdir():
+        if f.suffix == ".gz":
+            (dest / f.stem).write_bytes(gzip.decompress(f.read_bytes()))
+        else:
+            shutil.copy(f, dest / f.name)
+    if start is not None:
+        summary = json.loads((dest / "summary.json").read_text())
+        summary["runs"][0].setdefault("measured", {})["machine_start"] = start
+        (dest / "summary.json").write_text(json.dumps(summary))
+    return out
+
+
+def test_a_run_measured_again_replaces_its_replays_and_stands_apart(root, tmp_path):
+    folder = root / "validation" / "evidence" / SLICE
+    before = {f.name: gzip.decompress(f.read_bytes())
+              for f in (folder / "runs" / "elastic_chunk_8192").glob("*.gz")}
+    out = measured_again(root, tmp_path / "out", "elastic_chunk_8192", start="vm/b")
+    assert adopt(out, SLICE, root=root, log=lambda _: None) == ["elastic_chunk_8192"]
+    run = folder / "runs" / "elastic_chunk_8192"
+    assert {f.name: gzip.decompress(f.read_bytes()) for f in run.glob("*.gz")} == before
+    assert not list(run.glob("*.csv"))  # stored compressed, as the layout keeps them
+    # its repeat measured the engine it replaced; static's repeat stays
+    assert not (folder / "repeats" / "repeat-1" / "elastic_chunk_8192").exists()
+    assert (folder / "repeats" / "repeat-1" / "static_chunk_8192" / "summary.json").exists()
+    # static's replays recorded no start: the two runs stand on two starts
+    assert read_recipe(folder).replayed_apart == ("elastic_chunk_8192",)
+    report = (folder / "report.md").read_text()
+    assert "static/chunk=8192 (replayed apart)" in report
+    assert "Does elastic pay here?" in (root / "README.md").read_text()  # tables rebuilt
+    # the same files adopted again compress to the same bytes
+    stored = {f.name: f.read_bytes() for f in run.glob("*.gz")}
+    adopt(out, SLICE, root=root, log=lambda _: None)
+    assert {f.name: f.read_bytes() for f in run.glob("*.gz")} == stored
+
+
+def test_every_run_measured_again_on_one_start_stands_together(root, tmp_path):
+    folder = root / "validation" / "evidence" / SLICE
+    adopt(measured_again(root, tmp_path / "a", "elastic_chunk_8192", "vm/b"), SLICE, root=root,
+          log=lambda _: None)
+    assert read_recipe(folder).replayed_apart == ("elastic_chunk_8192",)
+    out = measured_again(root, tmp_path / "b", "elastic_chunk_8192", "vm/c")
+    measured_again(root, out, "static_chunk_8192", "vm/c")
+    adopt(out, SLICE, root=root, log=lambda _: None)
+    assert read_recipe(folder).replayed_apart == ()
+    assert "replayed_apart" not in json.loads((folder / "slice.json").read_text())
+    assert not (folder / "repeats").exists() or not any((folder / "repeats").iterdir())
+    assert "(replayed apart)" not in (folder / "report.md").read_text()
+
+
+def test_a_third_start_is_refused(root, tmp_path):
+    folder = root / "validation" / "evidence" / SLICE
+    adopt(measured_again(root, tmp_path / "a", "elastic_chunk_8192", "vm/b"), SLICE, root=root,
+          log=lambda _: None)
+    recipe = json.loads((folder / "slice.json").read_text())
+    shutil.copytree(folder / "runs" / "static_chunk_8192", folder / "runs" / "static_chunk_2048")
+    with pytest.raises(ValueError, match="would make three"):
+        adopt(measured_again(root, tmp_path / "c", "static_chunk_2048", "vm/d"), SLICE,
+              root=root, log=lambda _: None)
+    assert json.loads((folder / "slice.json").read_text()) == recipe  # nothing written
+
+
+def test_a_repeat_goes_into_a_new_repeat_folder(root, tmp_path):
+    folder = root / "validation" / "evidence" / SLICE
+    out = measured_again(root, tmp_path / "out", "static_chunk_8192", "vm/b")
+    adopt(out, SLICE, repeat=True, root=root, log=lambda _: None)
+    assert sorted(p.name for p in (folder / "repeats" / "repeat-2").iterdir()) == [
+        "static_chunk_8192"]
+    assert read_recipe(folder).replayed_apart == ()
+    assert "repeat-2" in (folder / "report.md").read_text()
+
+
+def test_runs_the_slice_does_not_have_are_refused_by_name(root, tmp_path, capsys):
+    out = measured_again(root, tmp_path / "out", "static_chunk_8192")
+    (out / "gpu" / "static_chunk_8192").rename(out / "gpu" / "static_chunk_4096")
+    with pytest.raises(ValueError, match=r"runs \['static_chunk_4096'\] are not runs of"):
+        adopt(out, SLICE, root=root, log=lambda _: None)
+    assert main(["adopt", str(out), "no-such-slice"]) == 2
+    assert "no-such-slice: no such slice" in capsys.readouterr().err
+
+
+def test_a_run_of_another_trace_slice_is_refused(root, tmp_path):
+    out = measured_again(root, tmp_path / "out", "static_chunk_8192")
+    path = out / "gpu" / "static_chunk_8192" / "summary.json"
+    summary = json.loads(path.read_text())
+    summary["runs"][0]["rate_scale"] = 3.0
+    path.write_text(json.dumps(summary))
+    with pytest.raises(ValueError, match="rate_scale 3.0 is not"):
+        adopt(out, SLICE, root=root, log=lambda _: None)

@@ -1,0 +1,148 @@
+"""`python -m validation adopt`: GPU replays measured again, put into an evidence slice.
+
+A slice's runs are measured again one policy or configuration at a time as often as all at
+once (`python -m validation run ... --policy elastic --gpu-only --out OUT`). Adopting them:
+
+- as the compared replays (the default): each adopted run replaces `runs/<run>/` (its CSVs
+  gzip-compressed byte for byte the same from the same file), and every repeat of it the slice
+  held is removed, since those measured the engine the run replaced;
+- as a repeat (`--repeat`): each adopted run's summary.json goes into a new
+  `repeats/repeat-<k>/`, one folder for the whole adoption (one start of the machine).
+
+A partial adoption leaves the slice's runs on two starts of the machine, so the adopted runs go
+into slice.json's `replayed_apart` (compare.mark_replayed_apart), unless every run's replays
+recorded one and the same start. The slice's report and the results tables are then rebuilt.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+from validation.evidence import RECIPE, ROOT, Log, find_slice, read_recipe, rebuild
+from validation.runs import find_runs, load_summary
+
+CSV_LEVEL = 9  # gzip level of the evidence CSVs (validation/evidence/README.md)
+
+
+def adopt(source: Path, slice_name: str, *, repeat: bool = False, root: Path = ROOT,
+          log: Log = print) -> list[str]:
+    """Put the run folders under `source` into the slice `slice_name`, as its compared replays
+    or (`repeat`) as a new repeat folder, mark them replayed apart where the slice's other runs
+    ran on another start, and rebuild. Returns the adopted runs' folder names."""
+    folder = find_slice(slice_name, root / "validation" / "evidence")
+    recipe = read_recipe(folder)
+    runs_dir = source / "gpu" if (source / "gpu").is_dir() else source  # a `run --out` folder
+    adopted = {run.name: run for run in find_runs(runs_dir)}
+    known = {p.name for p in (folder / "runs").iterdir() if p.is_dir()}
+    unknown = sorted(set(adopted) - known)
+    if unknown:
+        raise ValueError(f"{source}: runs {unknown} are not runs of {folder.name} "
+                         f"({', '.join(sorted(known))}); a slice adopts only its own runs")
+    for run in adopted.values():
+        _check_slice(run, folder, recipe.trace_slice.limit, recipe.trace_slice.rate_scale)
+    if repeat:
+        _adopt_repeat(adopted, folder)
+        log(f"{folder.name}: {', '.join(sorted(adopted))} added as "
+            f"{_last_repeat(folder).name}")
+    else:
+        apart = _replayed_apart(folder, adopted, known, recipe.replayed_apart)
+        for name, run in sorted(adopted.items()):
+            _replace_run(run, folder, name)
+        _write_apart(folder, apart)
+        log(f"{folder.name}: runs {', '.join(sorted(adopted))} replaced"
+            + (f"; replayed apart: {', '.join(apart)}" if apart else ""))
+    rebuild([folder], plots=False, root=root, log=log)
+    return sorted(adopted)
+
+
+def _check_slice(run: Path, folder: Path, limit: int | None, rate_scale: float) -> None:
+    """The run replayed the slice's trace slice (its request count and rate scale)."""
+    summary = load_summary(run).summary
+    if limit is not None and summary.get("num_requests") not in (None, limit):
+        raise ValueError(f"{run / 'summary.json'}: num_requests {summary['num_requests']} is "
+                         f"not {folder.name}'s limit {limit}; replay the slice's own command")
+    scale = summary.get("rate_scale")
+    if scale is not None and abs(float(scale) - rate_scale) > 1e-9:
+        raise ValueError(f"{run / 'summary.json'}: rate_scale {scale} is not {folder.name}'s "
+                         f"{rate_scale:g}; replay the slice's own command")
+
+
+def _replayed_apart(folder: Path, adopted: dict[str, Path], known: set[str],
+                    was_apart: Sequence[str]) -> list[str]:
+    """The slice's `replayed_apart` after adopting `adopted` as its compared replays."""
+    kept = known - set(adopted)
+    if not kept:
+        return []  # every run measured again: one start again
+    starts = {_start(run) for run in adopted.values()}
+    starts |= {_start(folder / "runs" / name) for name in kept}
+    if len(starts) == 1 and None not in starts:
+        return []  # the replays recorded one start for every run
+    apart, rest = set(was_apart) & kept, kept - set(was_apart)
+    if apart and rest:
+        raise ValueError(
+            f"{folder.name}: its runs already stand on two starts of the machine "
+            f"({', '.join(sorted(apart))} apart from {', '.join(sorted(rest))}); adopting "
+            f"{', '.join(sorted(adopted))} alone would make three. Adopt them together with "
+            "every other run of one side, replayed on the same start")
+    return sorted(adopted)
+
+
+def _start(run: Path) -> str | None:
+    """The start of the machine a replay recorded (None before replays recorded it)."""
+    return (load_summary(run).summary.get("measured") or {}).get("machine_start")
+
+
+def _replace_run(run: Path, folder: Path, name: str) -> None:
+    """`run` as the slice's compared replay `name`, its repeats removed."""
+    dest = folder / "runs" / name
+    shutil.rmtree(dest)
+    dest.mkdir()
+    for f in sorted(p for p in run.iterdir() if p.is_file()):
+        if f.suffix == ".csv":
+            with open(f, "rb") as src, open(dest / (f.name + ".gz"), "wb") as raw:
+                # no name and no time in the header: the same file compresses the same
+                with gzip.GzipFile(filename="", fileobj=raw, mode="wb",
+                                   compresslevel=CSV_LEVEL, mtime=0) as out:
+                    shutil.copyfileobj(src, out)
+        else:
+            shutil.copy(f, dest / f.name)
+    for stale in sorted((folder / "repeats").glob(f"*/{name}")):
+        shutil.rmtree(stale)
+        if not any(stale.parent.iterdir()):
+            stale.parent.rmdir()
+
+
+def _last_repeat(folder: Path) -> Path:
+    return max((folder / "repeats").glob("repeat-*"), key=lambda p: int(p.name.split("-")[1]))
+
+
+def _adopt_repeat(adopted: dict[str, Path], folder: Path) -> None:
+    """Each adopted run's summary.json into a new repeats/repeat-<k>/."""
+    numbers = [int(p.name.split("-")[1]) for p in (folder / "repeats").glob("repeat-*")
+               if p.name.split("-")[1].isdigit()]
+    dest = folder / "repeats" / f"repeat-{max(numbers, default=0) + 1}"
+    for name, run in sorted(adopted.items()):
+        (dest / name).mkdir(parents=True)
+        shutil.copy(run / "summary.json", dest / name / "summary.json")
+
+
+def _write_apart(folder: Path, apart: list[str]) -> None:
+    """slice.json with `replayed_apart` set to `apart` (dropped when empty), its layout kept."""
+    path = folder / RECIPE
+    raw = path.read_text()
+    data = json.loads(raw)
+    data.pop("replayed_apart", None)
+    if apart:
+        data["replayed_apart"] = apart
+    indent = 2 if '\n  "' in raw else 1
+    path.write_text(json.dumps(data, indent=indent) + ("\n" if raw.endswith("\n") else ""))
+
+
+def adopt_command(args) -> int:
+    """`python -m validation adopt OUT SLICE [--repeat]`."""
+    adopt(args.source, args.slice, repeat=args.repeat)
+    return 0
