@@ -45,9 +45,8 @@ def adopt(source: Path, slice_name: str, *, repeat: bool = False, root: Path = R
     for run in adopted.values():
         _check_slice(run, folder, recipe.trace_slice.limit, recipe.trace_slice.rate_scale)
     if repeat:
-        _adopt_repeat(adopted, folder)
-        log(f"{folder.name}: {', '.join(sorted(adopted))} added as "
-            f"{_last_repeat(folder).name}")
+        dest = _adopt_repeat(adopted, folder)
+        log(f"{folder.name}: {', '.join(sorted(adopted))} added as {dest.name}")
     else:
         apart = _replayed_apart(folder, adopted, known, recipe.replayed_apart)
         for name, run in sorted(adopted.items()):
@@ -116,18 +115,15 @@ def _replace_run(run: Path, folder: Path, name: str) -> None:
             stale.parent.rmdir()
 
 
-def _last_repeat(folder: Path) -> Path:
-    return max((folder / "repeats").glob("repeat-*"), key=lambda p: int(p.name.split("-")[1]))
-
-
-def _adopt_repeat(adopted: dict[str, Path], folder: Path) -> None:
-    """Each adopted run's summary.json into a new repeats/repeat-<k>/."""
+def _adopt_repeat(adopted: dict[str, Path], folder: Path) -> Path:
+    """Each adopted run's summary.json into a new repeats/repeat-<k>/, which it returns."""
     numbers = [int(p.name.split("-")[1]) for p in (folder / "repeats").glob("repeat-*")
                if p.name.split("-")[1].isdigit()]
     dest = folder / "repeats" / f"repeat-{max(numbers, default=0) + 1}"
     for name, run in sorted(adopted.items()):
         (dest / name).mkdir(parents=True)
         shutil.copy(run / "summary.json", dest / name / "summary.json")
+    return dest
 
 
 def _write_apart(folder: Path, apart: list[str]) -> None:

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from sim.recording.outputs import slug
+
 if TYPE_CHECKING:
     from validation.runs import RunSummary
 
@@ -172,12 +174,6 @@ def _gain_row(run: RunPair, base: RunPair) -> dict:
             "baseline": f"{base.policy}/chunk={base.chunk}", "metrics": metrics}
 
 
-def run_folder(label: str) -> str:
-    """The folder under runs/ of a run a report labels "elastic/chunk=2048"."""
-    policy, _, chunk = label.partition("/chunk=")
-    return f"{policy}_chunk_{chunk}"
-
-
 def mark_replayed_apart(gains: list[dict], apart: Sequence[str],
                         starts: Mapping[str, str | None] | None = None) -> None:
     """Mark each gain whose run and baseline ran on different starts of the machine: one of
@@ -187,7 +183,8 @@ def mark_replayed_apart(gains: list[dict], apart: Sequence[str],
     starts = starts or {}
     for g in gains:
         run, base = starts.get(g["run"]), starts.get(g["baseline"])
-        if ((run_folder(g["run"]) in apart) != (run_folder(g["baseline"]) in apart)
+        # a run's folder under runs/ is its label's slug, as a replay names it
+        if ((slug(g["run"]) in apart) != (slug(g["baseline"]) in apart)
                 or (run is not None and base is not None and run != base)):
             g["replayed_apart"] = True
 

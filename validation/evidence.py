@@ -43,7 +43,7 @@ RECIPE_FIELDS = {"calibration": str, "trace": str, "limit": (int, type(None)),
                  "measured_on": str, "gpus": str, "command": str}
 # optional: the runs (folder names under runs/) whose every replay ran on another start of the
 # machine than the slice's other runs, as when one policy is measured again on its own
-RECIPE_OPTIONAL = {"replayed_apart": list}
+RECIPE_OPTIONAL = ("replayed_apart",)
 
 Log = Callable[[str], None]
 
@@ -75,8 +75,7 @@ def read_recipe(folder: Path) -> SliceRecipe:
             raise ValueError(f"{path}: no {name!r}; expected {sorted(RECIPE_FIELDS)}")
         if not isinstance(data[name], kind) or isinstance(data[name], bool):
             raise ValueError(f"{path}: {name!r} is {data[name]!r}, of the wrong type")
-    known = {**RECIPE_FIELDS, **RECIPE_OPTIONAL}
-    unknown = sorted(set(data) - set(known))
+    unknown = sorted(set(data) - set(RECIPE_FIELDS) - set(RECIPE_OPTIONAL))
     if unknown:
         raise ValueError(f"{path}: unknown fields {unknown}; expected {sorted(RECIPE_FIELDS)}"
                          f", optionally {sorted(RECIPE_OPTIONAL)}")
