@@ -22,7 +22,8 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from validation.evidence import RECIPE, ROOT, Log, find_slice, read_recipe, rebuild
+from validation.compare import machine_start
+from validation.evidence import RECIPE, ROOT, Log, find_slice, read_recipe, rebuild, run_names
 from validation.runs import find_runs, load_summary
 
 CSV_LEVEL = 9  # gzip level of the evidence CSVs (validation/evidence/README.md)
@@ -37,7 +38,7 @@ def adopt(source: Path, slice_name: str, *, repeat: bool = False, root: Path = R
     recipe = read_recipe(folder)
     runs_dir = source / "gpu" if (source / "gpu").is_dir() else source  # a `run --out` folder
     adopted = {run.name: run for run in find_runs(runs_dir)}
-    known = {p.name for p in (folder / "runs").iterdir() if p.is_dir()}
+    known = run_names(folder)
     unknown = sorted(set(adopted) - known)
     if unknown:
         raise ValueError(f"{source}: runs {unknown} are not runs of {folder.name} "
@@ -91,8 +92,8 @@ def _replayed_apart(folder: Path, adopted: dict[str, Path], known: set[str],
 
 
 def _start(run: Path) -> str | None:
-    """The start of the machine a replay recorded (None before replays recorded it)."""
-    return (load_summary(run).summary.get("measured") or {}).get("machine_start")
+    """The start of the machine the replay in folder `run` recorded."""
+    return machine_start(load_summary(run).summary)
 
 
 def _replace_run(run: Path, folder: Path, name: str) -> None:

@@ -189,9 +189,14 @@ def mark_replayed_apart(gains: list[dict], apart: Sequence[str],
             g["replayed_apart"] = True
 
 
+def machine_start(summary: Mapping) -> str | None:
+    """The start of the machine a replay's summary recorded (None before replays did)."""
+    return (summary.get("measured") or {}).get("machine_start")
+
+
 def machine_starts(runs: Sequence[RunSummary]) -> dict[str, str | None]:
-    """Each run's start of the machine, as its replay recorded it (None before replays did)."""
-    return {r.label: (r.summary.get("measured") or {}).get("machine_start") for r in runs}
+    """Each run's start of the machine, as its replay recorded it (`machine_start`)."""
+    return {r.label: machine_start(r.summary) for r in runs}
 
 
 def check_targets(per_run: Sequence[dict[str, dict]]) -> list[dict]:

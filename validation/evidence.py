@@ -80,8 +80,7 @@ def read_recipe(folder: Path) -> SliceRecipe:
         raise ValueError(f"{path}: unknown fields {unknown}; expected {sorted(RECIPE_FIELDS)}"
                          f", optionally {sorted(RECIPE_OPTIONAL)}")
     apart = data.get("replayed_apart", [])
-    runs = {p.name for p in (folder / "runs").iterdir() if p.is_dir()} if (
-        folder / "runs").is_dir() else set()
+    runs = run_names(folder)
     if not isinstance(apart, list) or any(name not in runs for name in apart):
         raise ValueError(f"{path}: 'replayed_apart' is {apart!r}; expected a list of run folders "
                          f"under runs/ ({', '.join(sorted(runs)) or 'none'})")
@@ -89,6 +88,12 @@ def read_recipe(folder: Path) -> SliceRecipe:
     trace = TraceSlice(data["trace"], None, data["limit"], window, float(data["rate_scale"]))
     return SliceRecipe(data["calibration"], trace, data["measured_on"], data["gpus"],
                        data["command"], tuple(apart))
+
+
+def run_names(folder: Path) -> set[str]:
+    """The names of a slice's run folders under runs/ (none where it has no runs/)."""
+    runs = folder / "runs"
+    return {p.name for p in runs.iterdir() if p.is_dir()} if runs.is_dir() else set()
 
 
 def slice_folders(evidence_dir: Path = EVIDENCE_DIR) -> list[Path]:
