@@ -49,6 +49,9 @@ FlashInfer 0.7.4 (H200, 2026-12-06): fa3 over the pool's 16-token blocks in plac
 pass (1.08x), 3.96 ms in chunks of 2,048 (1.18x; 1.085x its own one pass), the same on 64-token
 blocks; fa2 6.24 ms one pass; beside 64 decodes, the 2,048 chunk over 8,192 cached through fa3
 and our decode launch 0.63 ms, fa3 in one ragged call 0.87 ms; fa3's plan 0.7-1.0 ms of host.
+Our tiles on an H100 80GB HBM3 (2026-12-06, `--only 'ours*,sdpa cudnn*'`): 5.91 ms one pass,
+6.63 ms in chunks of 2,048 (SDPA cuDNN 3.33 ms); longest first 5.95 / 6.49 ms; 256x128 w8 s2
+5.19 / 6.12 ms, 5.13 / 6.12 ms longest first.
 
 Usage:
     python benchmarks/attention_options.py [--out PATH]   # CUDA GPU, about 2 minutes
@@ -154,12 +157,16 @@ LLAMA_8B = Heads(32, 8, 128, 16, torch.bfloat16, "cuda")
 TINY = Heads(4, 2, 32, 16, torch.float32, "cpu")  # fp32: the interpreter's bf16 dot is wrong
 TILES = (TileConfig(128, 128, 8, 2), TileConfig(128, 128, 8, 4), TileConfig(128, 64, 8, 3),
          TileConfig(128, 64, 4, 3), TileConfig(64, 64, 4, 3), TileConfig(256, 64, 8, 2),
-         TileConfig(256, 64, 8, 3), TileConfig(256, 64, 8, 4), TileConfig(256, 128, 8, 2))
+         TileConfig(256, 64, 8, 3), TileConfig(256, 64, 8, 4), TileConfig(256, 128, 8, 2),
+         TileConfig(128, 128, 8, 3, longest_first=True),
+         TileConfig(256, 64, 8, 3, longest_first=True),
+         TileConfig(256, 128, 8, 2, longest_first=True))
 FULL = Sizes(prompts=(4096, 8192, 16384), chunks=(2048, 8192), mixed_chunk=2048,
              mixed_prefixes=(0, 8192), num_decodes=64, decode_context=1024, tiles=TILES,
              check_rows=256, other_block_size=64, budget_s=215.0)
 SMOKE = Sizes(prompts=(48, 96), chunks=(32, 64), mixed_chunk=32, mixed_prefixes=(0, 32),
-              num_decodes=3, decode_context=40, tiles=(TileConfig(64, 32, 4, 2),),
+              num_decodes=3, decode_context=40,
+              tiles=(TileConfig(64, 32, 4, 2), TileConfig(64, 32, 4, 2, longest_first=True)),
               check_rows=1 << 30, other_block_size=32, budget_s=600.0)
 
 
@@ -1121,7 +1128,8 @@ class Bench:
 
 
 def tile_name(tile: TileConfig) -> str:
-    return f"{tile.block_m}x{tile.block_n} w{tile.num_warps} s{tile.num_stages}"
+    order = ", longest first" if tile.longest_first else ""
+    return f"{tile.block_m}x{tile.block_n} w{tile.num_warps} s{tile.num_stages}{order}"
 
 
 def measure_chunks(bench: Bench, option: Option, chunks: Sequence[Chunk]) -> dict:

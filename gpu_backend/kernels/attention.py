@@ -64,6 +64,11 @@ class TileConfig:
     block_n: int  # keys per inner step
     num_warps: int
     num_stages: int
+    # Launch order of a prefill or mixed launch's tiles: False numbers them from the first
+    # sequence's first tile (each sequence's shortest causal tile first); True from the last,
+    # so the longest tiles start first and the launch ends on short ones (no effect on a
+    # decode plan's launch)
+    longest_first: bool = False
 
 
 def prefill_config(head_dim: int) -> TileConfig:
@@ -262,7 +267,7 @@ def paged_attention(
         BLOCK_SIZE=block_size, GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
         BLOCK_M=cfg.block_m, BLOCK_Q=block_q, BLOCK_N=cfg.block_n,
         ONE_TILE_PER_SEQ=one_tile_per_seq, SPLIT_PLAN=plan is not None,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        LONGEST_FIRST=cfg.longest_first, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if plan is not None or num_splits > 1:
         # plan: one program per sequence, merging its shares; else one per token

@@ -172,9 +172,11 @@ def paged_attention_kernel(
     BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
-    ONE_TILE_PER_SEQ: tl.constexpr, SPLIT_PLAN: tl.constexpr,
+    ONE_TILE_PER_SEQ: tl.constexpr, SPLIT_PLAN: tl.constexpr, LONGEST_FIRST: tl.constexpr,
 ):
     tile_idx = tl.program_id(0)
+    if LONGEST_FIRST and not SPLIT_PLAN:  # the grid's last tile first (TileConfig)
+        tile_idx = tl.num_programs(0) - 1 - tile_idx
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     num_shares = num_splits  # programs sharing this tile's keys (plan: launched with 1)
