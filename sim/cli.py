@@ -20,6 +20,7 @@ from sim.core.calibration import (
     pricing_line,
     uncalibrated_warning,
 )
+from sim.core.calibration.coverage import grid_extent
 from sim.core.config_flags import (
     CommandParser,
     add_engine_flags,
@@ -29,7 +30,7 @@ from sim.core.config_flags import (
 )
 from sim.core.cost_model import Efficiency, host_slower
 from sim.recording.metrics import Slo
-from sim.report import interrupted_message, show_finished
+from sim.report import extrapolation_notes, interrupted_message, show_finished
 from sim.runner import RunSpec
 from sim.runs import check_fits, claim_outputs, run_all
 from traces import TraceError, add_trace_arguments, trace_from_args
@@ -87,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                                          configs[0].gpu.name, kind,
                                          attention_backend=configs[0].attention_backend)
         efficiency, profile, vmm_costs = parts_of(calibration)
+        grid = grid_extent(calibration.data, calibration.source) if calibration else None
         capped = any(c.piecewise_graph_sizes and max(c.piecewise_graph_sizes) < c.chunk_tokens
                      for c in configs)
         piecewise = any(c.piecewise_graph_sizes for c in configs)
@@ -108,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     finished = run_all(specs, trace, outputs, show_progress=not args.no_progress,
                        pricing=pricing(calibration))
     show_finished(finished.results, trace, as_json=args.json, pricing=pricing_line(calibration))
+    for line in extrapolation_notes(finished.results, grid,
+                                    calibration.source if calibration else ""):
+        print(line, file=sys.stderr)
     if calibration is None:
         print(uncalibrated_warning(configs[0].model.name, configs[0].gpu.name, kind,
                                    forced=args.calibration is not None), file=sys.stderr)

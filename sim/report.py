@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
+from sim.core.calibration.coverage import StepExtent, extrapolation_note
 from sim.core.request import RejectReason
 from sim.recording.reclaims import reclaim_note
 from traces import Trace
@@ -170,6 +171,16 @@ def run_warnings(results: Sequence[RunResult]) -> list[str]:
         if note is not None:
             lines.append(f"note: {note}")
     return lines
+
+
+def extrapolation_notes(results: Sequence[RunResult], grid: StepExtent | None,
+                        source: str) -> list[str]:
+    """The stderr notes for runs whose steps went past `grid`, the extent of calibration
+    `source`'s grid (their prices extrapolated, sim.core.calibration.coverage); none without
+    a grid."""
+    notes = (extrapolation_note(r.spec.label, StepExtent.from_dict(r.summary.get("step_extent")),
+                                grid, source) for r in results)
+    return [f"note: {note}" for note in notes if note]
 
 
 def _reasons(r: RunResult) -> str:

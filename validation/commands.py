@@ -63,8 +63,7 @@ def compare(args: argparse.Namespace) -> int:
                  gpu_name=args.gpu, holdout_fraction=args.holdout, fit=not args.no_fit,
                  resimulate_fitted=args.resimulate_fitted, vmm_costs=vmm_costs)
     if calibration is not None:
-        v.calibration_versions = calibration.data.get("versions")
-        v.profile_host_probe = calibration.data.get("host_probe")
+        v.describe_calibration(calibration.data)
     v.repeats = repeat_rows(runs, [(d.name, [load_summary(f) for f in find_runs(d)])
                                    for d in args.repeat_dir or ()])
     paths = write_report(args.out, v, plots=not args.no_plots)

@@ -151,8 +151,7 @@ def build(folder: Path, root: Path = ROOT, log: Log = lambda _: None):
     check_calibration_graphs(calibration, runs)
     v = validate(runs, efficiency, profile, recipe.calibration,
                  slice_override=recipe.trace_slice, vmm_costs=vmm_costs, log=log)
-    v.calibration_versions = calibration.data.get("versions")
-    v.profile_host_probe = calibration.data.get("host_probe")
+    v.describe_calibration(calibration.data)
     repeats = sorted(p for p in (folder / "repeats").glob("*") if p.is_dir())
     v.repeats = repeat_rows(runs, [(d.name, [load_summary(f) for f in find_runs(d)])
                                    for d in repeats])

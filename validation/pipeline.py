@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sim.core.calibration.coverage import StepExtent, grid_extent
 from sim.core.cost_model import FIT_PARAMETERS, CostModel, Efficiency, host_slower, slower
 from sim.core.elastic import VmmCosts
 from sim.core.memory_plan import ActivationProfile
@@ -102,6 +103,14 @@ class Validation:
     calibration_versions: dict | None = None  # the calibration's GPU-side versions, if any
     repeats: list[dict] = field(default_factory=list)  # repeats.repeat_rows: the same replays again
     profile_host_probe: dict | None = None  # the calibration's host speed (hostprobe.summarize)
+    grid_extent: StepExtent | None = None  # the calibration's largest grid steps (coverage)
+
+    def describe_calibration(self, data: dict) -> None:
+        """Take what the report tells of the calibration file `data` beside its efficiencies:
+        its profile's versions, its host's speed and how far its grid reached."""
+        self.calibration_versions = data.get("versions")
+        self.profile_host_probe = data.get("host_probe")
+        self.grid_extent = grid_extent(data, self.calibration_source)
 
 
 SENSITIVITY_FACTOR = 1.02

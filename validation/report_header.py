@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sim.core.calibration.coverage import StepExtent
 from validation.pipeline import Validation
 from validation.report_format import nonempty
 
@@ -27,7 +28,23 @@ def header_lines(v: Validation, notes: Sequence[str] = ()) -> list[str]:
             f"{v.calibration_source}; elastic transition costs: {vmm_source(v)}.", "",
             environment_line(v), "", *(line for note in notes for line in (note, "")),
             *nonempty(host_speed_line(
-                v.profile_host_probe, [(r.label, r.gpu.summary) for r in v.runs]))]
+                v.profile_host_probe, [(r.label, r.gpu.summary) for r in v.runs])),
+            *nonempty(grid_line(v))]
+
+
+def grid_line(v: Validation) -> str:
+    """The runs whose simulated steps went past the calibration's grid, with how far: those
+    steps' prices carry the fitted rates beyond what the profile timed ("" where none did)."""
+    if v.grid_extent is None:
+        return ""
+    rows = []
+    for r in v.runs:
+        run = StepExtent.from_dict(r.sim.summary.get("step_extent"))
+        past = run.past(v.grid_extent) if run is not None else []
+        if past:
+            rows.append(f"- {r.label}: {'; '.join(past)}")
+    return ("Steps past the calibration's grid, priced by carrying its fitted rates beyond what "
+            "its profile timed:\n" + "\n".join(rows)) if rows else ""
 
 
 def vmm_source(v: Validation) -> str:

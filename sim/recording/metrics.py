@@ -75,6 +75,8 @@ class ReplicaRecorder:
         self.num_recomputed_tokens = self.num_cached_tokens = 0
         self.first_arrival_s: float | None = None
         self.last_finish_s: float | None = None
+        # the largest step run (sim.core.calibration.coverage.StepExtent's fields)
+        self.max_step_tokens = self.max_sequence_keys = self.max_decode_keys = 0
         self._rows: list[tuple] = []
         self._steps: list[tuple] = []
 
@@ -141,6 +143,8 @@ class ReplicaRecorder:
             stats.num_used_blocks, stats.num_usable_blocks, stats.num_lent_blocks,
             len(out.preempted_ids), int(oom),
         ))
+        if ran and out.scheduled:
+            self._extent(out)
         if ran and out.num_decode_tokens:
             self.itl.add(durations, out.num_decode_tokens)
         if ran and stats.run_block_wait_steps:
@@ -150,6 +154,22 @@ class ReplicaRecorder:
                                             / out.num_steps / max(stats.num_usable_blocks, 1))
         if len(self._steps) >= TIMELINE_BLOCK_ROWS:
             self._flush_steps()
+
+    def _extent(self, out: SchedulerOutput) -> None:
+        """The step's tokens, its longest sequence's keys and, decode-only, the keys it
+        reads, into the largest so far (a decode run: at its last step)."""
+        steps = out.num_steps
+        tokens = out.num_prefill_tokens + out.num_decode_tokens
+        longest = total = 0
+        for req in out.scheduled:
+            keys = req.num_computed_tokens + req.num_new_tokens * steps
+            total += keys
+            if keys > longest:
+                longest = keys
+        self.max_step_tokens = max(self.max_step_tokens, tokens)
+        self.max_sequence_keys = max(self.max_sequence_keys, longest)
+        if not out.num_prefill_tokens:
+            self.max_decode_keys = max(self.max_decode_keys, total)
 
     def elastic(self, now_s: float, action: ElasticAction, pause_s: float) -> None:
         """An elastic action paused the engine for `pause_s` from `now_s` (the time is for
@@ -253,6 +273,10 @@ def summarize(recorders: Sequence[ReplicaRecorder], slo: Slo = Slo()) -> dict:
     block_size = recorders[0].block_size if recorders else 16
     summary.update(TimelineTotals.merged([r.totals for r in recorders]).summary(block_size))
     summary.update(_elastic_stats(recorders))
+    summary["step_extent"] = {  # sim.core.calibration.coverage.StepExtent
+        "tokens": max((r.max_step_tokens for r in recorders), default=0),
+        "sequence_keys": max((r.max_sequence_keys for r in recorders), default=0),
+        "decode_keys": max((r.max_decode_keys for r in recorders), default=0)}
     return summary
 
 
