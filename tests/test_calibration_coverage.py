@@ -105,3 +105,19 @@ def test_an_extent_the_grid_does_not_record_is_not_compared():
                                                    "num_decodes": 8}]})
     assert grid == StepExtent(2048, 2048, 0)
     assert StepExtent(1024, 1024, 500_000).past(grid) == []
+
+
+def test_plan_notes_each_policy_and_chunk_past_the_grid(tmp_path, capsys):
+    from sim.__main__ import main as sim_main
+
+    path = tmp_path / "small-grid.json"
+    path.write_text(json.dumps({"efficiency": {}, "measurements": GRID}))
+    assert sim_main(["plan", "--trace", "azure-conv", "--max-requests", "20", "--no-max-rate",
+                     "--max-num-batched-tokens", "1024,4096", "--calibration", str(path),
+                     "--json", "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    planned = json.loads(captured.out)
+    past = planned["past_grid"]
+    assert [note.split(":")[0] for note in past] == ["static at chunk 4,096",
+                                                      "elastic at chunk 4,096"]
+    assert all(f"note: {note}" in captured.err for note in past)

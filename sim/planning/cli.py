@@ -29,6 +29,7 @@ from sim.core.calibration import (
     pricing_line,
     uncalibrated_warning,
 )
+from sim.core.calibration.coverage import StepExtent, extrapolation_note, grid_extent
 from sim.core.config_flags import (
     CommandParser,
     add_engine_flags,
@@ -197,6 +198,7 @@ def plan_main(argv: list[str]) -> int:
     calibration = choose_calibration(args.calibration, model, gpu, options_engine(options),
                                      attention_backend=options.attention_backend)
     efficiency, profile, vmm_costs = parts_of(calibration)
+    grid = grid_extent(calibration.data, calibration.source) if calibration else None
     query = plan.PlanQuery(
         model=model, gpu=gpu,
         tp=getattr(args, "tensor_parallel_size", setting_default("tensor_parallel_size")),
@@ -212,7 +214,8 @@ def plan_main(argv: list[str]) -> int:
     folder = claim_out(args, PLAN_FILES)
     try:
         result = plan.run_plan(query, executor_from(args))
-        planned = {**result.as_dict(), "pricing": pricing(calibration)}
+        past_grid = past_grid_notes(result.rows, grid, calibration.source if calibration else "")
+        planned = {**result.as_dict(), "pricing": pricing(calibration), "past_grid": past_grid}
         if args.json:
             print(json.dumps(planned, indent=1, default=str))
         else:
@@ -221,6 +224,8 @@ def plan_main(argv: list[str]) -> int:
         if calibration is None:
             print(uncalibrated_warning(model, gpu, options_engine(options),
                                        forced=args.calibration is not None), file=sys.stderr)
+        for note in past_grid:
+            print(f"note: {note}", file=sys.stderr)
         if folder is not None:  # plan.json last: beside it, plan.csv is always complete
             write_table(result.rows, folder.path, stem="plan")
             folder.write_text("plan.json", json.dumps(planned, indent=1, default=str))
@@ -228,6 +233,15 @@ def plan_main(argv: list[str]) -> int:
     except KeyboardInterrupt:
         return report.stopped("plan", args.out, PLAN_FILES)
     return 0
+
+
+def past_grid_notes(rows: list[dict], grid: StepExtent | None, source: str) -> list[str]:
+    """What the plan says of its runs whose steps went past `grid`, the extent of calibration
+    `source`'s grid (sim.core.calibration.coverage): one note per such policy and chunk."""
+    notes = (extrapolation_note(f"{row['policy']} at chunk {row['chunk']:,}",
+                                StepExtent.from_row(row), grid, source)
+             for row in rows if row.get("fits"))
+    return [note for note in notes if note]
 
 
 def _plan_parser() -> CommandParser:

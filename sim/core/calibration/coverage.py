@@ -58,6 +58,14 @@ class StepExtent:
             return None
         return cls(**{f.name: int(values.get(f.name, 0)) for f in fields(StepExtent)})
 
+    @classmethod
+    def from_row(cls, row: Mapping) -> StepExtent | None:
+        """A sweep or plan row's (its summary flattened: `step_extent_tokens`, ...)."""
+        if "step_extent_tokens" not in row:
+            return None
+        return cls.from_dict({f.name: row.get(f"step_extent_{f.name}", 0)
+                              for f in fields(StepExtent)})
+
 
 def grid_extent(data: Mapping, source: str = "calibration") -> StepExtent | None:
     """The largest step of a calibration's grid in each dimension (its `measurements`, as
