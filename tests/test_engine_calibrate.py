@@ -653,3 +653,23 @@ def test_refit_names_the_grid_steps_it_leaves_out(tmp_path, capsys):
     # its other six steps whose KV outgrew the pool (19,470 blocks)
     assert "(6 of 78 grid steps): #26 64 x 8192 decode tokens of context: 28.6 ms" in err
     assert refit["fit_error"]["outgrew_pool"] == [26, 29, 33, 37, 47, 49]
+
+
+def test_the_grid_reaches_the_engines_limits_where_they_pass_it():
+    from gpu_backend.engine.profile_grid import base_grid, default_grid
+    from sim.core.calibration.coverage import grid_extent
+
+    def extent(grid):
+        return grid_extent({"measurements": [shape.describe() for shape in grid]})
+
+    base = extent(base_grid())
+    assert (base.tokens, base.sequence_keys) == (16384, 30000)
+    # limits inside the grid add nothing
+    assert default_grid(max_step_tokens=8192, max_model_len=16384) == base_grid()
+    assert default_grid(quick=True, max_step_tokens=65536) == base_grid(quick=True)
+    wide = extent(default_grid(max_step_tokens=32768, max_model_len=65536))
+    assert (wide.tokens, wide.sequence_keys, wide.decode_keys) == (32768, 65536, base.decode_keys)
+    added = default_grid(max_step_tokens=32768, max_model_len=65536)[len(base_grid()):]
+    assert [(s.kind, s.num_tokens) for s in added] == [
+        ("prefill", 32768), ("prefill", 32768), ("prefill", 2048), ("mixed", 2049)]
+    assert len(added[1].prefills) == 32  # prompts of 1,024 tokens filling the budget

@@ -246,7 +246,7 @@ def calibrate(config: EngineConfig, *, seed: int = 0, quick: bool = False,
     from gpu_backend.env import copy_bandwidth_bytes_s
 
     measured_on = datetime.now(timezone.utc).date().isoformat()
-    grid = default_grid(quick)
+    grid = default_grid(quick, config.max_num_batched_tokens, config.max_model_len)
     engine = profile_engine(config, grid, seed, replay_setup=replay_setup, piecewise=piecewise,
                             piecewise_max_tokens=piecewise_max_tokens,
                             attention_backend=attention_backend)

@@ -3,7 +3,9 @@ and why each group is there (the replays it was added for).
 
 Default (< 2.5 min for Llama-3.1-8B on an H200): prefills of 16..16,384 tokens (one prompt, or
 many short ones), chunks over long prefixes, decode batches 1..256 x contexts 256..16,384 and
-skewed ones (CUDA graphs, as the engine runs them), and mixed steps.
+skewed ones (CUDA graphs, as the engine runs them), and mixed steps; where the profile's
+command sets `--max-num-batched-tokens` or `--max-model-len` past that grid, steps at those
+limits too (`limit_shapes`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,38 @@ from gpu_backend.engine.shapes import (
 )
 
 
-def default_grid(quick: bool = False) -> list[StepShape]:
+def default_grid(quick: bool = False, max_step_tokens: int | None = None,
+                 max_model_len: int | None = None) -> list[StepShape]:
+    """The grid below, and `limit_shapes` of the engine's token budget and longest sequence
+    where the profile's command sets them past it (not with `quick`)."""
+    if quick:
+        return base_grid(quick=True)
+    return base_grid() + limit_shapes(max_step_tokens, max_model_len)
+
+
+GRID_MAX_TOKENS = 16384  # the base grid's largest step
+GRID_MAX_KEYS = 30000  # and its longest sequence (a mixed step's decode row)
+LIMIT_PROMPT = 1024  # the many-prompt step's prompt length, as the base grid's
+
+
+def limit_shapes(max_step_tokens: int | None, max_model_len: int | None) -> list[StepShape]:
+    """Steps at the engine's own limits, where they reach past the base grid, so that a run
+    at such a chunk or with such sequences is priced from timed steps rather than by carrying
+    the fitted rates past the grid (sim.core.calibration.coverage): a step of `max_step_tokens`
+    tokens as one prompt and as prompts of 1,024 tokens (the study slice's chunk of 32,768:
+    its 32,768-token first step came out 10-12% short from a grid that stopped at 16,384), and
+    a chunk of 2,048 over the longest prefix `max_model_len` holds, and one decode row of
+    `max_model_len` keys beside a chunk (one row: the pool holds one such sequence)."""
+    shapes: list[StepShape] = []
+    if max_step_tokens is not None and max_step_tokens > GRID_MAX_TOKENS:
+        shapes += [prefill_shape(max_step_tokens),
+                   StepShape("prefill", ((LIMIT_PROMPT, 0),) * (max_step_tokens // LIMIT_PROMPT))]
+    if max_model_len is not None and max_model_len > GRID_MAX_KEYS:
+        shapes += [prefill_shape(2048, max_model_len - 2048), mixed_shape(2048, 0, 1, max_model_len)]
+    return shapes
+
+
+def base_grid(quick: bool = False) -> list[StepShape]:
     if quick:
         return [prefill_shape(64), prefill_shape(512), decode_shape(4, 256),
                 decode_shape(16, 1024), mixed_shape(128, 0, 4, 512)]
