@@ -121,3 +121,27 @@ def test_plan_notes_each_policy_and_chunk_past_the_grid(tmp_path, capsys):
     assert [note.split(":")[0] for note in past] == ["static at chunk 4,096",
                                                       "elastic at chunk 4,096"]
     assert all(f"note: {note}" in captured.err for note in past)
+
+
+def test_sweep_notes_the_rows_past_each_calibrations_grid(tmp_path, capsys):
+    from sim.__main__ import main as sim_main
+
+    path = tmp_path / "small-grid.json"
+    path.write_text(json.dumps({"efficiency": {}, "measurements": GRID}))
+    out = tmp_path / "sweep"
+    args = ["sweep", "--trace", "azure-conv", "--limit", "20", "--policy", "static",
+            "--max-num-batched-tokens", "1024,4096", "--calibration", str(path), "--no-progress",
+            "--out", str(out)]
+    assert sim_main(args) == 0
+    err = capsys.readouterr().err
+    assert f"note: 1 of 2 rows priced by {path} have steps past its grid" in err
+    # the sweep read back from its CSV (--resume: every case done) says the same
+    assert sim_main([*args, "--resume"]) == 0
+    assert f"note: 1 of 2 rows priced by {path} have steps past its grid" in capsys.readouterr().err
+
+
+def test_extents_read_from_text_cells_and_empty_ones():
+    row = {"step_extent_tokens": "4096.0", "step_extent_sequence_keys": "",
+           "step_extent_decode_keys": 700}
+    assert StepExtent.from_row(row) == StepExtent(4096, 0, 700)
+    assert StepExtent.from_row({"chunk": 2048}) is None

@@ -51,7 +51,13 @@ from sim.planning.flags import (
 )
 from sim.planning.fleet_cli import fleet_main
 from sim.planning.map_cli import map_main, reserve_main
-from sim.planning.pricing import options_engine, price_cases, pricing_lines
+from sim.planning.pricing import (
+    calibration_grids,
+    options_engine,
+    past_grid_lines,
+    price_cases,
+    pricing_lines,
+)
 from sim.planning.spec import SWEEP_FIXED, SweepSpec, load_sweep
 from sim.planning.sweep import SWEEP_FILES, open_table, run_sweep, write_parquet, write_table
 from sim.recording.metrics import Slo
@@ -115,26 +121,28 @@ def sweep_main(argv: list[str]) -> int:
     spec = load_sweep(args.config) if args.config else _sweep_from_flags(args)
     choice = spec.calibration or args.calibration
     cases, calibrations = price_cases(spec.cases(), choice)
+    grids = calibration_grids(calibrations)
     out = args.out or spec.out
     rows = _sweep_rows(cases, calibrations, args, executor_from(args, spec.workers), out)
     if rows is None:
         return 130
     try:
-        return _sweep_report(rows, cases, calibrations, choice is not None, args, out)
+        return _sweep_report(rows, cases, calibrations, choice is not None, args, out, grids)
     except KeyboardInterrupt:
         return report.stopped("sweep", out, SWEEP_FILES)
 
 
 def _sweep_report(rows: list[dict], cases, calibrations, forced: bool,
-                  args: argparse.Namespace, out: Path | None) -> int:
-    """Print the rows, pricing and failures; add sweep.parquet beside sweep.csv."""
+                  args: argparse.Namespace, out: Path | None, grids: dict) -> int:
+    """Print the rows, pricing, the rows past their calibration's grid and failures; add
+    sweep.parquet beside sweep.csv."""
     if args.json:
         print(json.dumps(rows, indent=1, default=str))
     else:
         report.print_sweep(rows)
     lines, warnings = pricing_lines(cases, calibrations, forced=forced)
     print("\n".join(lines), file=sys.stderr if args.json else sys.stdout)
-    for warning in warnings:
+    for warning in [*warnings, *past_grid_lines(rows, grids)]:
         print(warning, file=sys.stderr)
     if out is not None:
         parquet = write_parquet(rows, out / "sweep.parquet")

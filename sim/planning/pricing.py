@@ -23,6 +23,7 @@ from sim.core.calibration import (
     parts_of,
     uncalibrated_warning,
 )
+from sim.core.calibration.coverage import StepExtent, grid_extent
 from sim.core.catalog import get_gpu, get_model
 from sim.planning.cases import Case, EngineOptions
 
@@ -80,3 +81,36 @@ def pricing_lines(cases: Sequence[Case], calibrations: Sequence[Calibration | No
                 continue
             warnings.setdefault(warning, None)
     return list(lines), list(warnings)
+
+
+def calibration_grids(calibrations: Sequence[Calibration | None]
+                      ) -> dict[str, tuple[StepExtent, str]]:
+    """Each distinct calibration's grid extent and file, by the `pricing` text a sweep row
+    carries (`describe`); read before the cases run, so a bad grid record fails first."""
+    grids: dict[str, tuple[StepExtent, str]] = {}
+    for calibration in calibrations:
+        if calibration is None or describe(calibration) in grids:
+            continue
+        grid = grid_extent(calibration.data, calibration.source)
+        if grid is not None:
+            grids[describe(calibration)] = (grid, calibration.source)
+    return grids
+
+
+def past_grid_lines(rows: Sequence[dict], grids: dict[str, tuple[StepExtent, str]]) -> list[str]:
+    """One note per calibration whose grid some sweep rows went past (sim.core.calibration
+    .coverage): how many of its rows, and how far the largest went; each row's own extent is
+    in its step_extent_* columns."""
+    lines = []
+    for pricing, (grid, source) in grids.items():
+        priced = [row for row in rows if row.get("pricing") == pricing and row.get("fits")]
+        extents = [e for e in (StepExtent.from_row(row) for row in priced) if e is not None]
+        past = [e for e in extents if e.past(grid)]
+        if past:
+            widest = past[0]
+            for extent in past[1:]:
+                widest = widest.widest(extent)
+            lines.append(f"note: {len(past)} of {len(priced)} rows priced by {source} have steps "
+                         f"past its grid, priced by carrying its fitted rates beyond what it "
+                         f"timed (their step_extent_* columns): up to {'; '.join(widest.past(grid))}")
+    return lines

@@ -56,7 +56,7 @@ class StepExtent:
         """A summary's `step_extent` (None where the summary has none)."""
         if not isinstance(values, Mapping):
             return None
-        return cls(**{f.name: int(values.get(f.name, 0)) for f in fields(StepExtent)})
+        return cls(**{f.name: _count(values.get(f.name)) for f in fields(StepExtent)})
 
     @classmethod
     def from_row(cls, row: Mapping) -> StepExtent | None:
@@ -65,6 +65,15 @@ class StepExtent:
             return None
         return cls.from_dict({f.name: row.get(f"step_extent_{f.name}", 0)
                               for f in fields(StepExtent)})
+
+
+def _count(value: object) -> int:
+    """A count as a summary, a row or a CSV read back holds it (int, float or text); 0 where
+    there is none (an empty cell, a row from before the extent was recorded)."""
+    try:
+        return int(float(value))  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return 0
 
 
 def grid_extent(data: Mapping, source: str = "calibration") -> StepExtent | None:
