@@ -668,8 +668,22 @@ def test_the_grid_reaches_the_engines_limits_where_they_pass_it():
     assert default_grid(max_step_tokens=8192, max_model_len=16384) == base_grid()
     assert default_grid(quick=True, max_step_tokens=65536) == base_grid(quick=True)
     wide = extent(default_grid(max_step_tokens=32768, max_model_len=65536))
-    assert (wide.tokens, wide.sequence_keys, wide.decode_keys) == (32768, 65536, base.decode_keys)
+    # the longest sequences stop 256 keys short of max_model_len (the profile's spare block)
+    assert (wide.tokens, wide.sequence_keys, wide.decode_keys) == (32768, 65280, base.decode_keys)
     added = default_grid(max_step_tokens=32768, max_model_len=65536)[len(base_grid()):]
     assert [(s.kind, s.num_tokens) for s in added] == [
         ("prefill", 32768), ("prefill", 32768), ("prefill", 2048), ("mixed", 2049)]
     assert len(added[1].prefills) == 32  # prompts of 1,024 tokens filling the budget
+
+
+def test_the_profiles_max_model_len_stays_within_the_one_it_was_given():
+    from gpu_backend.engine.profile_grid import base_grid, default_grid, grid_max_len
+
+    # qwen2.5-0.5b's whole context, 32,768, given as --max-model-len with a budget of 32,768:
+    # the one-prompt step is 32,768 long, and a block to spare would pass the context
+    at_context = default_grid(max_step_tokens=32768, max_model_len=32768)
+    assert grid_max_len(at_context, 16, cap=32768) == 32768
+    assert grid_max_len(at_context, 16) == 32768 + 16
+    # a cap the grid fits in with its spare block, or one its longest sequence passes: no effect
+    assert grid_max_len(base_grid(), 16, cap=40000) == 30016
+    assert grid_max_len(base_grid(), 16, cap=20000) == 30016

@@ -189,7 +189,7 @@ def profile_engine(config: EngineConfig, grid: list[StepShape], seed: int = 0,
     # replaces it), or to the cap
     piecewise_tokens = (max(piecewise_sizes_for(config.chunk_tokens, piecewise_max_tokens))
                         if piecewise else None)
-    max_len = grid_max_len(grid, config.block_size)
+    max_len = grid_max_len(grid, config.block_size, config.max_model_len)
     table_len = max(max_len, config.memory_config().effective_max_model_len) \
         if replay_setup else max_len
     config = config.with_(max_num_batched_tokens=max_prefill, max_model_len=max_len)

@@ -34,6 +34,10 @@ def default_grid(quick: bool = False, max_step_tokens: int | None = None,
 GRID_MAX_TOKENS = 16384  # the base grid's largest step
 GRID_MAX_KEYS = 30000  # and its longest sequence (a mixed step's decode row)
 LIMIT_PROMPT = 1024  # the many-prompt step's prompt length, as the base grid's
+# the longest sequence stops this short of max_model_len: the profile's own max_model_len is
+# its grid's longest sequence and a block to spare (grid_max_len), which must stay within the
+# model's context when max_model_len is the context itself
+LIMIT_SPARE_KEYS = 256
 
 
 def limit_shapes(max_step_tokens: int | None, max_model_len: int | None) -> list[StepShape]:
@@ -43,13 +47,15 @@ def limit_shapes(max_step_tokens: int | None, max_model_len: int | None) -> list
     tokens as one prompt and as prompts of 1,024 tokens (the study slice's chunk of 32,768:
     its 32,768-token first step came out 10-12% short from a grid that stopped at 16,384), and
     a chunk of 2,048 over the longest prefix `max_model_len` holds, and one decode row of
-    `max_model_len` keys beside a chunk (one row: the pool holds one such sequence)."""
+    that many keys beside a chunk (one row: the pool holds one such sequence), each
+    LIMIT_SPARE_KEYS short of it."""
     shapes: list[StepShape] = []
     if max_step_tokens is not None and max_step_tokens > GRID_MAX_TOKENS:
         shapes += [prefill_shape(max_step_tokens),
                    StepShape("prefill", ((LIMIT_PROMPT, 0),) * (max_step_tokens // LIMIT_PROMPT))]
-    if max_model_len is not None and max_model_len > GRID_MAX_KEYS:
-        shapes += [prefill_shape(2048, max_model_len - 2048), mixed_shape(2048, 0, 1, max_model_len)]
+    if max_model_len is not None and max_model_len - LIMIT_SPARE_KEYS > GRID_MAX_KEYS:
+        longest = max_model_len - LIMIT_SPARE_KEYS
+        shapes += [prefill_shape(2048, longest - 2048), mixed_shape(2048, 0, 1, longest)]
     return shapes
 
 
@@ -115,9 +121,13 @@ def base_grid(quick: bool = False) -> list[StepShape]:
     return grid
 
 
-def grid_max_len(grid: Sequence[StepShape], block_size: int) -> int:
+def grid_max_len(grid: Sequence[StepShape], block_size: int, cap: int | None = None) -> int:
     """The profile's max_model_len: the grid's longest sequence (a prefill's prefix and chunk,
-    or a decode row's context, mixed steps' decode rows too) and a block to spare. The rotary
-    tables are this long: a mixed step's 30k-key decode row past them reads an illegal
-    address (Llama-3.1-8B)."""
-    return max(max([n + p for n, p in s.prefills] + list(s.decodes)) for s in grid) + block_size
+    or a decode row's context, mixed steps' decode rows too) and a block to spare, but at most
+    `cap` (the profile command's --max-model-len, which may be the model's whole context)
+    where the longest sequence fits in it. The rotary tables are this long: a mixed step's
+    30k-key decode row past them reads an illegal address (Llama-3.1-8B)."""
+    longest = max(max([n + p for n, p in s.prefills] + list(s.decodes)) for s in grid)
+    if cap is not None and longest <= cap < longest + block_size:
+        return cap
+    return longest + block_size
