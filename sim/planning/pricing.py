@@ -23,7 +23,7 @@ from sim.core.calibration import (
     parts_of,
     uncalibrated_warning,
 )
-from sim.core.calibration.coverage import StepExtent, grid_extent
+from sim.core.calibration.coverage import StepExtent, grid_extent, widest
 from sim.core.catalog import get_gpu, get_model
 from sim.planning.cases import Case, EngineOptions
 
@@ -106,11 +106,9 @@ def past_grid_lines(rows: Sequence[dict], grids: dict[str, tuple[StepExtent, str
         priced = [row for row in rows if row.get("pricing") == pricing and row.get("fits")]
         extents = [e for e in (StepExtent.from_row(row) for row in priced) if e is not None]
         past = [e for e in extents if e.past(grid)]
-        if past:
-            widest = past[0]
-            for extent in past[1:]:
-                widest = widest.widest(extent)
+        largest = widest(past)
+        if largest is not None:
             lines.append(f"note: {len(past)} of {len(priced)} rows priced by {source} have steps "
                          f"past its grid, priced by carrying its fitted rates beyond what it "
-                         f"timed (their step_extent_* columns): up to {'; '.join(widest.past(grid))}")
+                         f"timed (their step_extent_* columns): up to {'; '.join(largest.past(grid))}")
     return lines

@@ -18,8 +18,9 @@ extent a run went past, so the output says which prices are extrapolated.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
+from functools import reduce
 
 EXTENT_PHRASES = {
     "tokens": "tokens in one step",
@@ -80,17 +81,21 @@ def grid_extent(data: Mapping, source: str = "calibration") -> StepExtent | None
     """The largest step of a calibration's grid in each dimension (its `measurements`, as
     `python -m gpu_backend profile` records them); None where it records no grid. A record
     that does not read as a step is a ValueError naming `source` and the record."""
-    extent = None
+    steps = []
     for index, record in enumerate(data.get("measurements") or ()):
         try:
-            step = record_extent(record)
+            steps.append(record_extent(record))
         except (AttributeError, TypeError, ValueError):
             raise ValueError(
                 f"{source}: measurements[{index}] is not a grid step: it needs \"prefills\" "
                 "as [new tokens, prefix tokens] pairs and \"decode_groups\" as [rows, context] "
                 f"pairs (or \"num_decodes\" and \"decode_context\"); got {record!r}") from None
-        extent = step if extent is None else extent.widest(step)
-    return extent
+    return widest(steps)
+
+
+def widest(extents: Sequence[StepExtent]) -> StepExtent | None:
+    """Each extent the largest of `extents`' (None where there are none)."""
+    return reduce(StepExtent.widest, extents) if extents else None
 
 
 def record_extent(record: Mapping) -> StepExtent:
