@@ -28,11 +28,10 @@ def default_grid(quick: bool = False, max_step_tokens: int | None = None,
     where the profile's command sets them past it (not with `quick`)."""
     if quick:
         return base_grid(quick=True)
-    return base_grid() + limit_shapes(max_step_tokens, max_model_len)
+    grid = base_grid()
+    return grid + limit_shapes(grid, max_step_tokens, max_model_len)
 
 
-GRID_MAX_TOKENS = 16384  # the base grid's largest step
-GRID_MAX_KEYS = 30000  # and its longest sequence (a mixed step's decode row)
 LIMIT_PROMPT = 1024  # the many-prompt step's prompt length, as the base grid's
 # the longest sequence stops this short of max_model_len: the profile's own max_model_len is
 # its grid's longest sequence and a block to spare (grid_max_len), which must stay within the
@@ -40,8 +39,9 @@ LIMIT_PROMPT = 1024  # the many-prompt step's prompt length, as the base grid's
 LIMIT_SPARE_KEYS = 256
 
 
-def limit_shapes(max_step_tokens: int | None, max_model_len: int | None) -> list[StepShape]:
-    """Steps at the engine's own limits, where they reach past the base grid, so that a run
+def limit_shapes(grid: Sequence[StepShape], max_step_tokens: int | None,
+                 max_model_len: int | None) -> list[StepShape]:
+    """Steps at the engine's own limits, where they reach past `grid`, so that a run
     at such a chunk or with such sequences is priced from timed steps rather than by carrying
     the fitted rates past the grid (sim.core.calibration.coverage): a step of `max_step_tokens`
     tokens as one prompt and as prompts of 1,024 tokens (the study slice's chunk of 32,768:
@@ -50,10 +50,10 @@ def limit_shapes(max_step_tokens: int | None, max_model_len: int | None) -> list
     that many keys beside a chunk (one row: the pool holds one such sequence), each
     LIMIT_SPARE_KEYS short of it."""
     shapes: list[StepShape] = []
-    if max_step_tokens is not None and max_step_tokens > GRID_MAX_TOKENS:
+    if max_step_tokens is not None and max_step_tokens > max(s.num_tokens for s in grid):
         shapes += [prefill_shape(max_step_tokens),
                    StepShape("prefill", ((LIMIT_PROMPT, 0),) * (max_step_tokens // LIMIT_PROMPT))]
-    if max_model_len is not None and max_model_len - LIMIT_SPARE_KEYS > GRID_MAX_KEYS:
+    if max_model_len is not None and max_model_len - LIMIT_SPARE_KEYS > longest_sequence(grid):
         longest = max_model_len - LIMIT_SPARE_KEYS
         shapes += [prefill_shape(2048, longest - 2048), mixed_shape(2048, 0, 1, longest)]
     return shapes
@@ -127,7 +127,13 @@ def grid_max_len(grid: Sequence[StepShape], block_size: int, cap: int | None = N
     `cap` (the profile command's --max-model-len, which may be the model's whole context)
     where the longest sequence fits in it. The rotary tables are this long: a mixed step's
     30k-key decode row past them reads an illegal address (Llama-3.1-8B)."""
-    longest = max(max([n + p for n, p in s.prefills] + list(s.decodes)) for s in grid)
+    longest = longest_sequence(grid)
     if cap is not None and longest <= cap < longest + block_size:
         return cap
     return longest + block_size
+
+
+def longest_sequence(grid: Sequence[StepShape]) -> int:
+    """The grid's longest sequence: a prefill's prefix and chunk, or a decode row's context
+    (mixed steps' decode rows too)."""
+    return max(max([n + p for n, p in s.prefills] + list(s.decodes)) for s in grid)
