@@ -139,7 +139,6 @@ def build(folder: Path, root: Path = ROOT, log: Log = lambda _: None):
     """The slice's Validation, as `python -m validation compare` builds it from the same
     replays, repeats, calibration and trace slice."""
     from sim.core.calibration import load_calibration
-    from validation.compare import mark_replayed_apart
     from validation.pipeline import validate
     from validation.repeats import repeat_rows
     from validation.runs import load_summary
@@ -150,12 +149,12 @@ def build(folder: Path, root: Path = ROOT, log: Log = lambda _: None):
     runs = load_runs(folder)
     check_calibration_graphs(calibration, runs)
     v = validate(runs, efficiency, profile, recipe.calibration,
-                 slice_override=recipe.trace_slice, vmm_costs=vmm_costs, log=log)
+                 slice_override=recipe.trace_slice, vmm_costs=vmm_costs,
+                 replayed_apart=recipe.replayed_apart, log=log)
     v.describe_calibration(calibration.data)
     repeats = sorted(p for p in (folder / "repeats").glob("*") if p.is_dir())
     v.repeats = repeat_rows(runs, [(d.name, [load_summary(f) for f in find_runs(d)])
                                    for d in repeats])
-    mark_replayed_apart(v.gains, recipe.replayed_apart)
     return v
 
 

@@ -169,7 +169,10 @@ def validate(gpu_runs: Sequence[GpuRun], efficiency: Efficiency | None,
              slice_override: TraceSlice | None = None, gpu_name: str | None = None,
              holdout_fraction: float = DEFAULT_HOLDOUT_FRACTION, fit: bool = True,
              resimulate_fitted: bool = False, vmm_costs: VmmCosts | None = None,
-             log: Log = print) -> Validation:
+             replayed_apart: Sequence[str] = (), log: Log = print) -> Validation:
+    """Simulate each GPU run's configuration and compare; `replayed_apart`: the run folders a
+    slice replayed on another start of the machine (its slice.json), beside the starts the
+    replays recorded (compare.mark_replayed_apart)."""
     runs = []
     for gpu in gpu_runs:
         log(f"simulating {gpu.label} ({gpu.path.name}) ...")
@@ -178,7 +181,7 @@ def validate(gpu_runs: Sequence[GpuRun], efficiency: Efficiency | None,
                         vmm_costs=vmm_costs)
     result.targets = check_targets([r.metrics for r in runs])
     result.gains = gains([r.pair() for r in runs])
-    mark_replayed_apart(result.gains, (), machine_starts(gpu_runs))
+    mark_replayed_apart(result.gains, replayed_apart, machine_starts(gpu_runs))
     if fit:
         result.fit, result.fit_note = fit_on_runs(runs, result.efficiency, holdout_fraction)
     if resimulate_fitted and result.fit is not None:
