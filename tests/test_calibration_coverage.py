@@ -9,6 +9,7 @@ import pytest
 
 from sim.cli import main
 from sim.core.calibration.coverage import StepExtent, extrapolation_note, grid_extent
+from sim.core.request import RequestState, RequestStatus
 from sim.core.step import ScheduledRequest, SchedulerOutput, SchedulerStats
 from sim.recording.metrics import ReplicaRecorder, summarize
 from validation.report_header import grid_line
@@ -66,6 +67,14 @@ def test_the_recorder_keeps_the_largest_step_and_a_decode_runs_last_step():
     rec.step(0.05, run, stats, [0.01] * 5)
     extent = summarize([rec])["step_extent"]
     assert extent == {"tokens": 2048, "sequence_keys": 8048, "decode_keys": 7110}
+    # a request of 8,048 prompt tokens that sampled 1,000: its last decode step attended over
+    # the prompt and 999 of its outputs, longer than any prefill chunk above
+    done = RequestState(4, 0.0, 8048, 1000, status=RequestStatus.FINISHED,
+                        num_computed_tokens=9047, num_output_tokens=1000,
+                        first_token_s=0.5, finish_s=9.0)
+    rec.arrival(0.0, done, 0)
+    rec.done(done)
+    assert summarize([rec])["step_extent"]["sequence_keys"] == 9047
 
 
 def test_sim_notes_the_runs_past_its_calibrations_grid(tmp_path, capsys):
