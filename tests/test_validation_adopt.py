@@ -129,3 +129,43 @@ def test_a_run_of_another_trace_slice_is_refused(root, tmp_path):
     path.write_text(json.dumps(summary))
     with pytest.raises(ValueError, match="rate_scale 3.0 is not"):
         adopt(out, SLICE, root=root, log=lambda _: None)
+
+
+def new_slice(root: Path, name: str) -> Path:
+    """A new slice's folder: the slice's slice.json alone, no runs, no report."""
+    folder = root / "validation" / "evidence" / name
+    folder.mkdir()
+    shutil.copy(root / "validation" / "evidence" / SLICE / "slice.json", folder / "slice.json")
+    return folder
+
+
+def test_a_new_slice_takes_every_run_of_its_first_adoption(root, tmp_path):
+    name = "h200_qwen2.5-0.5b_mooncake-conv2_piecewise"
+    folder = new_slice(root, name)
+    out = measured_again(root, tmp_path / "out", "static_chunk_8192", "vm/b")
+    measured_again(root, out, "elastic_chunk_8192", "vm/b")
+    assert adopt(out, name, root=root, log=lambda _: None) == [
+        "elastic_chunk_8192", "static_chunk_8192"]
+    assert sorted(p.name for p in (folder / "runs").iterdir()) == [
+        "elastic_chunk_8192", "static_chunk_8192"]
+    assert read_recipe(folder).replayed_apart == ()
+    report = json.loads((folder / "report.json").read_text())
+    assert sorted(run["label"] for run in report["runs"]) == [
+        "elastic/chunk=8192", "static/chunk=8192"]
+    assert name in (root / "README.md").read_text()  # in the results tables
+
+
+def test_a_slice_with_no_runs_or_no_report_is_named_with_its_fix(root, tmp_path):
+    name = "h200_qwen2.5-0.5b_mooncake-conv2_piecewise"
+    folder = new_slice(root, name)
+    out = measured_again(root, tmp_path / "out", "static_chunk_8192", "vm/b")
+    # the other slice's rebuild cannot build the tables while the new one has no runs
+    with pytest.raises(ValueError, match=f"{name}: no runs yet .* validation adopt OUT {name}"):
+        adopt(out, SLICE, root=root, log=lambda _: None)
+    # a repeat needs runs to repeat: nothing is made a run of the new slice by it
+    with pytest.raises(ValueError, match=r"are not runs of"):
+        adopt(out, name, repeat=True, root=root, log=lambda _: None)
+    assert not (folder / "runs").exists()
+    shutil.copytree(root / "validation" / "evidence" / SLICE / "runs", folder / "runs")
+    with pytest.raises(ValueError, match=f"{name}: no report yet.* validation rebuild {name}"):
+        adopt(out, SLICE, root=root, log=lambda _: None)

@@ -12,6 +12,9 @@ once (`python -m validation run ... --policy elastic --gpu-only --out OUT`). Ado
 A partial adoption leaves the slice's runs on two starts of the machine, so the adopted runs go
 into slice.json's `replayed_apart` (compare.mark_replayed_apart), unless every run's replays
 recorded one and the same start. The slice's report and the results tables are then rebuilt.
+
+A new slice is its folder with a slice.json and no runs yet: its first adoption (not a repeat)
+makes every adopted run one of its runs.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ def adopt(source: Path, slice_name: str, *, repeat: bool = False, root: Path = R
     runs_dir = source / "gpu" if (source / "gpu").is_dir() else source  # a `run --out` folder
     adopted = {run.name: run for run in find_runs(runs_dir)}
     known = run_names(folder)
+    if not known and not repeat:
+        known = set(adopted)  # a new slice: the runs measured are its runs
     unknown = sorted(set(adopted) - known)
     if unknown:
         raise ValueError(f"{source}: runs {unknown} are not runs of {folder.name} "
@@ -99,8 +104,9 @@ def _start(run: Path) -> str | None:
 def _replace_run(run: Path, folder: Path, name: str) -> None:
     """`run` as the slice's compared replay `name`, its repeats removed."""
     dest = folder / "runs" / name
-    shutil.rmtree(dest)
-    dest.mkdir()
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
     for f in sorted(p for p in run.iterdir() if p.is_file()):
         if f.suffix == ".csv":
             with open(f, "rb") as src, open(dest / (f.name + ".gz"), "wb") as raw:

@@ -238,10 +238,24 @@ def rebuild(folders: Sequence[Path], *, check: bool = False, plots: bool = True,
     `check`, else []."""
     out = []
     for folder in folders:
+        unready(folder, report=False)
         log(f"{'checking' if check else 'rebuilding'} {folder.name} ...")
         out += rebuild_slice(folder, check=check, plots=plots, root=root)
-    return out + update_results(slice_folders(root / "validation" / "evidence"), root,
-                                check=check)
+    every = slice_folders(root / "validation" / "evidence")
+    for folder in every:
+        unready(folder, report=True)
+    return out + update_results(every, root, check=check)
+
+
+def unready(folder: Path, *, report: bool) -> None:
+    """Refuse a slice with no runs yet (a new slice's folder before its first adoption) or,
+    with `report`, one whose report was never built, saying what makes it ready."""
+    if not run_names(folder):
+        raise ValueError(f"{folder.name}: no runs yet under {folder / 'runs'}; put its replays "
+                         f"there: python -m validation adopt OUT {folder.name}")
+    if report and not (folder / "report.json").is_file():
+        raise ValueError(f"{folder.name}: no report yet, so the results tables cannot be "
+                         f"built; build it: python -m validation rebuild {folder.name}")
 
 
 # A slice's engine is the last part of its folder name (none: eager prefill steps).
