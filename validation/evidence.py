@@ -328,10 +328,59 @@ def between_markers(text: str, markers: tuple[str, str], body: str, path: Path) 
     return f"{head}{begin}\n{body.rstrip()}\n{end}{tail}"
 
 
+INDEX = "calibrations.json"  # validation/evidence/: what the evidence says of each calibration
+
+
+def calibration_index(folders: Sequence[Path]) -> dict:
+    """For each calibration that prices a slice (its slice.json's `calibration`): the slices,
+    their runs, each target's best and worst value over them and the slices that missed it,
+    and how often the predicted gain of elastic over a smaller chunk took the measured one's
+    decision (validation.table.count_gains). What `python -m sim` and `plan` print beside the
+    calibration that priced them (sim.core.calibration.validated)."""
+    from validation.table import DECIDED_GAIN, count_gains, read_report
+
+    by_calibration: dict[str, list[Path]] = {}
+    for folder in folders:
+        by_calibration.setdefault(read_recipe(folder).calibration, []).append(folder)
+    index = {}
+    for calibration, group in sorted(by_calibration.items()):
+        reports = [read_report(folder) for folder in group]
+        targets: dict[str, dict] = {}
+        for folder, report in zip(group, reports, strict=True):
+            for t in report.get("targets") or ():
+                if t.get("value") is None:
+                    continue
+                entry = targets.setdefault(t["metric"], {
+                    "aggregate": t["aggregate"], "measure": t["measure"], "limit": t["limit"],
+                    "best": t["value"], "worst": t["value"], "missed": []})
+                entry["best"] = min(entry["best"], t["value"])
+                entry["worst"] = max(entry["worst"], t["value"])
+                if not t["passed"]:
+                    entry["missed"].append(folder.name)
+        gains = count_gains([(g, r.get("repeats") or []) for r in reports
+                             for g in r.get("gains") or ()], same_chunk=False)
+        index[calibration] = {
+            "slices": [folder.name for folder in group],
+            "runs": sum(len(r["runs"]) for r in reports),
+            "targets": targets,
+            "over_smaller_chunk": None if gains is None else {
+                "decided_at": DECIDED_GAIN, "decided": gains.decided, "same": gains.same,
+                "on_medians": gains.on_medians, "on_medians_same": gains.on_medians_same}}
+    return index
+
+
 def update_results(folders: Sequence[Path], root: Path = ROOT, *, check: bool) -> list[str]:
     """Write the results tables between the markers of validation/evidence/README.md and
-    README.md; with `check`, write nothing and return the files whose tables differ."""
+    README.md, and the calibration index (INDEX); with `check`, write nothing and return the
+    files that differ."""
     out = []
+    index_path = root / "validation" / "evidence" / INDEX
+    index = json.dumps(calibration_index(folders), indent=1) + "\n"
+    if not index_path.is_file() or index_path.read_text() != index:
+        if check:
+            out.append(index_path.relative_to(root).as_posix())
+        else:
+            index_path.write_text(index)
     for path, markers, body in (
             (root / "validation" / "evidence" / "README.md", EVIDENCE_MARKERS,
              evidence_tables(folders)),

@@ -11,6 +11,8 @@ tables `python -m validation rebuild` writes with these functions.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -149,6 +151,57 @@ def settled_direction(measured: list[float]) -> int | None:
     return 1 if measured[0] > 0 else -1
 
 
+@dataclass(frozen=True)
+class GainCounts:
+    """How a set of gains pairs decides (gain_table's columns): `pairs` compared, `decided`
+    of them measured at least DECIDED_GAIN, `same` of those predicted the same way, the
+    median |gain error| in points, `settled` of the `repeated` pairs whose replays agree and
+    `settled_same` of those predicted so, and `on_medians_same` of the `on_medians` pairs
+    whose replays' medians measured at least DECIDED_GAIN."""
+    pairs: int
+    decided: int
+    same: int
+    error_pp: float
+    repeated: int
+    settled: int
+    settled_same: int
+    on_medians: int
+    on_medians_same: int
+
+
+def count_gains(gains: list[tuple[dict, list[dict]]], *, same_chunk: bool,
+                metrics: Sequence[str] = GAIN_METRICS) -> GainCounts | None:
+    """The decisions of `gains` (each report's gains entries with its `repeats` rows) at the
+    same chunk or over a smaller one, on `metrics`; None where no pair has both gains."""
+    pairs = [(m, v, g, repeats) for g, repeats in gains
+             if (_chunk(g["run"]) == _chunk(g["baseline"])) == same_chunk
+             for m, v in g["metrics"].items() if m in metrics
+             and v.get("predicted_gain") is not None and v.get("measured_gain") is not None]
+    if not pairs:
+        return None
+    decided = [v for _, v, _, _ in pairs if abs(v["measured_gain"]) >= DECIDED_GAIN]
+    settled = []
+    repeated = 0  # pairs replayed more than once (KV capacity: exact, always)
+    on_medians = []  # (same decision) where the replays' medians measured >= 2%
+    for metric, v, g, repeats in pairs:
+        median = median_gain(g, metric, repeats)  # None for KV capacity: never repeated
+        gain_of_medians = v["measured_gain"] if median is None else median
+        if abs(gain_of_medians) >= DECIDED_GAIN:
+            on_medians.append(direction(v["predicted_gain"]) == direction(gain_of_medians))
+        measured = ([v["measured_gain"]] if metric == "kv_capacity_tokens"
+                    else replay_gains(g, metric, repeats))
+        if measured is None:
+            continue
+        repeated += 1
+        way = settled_direction(measured)
+        if way is not None:
+            settled.append(direction(v["predicted_gain"]) == way)
+    return GainCounts(len(pairs), len(decided),
+                      sum(bool(v["same_direction"]) for v in decided),
+                      100 * float(np.median([abs(v["gain_error"]) for _, v, _, _ in pairs])),
+                      repeated, len(settled), sum(settled), len(on_medians), sum(on_medians))
+
+
 def gain_table(gains: list[tuple[dict, list[dict]]]) -> str:
     """Markdown: how often the predicted gain of elastic over static takes the measured one's
     decision (up, down, or under compare.NO_CHANGE_BELOW: no change), and the median |gain
@@ -171,36 +224,13 @@ def gain_table(gains: list[tuple[dict, list[dict]]]) -> str:
     for name, same_chunk in (("at the same chunk", True), ("over a smaller chunk", False)):
         for metrics, label in ((GAIN_METRICS, "TTFT p50, p99, TPOT p50, throughput"),
                                ((*GAIN_METRICS, "kv_capacity_tokens"), "the same and KV capacity")):
-            pairs = [(m, v, g, repeats) for g, repeats in gains
-                     if (_chunk(g["run"]) == _chunk(g["baseline"])) == same_chunk
-                     for m, v in g["metrics"].items() if m in metrics
-                     and v.get("predicted_gain") is not None and v.get("measured_gain") is not None]
-            if not pairs:
+            c = count_gains(gains, same_chunk=same_chunk, metrics=metrics)
+            if c is None:
                 continue
-            decided = [v for _, v, _, _ in pairs if abs(v["measured_gain"]) >= DECIDED_GAIN]
-            error = 100 * float(np.median([abs(v["gain_error"]) for _, v, _, _ in pairs]))
-            counted = f"{len(pairs)} ({len(decided)} measured >= {DECIDED_GAIN:.0%})"
-            settled = []
-            repeated = 0  # pairs replayed more than once (KV capacity: exact, always)
-            on_medians = []  # (same decision) where the replays' medians measured >= 2%
-            for metric, v, g, repeats in pairs:
-                median = median_gain(g, metric, repeats)  # None for KV capacity: never repeated
-                gain_of_medians = v["measured_gain"] if median is None else median
-                if abs(gain_of_medians) >= DECIDED_GAIN:
-                    on_medians.append(direction(v["predicted_gain"]) == direction(gain_of_medians))
-                measured = ([v["measured_gain"]] if metric == "kv_capacity_tokens"
-                            else replay_gains(g, metric, repeats))
-                if measured is None:
-                    continue
-                repeated += 1
-                way = settled_direction(measured)
-                if way is not None:
-                    settled.append(direction(v["predicted_gain"]) == way)
-            lines.append(f"| {name} | {label} | {counted} | "
-                         f"{sum(bool(v['same_direction']) for v in decided)} of {len(decided)} | "
-                         f"{error:.2f} pp | {len(settled)} of {repeated} | "
-                         f"{sum(settled)} of {len(settled)} | "
-                         f"{sum(on_medians)} of {len(on_medians)} |")
+            lines.append(f"| {name} | {label} | {c.pairs} ({c.decided} measured >= "
+                         f"{DECIDED_GAIN:.0%}) | {c.same} of {c.decided} | {c.error_pp:.2f} pp | "
+                         f"{c.settled} of {c.repeated} | {c.settled_same} of {c.settled} | "
+                         f"{c.on_medians_same} of {c.on_medians} |")
     lines += ["", f"Settled by the replays: of the pairs replayed more than once on one start "
               f"of the machine, those whose every replay pair (the compared replays, and each "
               f"repeat folder that replayed both runs) measured a gain of at least "

@@ -24,6 +24,7 @@ from sim.core.calibration import (
     uncalibrated_warning,
 )
 from sim.core.calibration.coverage import StepExtent, grid_extent, widest
+from sim.core.calibration.validated import evidence_line, read_index
 from sim.core.catalog import get_gpu, get_model
 from sim.planning.cases import Case, EngineOptions
 
@@ -65,12 +66,17 @@ def price_cases(cases: Sequence[Case], choice: str | Path | None
 
 def pricing_lines(cases: Sequence[Case], calibrations: Sequence[Calibration | None],
                   forced: bool) -> tuple[list[str], list[str]]:
-    """(one `pricing:` line per distinct calibration, one warning per model, GPU and engine
+    """(one `pricing:` line per distinct calibration, each followed by its `evidence:` line
+    (sim.core.calibration.validated), one warning per model, GPU and engine
     priced uncalibrated), in case order."""
     lines: dict[str, None] = {}
     warnings: dict[str, None] = {}
+    index = read_index()
     for case, calibration in zip(cases, calibrations, strict=True):
         lines.setdefault(f"pricing: {describe(calibration)}", None)
+        evidence = evidence_line(calibration, index)
+        if evidence:
+            lines.setdefault(evidence, None)
         mismatch = attention_mismatch(calibration, {case.options.attention_backend})
         if mismatch:
             warnings.setdefault(mismatch, None)

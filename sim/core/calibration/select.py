@@ -21,6 +21,7 @@ from pathlib import Path
 
 from sim.core.calibration.provenance import EngineKind
 from sim.core.calibration.schema import Calibration, load_calibration, timed_launch_kinds
+from sim.core.calibration.validated import evidence_line, read_index, validated
 from sim.core.catalog import get_gpu, get_model
 from sim.core.split_shapes import FLASHINFER_ATTENTION, TRITON_ATTENTION
 
@@ -115,8 +116,10 @@ def piecewise_mismatch(calibration: Calibration | None, piecewise: bool,
 
 
 def pricing_line(calibration: Calibration | None) -> str:
-    """The line a printed table ends with: what priced it."""
-    return f"pricing: {describe(calibration)}"
+    """The lines a printed table ends with: what priced it, and how close what it prices came
+    to the GPU replays it was validated against (`validated.evidence_line`)."""
+    evidence = evidence_line(calibration, read_index())
+    return f"pricing: {describe(calibration)}" + (f"\n{evidence}" if evidence else "")
 
 
 def describe(calibration: Calibration | None) -> str:
@@ -135,12 +138,16 @@ def describe(calibration: Calibration | None) -> str:
 
 
 def pricing(calibration: Calibration | None) -> dict:
-    """What priced an output, for its JSON: the line `describe` prints, the file and its
-    provenance (null for all but the line where uncalibrated)."""
+    """What priced an output, for its JSON: the line `describe` prints, the file, its
+    provenance and what the validation evidence says of it (`validated`: the evidence index's
+    entry, null where no validated slice is priced by it; all but the line null where
+    uncalibrated)."""
     if calibration is None:
-        return {"description": UNCALIBRATED, "calibration": None, "provenance": None}
+        return {"description": UNCALIBRATED, "calibration": None, "provenance": None,
+                "validated": None}
     return {"description": describe(calibration), "calibration": calibration.source,
-            "provenance": calibration.provenance.to_dict()}
+            "provenance": calibration.provenance.to_dict(),
+            "validated": validated(calibration, read_index())}
 
 
 def uncalibrated_warning(model_name: str, gpu_name: str, engine_kind: EngineKind | str,
