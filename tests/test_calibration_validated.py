@@ -4,6 +4,7 @@ the index `python -m validation rebuild` writes for it (validation.evidence)."""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -56,11 +57,16 @@ def test_a_validated_calibration_says_its_error_over_the_slices_and_its_decision
     assert "the measured decision predicted in 12 of 14 gains measured at 2% or more" in line
 
 
-def test_the_calibration_is_found_however_the_output_was_given_its_path(calibration):
+def test_the_calibration_is_found_however_the_output_was_given_its_path(calibration,
+                                                                        tmp_path, monkeypatch):
     absolute = replace(calibration, source=str(PROJECT_DIR / SHIPPED))
     assert evidence_key(absolute.source) == SHIPPED
     assert validated(absolute, INDEX) is INDEX[SHIPPED]
     assert "prices 2 validated slices" in evidence_line(absolute, INDEX)
+    monkeypatch.chdir(PROJECT_DIR / "calibration")  # relative to the working directory
+    assert evidence_key("h100/qwen2.5-7b.json") == SHIPPED
+    monkeypatch.chdir(tmp_path)
+    assert evidence_key(os.path.relpath(PROJECT_DIR / SHIPPED, tmp_path)) == SHIPPED
 
 
 def test_an_unvalidated_calibration_says_so_and_no_evidence_says_nothing(calibration, tmp_path):

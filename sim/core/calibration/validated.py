@@ -42,13 +42,15 @@ def read_index(path: Path = INDEX_PATH) -> dict | None:
 
 def evidence_key(source: str, project: Path = PROJECT_DIR) -> str:
     """A calibration's file as the evidence names it: relative to the project, in posix form
-    (`calibration/h200/llama-3.1-8b.json`), however the output was given it."""
+    (`calibration/h200/llama-3.1-8b.json`), whether the output names it so (a shipped file),
+    by an absolute path or by one relative to the working directory."""
     path = Path(source)
-    if path.is_absolute():
-        try:
-            path = path.resolve().relative_to(project)
-        except ValueError:
-            return path.as_posix()
+    for candidate in ([path] if path.is_absolute() else [project / path, path.resolve()]):
+        if candidate.is_file():
+            try:
+                return candidate.resolve().relative_to(project).as_posix()
+            except ValueError:  # outside the project: no slice can be priced with it
+                break
     return path.as_posix()
 
 
