@@ -19,7 +19,15 @@ from sim.core.calibration.validated import (
     read_index,
     validated,
 )
-from validation.evidence import EVIDENCE_DIR, calibration_index, read_recipe, slice_folders
+from validation.evidence import (
+    EVIDENCE_DIR,
+    calibration_index,
+    read_recipe,
+    slice_folders,
+)
+from validation.evidence import (
+    INDEX as INDEX_NAME,
+)
 
 SHIPPED = "calibration/h100/qwen2.5-7b.json"
 
@@ -122,4 +130,4 @@ def test_every_output_that_names_its_pricing_says_its_evidence(tmp_path):
     assert pricing(shipped)["validated"]["slices"] == [
         "h100_qwen2.5-7b_study-a100-budget", "h100_qwen2.5-7b_study-a100-budget_async"]
     assert pricing(None)["validated"] is None
-    assert Path(INDEX_PATH).parent == EVIDENCE_DIR
+    assert Path(INDEX_PATH) == EVIDENCE_DIR / INDEX_NAME  # where the rebuild writes it
