@@ -1,4 +1,4 @@
-"""`python -m validation {run,compare,fit,fake-gpu,table,rebuild,adopt}`: simulator predictions vs GPU measurements.
+"""`python -m validation {run,compare,fit,fake-gpu,table,rebuild,remeasure,adopt}`: simulator predictions vs GPU measurements.
 
     # on a GPU machine (with `pip install simpy` there), everything in one command:
     python -m validation run --trace azure-conv --limit 400 --model llama-3.1-8b \\
@@ -11,6 +11,8 @@
     python -m validation table validation/evidence/h200_*
     # every committed report and results table, again from validation/evidence/
     python -m validation rebuild [--check]
+    # slices measured again on a GPU, each by the command its slice.json holds
+    python -m validation remeasure SLICE ... --out OUT [--current-engine] [--gpu-only]
     # runs of a slice measured again (`run ... --gpu-only --out OUT`): into the slice, rebuilt
     python -m validation adopt OUT SLICE [--repeat]
 """
@@ -128,6 +130,20 @@ def build_parser() -> argparse.ArgumentParser:
                          help="write nothing; exit 1 naming each file its regeneration changes")
     rebuild.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
 
+    again = commands.add_parser("remeasure", help="measure evidence slices again on a GPU, "
+                                                  "each by its slice.json's command")
+    again.add_argument("slices", nargs="*", help="slice folder names under validation/evidence/")
+    again.add_argument("--stale", action="store_true",
+                       help="also every slice whose command pins an earlier engine")
+    again.add_argument("--out", type=Path, required=True, metavar="DIR",
+                       help="each slice's runs into DIR/<slice>/, its output in DIR/<slice>.log")
+    again.add_argument("--current-engine", action="store_true",
+                       help="measure the engine as it is now: drop the flags that pin an "
+                            "earlier one (--no-detach-behind-step)")
+    again.add_argument("--gpu-only", action="store_true",
+                       help="the GPU replays only (run --gpu-only), compared here by adopt")
+    again.add_argument("--dry-run", action="store_true", help="print the commands, run none")
+
     adopt = commands.add_parser("adopt", help="put GPU replays measured again into an evidence "
                                               "slice, then rebuild it")
     adopt.add_argument("source", type=Path,
@@ -148,10 +164,12 @@ def main(argv: list[str] | None = None) -> int:
     from validation import commands
     from validation.adopt import adopt_command
     from validation.evidence import rebuild_command
+    from validation.remeasure import remeasure_command
 
     handler = {"compare": commands.compare, "run": commands.run, "fit": commands.fit,
                "fake-gpu": commands.fake_gpu, "table": commands.table,
-               "rebuild": rebuild_command, "adopt": adopt_command}[args.command]
+               "rebuild": rebuild_command, "remeasure": remeasure_command,
+               "adopt": adopt_command}[args.command]
     try:
         return handler(args)
     except (TraceError, ValueError) as exc:

@@ -1,0 +1,103 @@
+"""`python -m validation remeasure`: evidence slices measured again by their own commands."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from validation.cli import main
+from validation.evidence import EVIDENCE_DIR, read_recipe, slice_folders
+from validation.remeasure import SliceCommand, chosen, remeasure, slice_command
+
+TP2 = "h200x2_llama-3.1-8b_azure-conv_tp2"  # its command sets the engine's environment
+PINNED = "h200_llama-3.1-8b_azure-conv_async"  # its command pins --no-detach-behind-step
+
+
+def test_a_slice_runs_its_own_command_into_its_folder(tmp_path):
+    words = shlex.split(read_recipe(EVIDENCE_DIR / TP2).command)
+    command = slice_command(EVIDENCE_DIR / TP2, tmp_path / TP2, current_engine=True,
+                            gpu_only=False, python="py")
+    assert command.env == {"GPU_BACKEND_FUSED": "0", "GPU_BACKEND_DECODE_PLAN": "0"}
+    assert command.argv == ["py"] + [str(tmp_path / TP2) if w == "OUT" else w
+                                     for w in words[3:]]
+
+
+def test_the_current_engine_drops_the_pin_and_gpu_only_is_added_once(tmp_path):
+    words = shlex.split(read_recipe(EVIDENCE_DIR / PINNED).command)
+    assert "--no-detach-behind-step" in words
+    now = slice_command(EVIDENCE_DIR / PINNED, tmp_path, current_engine=True, gpu_only=True)
+    assert "--no-detach-behind-step" not in now.argv
+    assert now.argv.count("--gpu-only") == 1 and now.argv[0] == sys.executable
+    assert len(now.argv) == len(words)  # python for python, less the pin, plus the flag
+    kept = slice_command(EVIDENCE_DIR / PINNED, tmp_path, current_engine=False, gpu_only=False)
+    assert "--no-detach-behind-step" in kept.argv and "--gpu-only" not in kept.argv
+
+
+def test_stale_takes_every_slice_pinned_to_an_earlier_engine_once():
+    pinned = [f for f in slice_folders()
+              if "--no-detach-behind-step" in json.loads((f / "slice.json").read_text())["command"]]
+    assert EVIDENCE_DIR / PINNED in pinned
+    assert chosen([], True, EVIDENCE_DIR) == pinned
+    assert set(chosen([TP2], True, EVIDENCE_DIR)) == {EVIDENCE_DIR / TP2, *pinned}
+    assert len(chosen([PINNED, PINNED], False, EVIDENCE_DIR)) == 1
+    with pytest.raises(ValueError, match="no slice to measure"):
+        chosen([], False, EVIDENCE_DIR)
+
+
+def test_a_command_that_is_not_a_run_into_out_is_named(tmp_path):
+    folder = tmp_path / "h200_x_y"
+    shutil.copytree(EVIDENCE_DIR / TP2, folder, ignore=shutil.ignore_patterns("runs", "repeats"))
+    recipe = json.loads((folder / "slice.json").read_text())
+    recipe["command"] = recipe["command"].replace("--out OUT", "--out somewhere")
+    (folder / "slice.json").write_text(json.dumps(recipe))
+    with pytest.raises(ValueError, match=r"slice.json: command: expected `python -m validation"):
+        slice_command(folder, tmp_path / "out", current_engine=False, gpu_only=False)
+
+
+def test_each_slice_runs_with_its_environment_and_a_failure_does_not_stop_the_rest(tmp_path):
+    def command(name: str, code: str) -> SliceCommand:
+        return SliceCommand(name, {"SLICE_SWITCH": name}, [sys.executable, "-c", code],
+                            tmp_path / name)
+    printing = "import os, sys; print(os.environ['SLICE_SWITCH']); sys.exit({})"
+    status = remeasure([command("a", printing.format(3)), command("b", printing.format(0))],
+                       tmp_path / "out", cwd=tmp_path, log=lambda _: None)
+    assert status == {"a": 3, "b": 0}
+    assert (tmp_path / "out" / "a.log").read_text() == "a\n"
+    assert (tmp_path / "out" / "b.log").read_text() == "b\n"
+
+
+def test_dry_run_prints_each_command_and_runs_none(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["remeasure", TP2, PINNED, "--current-engine", "--gpu-only", "--out", str(out),
+                 "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("GPU_BACKEND_FUSED=0 GPU_BACKEND_DECODE_PLAN=0 ")
+    assert f"--out {out / PINNED} --gpu-only" in lines[1]
+    assert not out.exists()
+    assert main(["remeasure", "--out", str(out)]) == 2
+    assert "no slice to measure" in capsys.readouterr().err
+    assert Path(out).exists() is False
+
+
+def test_an_interrupt_stops_the_slice_in_flight_and_runs_no_other(tmp_path):
+    import os
+    import signal
+    import threading
+
+    def command(name: str, code: str) -> SliceCommand:
+        return SliceCommand(name, {}, [sys.executable, "-c", code], tmp_path / name)
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        status = remeasure([command("slow", "import time; time.sleep(60)"),
+                            command("next", "print('ran')")],
+                           tmp_path / "out", cwd=tmp_path, log=lambda _: None)
+    finally:
+        timer.cancel()
+    assert status == {"slow": None}
+    assert not (tmp_path / "out" / "next.log").exists()
