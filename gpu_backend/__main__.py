@@ -251,10 +251,11 @@ def measured_fields(setup, probe, setup_s: float, replay_wall_s: float, clock: s
     """What a single-GPU replay measured besides its steps: setup, memory, graphs, host."""
     import torch
 
-    from gpu_backend.env import machine_start, versions
+    from gpu_backend.env import machine_start, measured_on, versions
 
     m = setup.measurement
     return {
+        "measured_on": measured_on(),  # the day it ran (UTC): `validation adopt` dates a slice
         # the host's speed during the replay (a fixed Python loop; gpu_backend.engine.hostprobe)
         "host_probe": probe.summary() if probe is not None else None,
         # which start of the machine ran it: replays on different starts compare two hosts

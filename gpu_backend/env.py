@@ -33,6 +33,11 @@ def versions() -> dict:
             **({"flashinfer": flashinfer} if flashinfer else {})}
 
 
+def measured_on() -> str:
+    """Today's date in UTC (ISO), as a replay records the day it ran."""
+    return datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+
+
 def machine_start(boot_id_path: Path = Path("/proc/sys/kernel/random/boot_id")) -> str | None:
     """This start of the machine: its host name and the kernel's boot id. Replays that share
     it ran on one host in one boot, so their host speed is comparable; None where the boot id

@@ -36,9 +36,10 @@ def root(tmp_path) -> Path:
     return tmp_path
 
 
-def measured_again(root: Path, out: Path, run: str, start: str | None = None) -> Path:
+def measured_again(root: Path, out: Path, run: str, start: str | None = None,
+                   day: str | None = None) -> Path:
     """A `run --out` folder holding the slice's own replay of `run`, CSVs uncompressed as the
-    engine writes them, with the start of the machine it recorded."""
+    engine writes them, with the start of the machine and the day it recorded."""
     source, dest = root / "validation" / "evidence" / SLICE / "runs" / run, out / "gpu" / run
     dest.mkdir(parents=True)
     for f in source.iterdir():
@@ -46,10 +47,11 @@ def measured_again(root: Path, out: Path, run: str, start: str | None = None) ->
             (dest / f.stem).write_bytes(gzip.decompress(f.read_bytes()))
         else:
             shutil.copy(f, dest / f.name)
-    if start is not None:
-        summary = json.loads((dest / "summary.json").read_text())
-        summary["runs"][0].setdefault("measured", {})["machine_start"] = start
-        (dest / "summary.json").write_text(json.dumps(summary))
+    summary = json.loads((dest / "summary.json").read_text())
+    for key, value in (("machine_start", start), ("measured_on", day)):
+        if value is not None:
+            summary["runs"][0].setdefault("measured", {})[key] = value
+    (dest / "summary.json").write_text(json.dumps(summary))
     return out
 
 
@@ -169,3 +171,23 @@ def test_a_slice_with_no_runs_or_no_report_is_named_with_its_fix(root, tmp_path)
     shutil.copytree(root / "validation" / "evidence" / SLICE / "runs", folder / "runs")
     with pytest.raises(ValueError, match=f"{name}: no report yet.* validation rebuild {name}"):
         adopt(out, SLICE, root=root, log=lambda _: None)
+
+
+def test_the_slice_is_dated_by_its_replays_where_each_recorded_its_day(root, tmp_path):
+    folder = root / "validation" / "evidence" / SLICE
+    before = read_recipe(folder).measured_on
+    logged: list[str] = []
+    # static's replay is older than the day record: the date stays, and the log says so
+    adopt(measured_again(root, tmp_path / "a", "elastic_chunk_8192", "vm/b", "2026-12-07"),
+          SLICE, root=root, log=logged.append)
+    assert read_recipe(folder).measured_on == before
+    assert any("measured_on left at" in line and "set it by hand" in line for line in logged)
+    out = measured_again(root, tmp_path / "b", "static_chunk_8192", "vm/c", "2026-12-08")
+    measured_again(root, out, "elastic_chunk_8192", "vm/c", "2026-12-08")
+    adopt(out, SLICE, root=root, log=lambda _: None)
+    assert read_recipe(folder).measured_on == "2026-12-08"
+    assert "Replayed on 2026-12-08 on" in (folder / "report.md").read_text()
+    # one run measured again on another day: the slice names both days
+    adopt(measured_again(root, tmp_path / "c", "static_chunk_8192", "vm/c", "2026-12-09"),
+          SLICE, root=root, log=lambda _: None)
+    assert read_recipe(folder).measured_on == "2026-12-08 and 2026-12-09"

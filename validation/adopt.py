@@ -14,7 +14,8 @@ into slice.json's `replayed_apart` (compare.mark_replayed_apart), unless every r
 recorded one and the same start. The slice's report and the results tables are then rebuilt.
 
 A new slice is its folder with a slice.json and no runs yet: its first adoption (not a repeat)
-makes every adopted run one of its runs.
+makes every adopted run one of its runs. Where every compared replay recorded the day it ran,
+slice.json's `measured_on` becomes those days.
 """
 
 from __future__ import annotations
@@ -57,9 +58,13 @@ def adopt(source: Path, slice_name: str, *, repeat: bool = False, root: Path = R
         apart = _replayed_apart(folder, adopted, known, recipe.replayed_apart)
         for name, run in sorted(adopted.items()):
             _replace_run(run, folder, name)
-        _write_apart(folder, apart)
+        dates = _dates(folder, known)
+        _write_recipe(folder, apart, dates)
         log(f"{folder.name}: runs {', '.join(sorted(adopted))} replaced"
-            + (f"; replayed apart: {', '.join(apart)}" if apart else ""))
+            + (f"; replayed apart: {', '.join(apart)}" if apart else "")
+            + (f"; measured_on {dates}" if dates else
+               f"; measured_on left at {recipe.measured_on}: replays older than the date "
+               "record recorded none, so set it by hand"))
     rebuild([folder], plots=False, root=root, log=log)
     return sorted(adopted)
 
@@ -133,14 +138,28 @@ def _adopt_repeat(adopted: dict[str, Path], folder: Path) -> Path:
     return dest
 
 
-def _write_apart(folder: Path, apart: list[str]) -> None:
-    """slice.json with `replayed_apart` set to `apart` (dropped when empty), its layout kept."""
+def _dates(folder: Path, runs: set[str]) -> str | None:
+    """The days the slice's compared replays ran, as their summaries recorded them
+    (`measured.measured_on`): one date, or several joined by "and"; None where a replay
+    recorded none."""
+    dates = {(load_summary(folder / "runs" / name).summary.get("measured") or {})
+             .get("measured_on") for name in runs}
+    if not dates or None in dates:
+        return None
+    return " and ".join(sorted(str(d) for d in dates))
+
+
+def _write_recipe(folder: Path, apart: list[str], measured_on: str | None) -> None:
+    """slice.json with `replayed_apart` set to `apart` (dropped when empty) and, where known,
+    `measured_on`, its layout kept."""
     path = folder / RECIPE
     raw = path.read_text()
     data = json.loads(raw)
     data.pop("replayed_apart", None)
     if apart:
         data["replayed_apart"] = apart
+    if measured_on is not None:
+        data["measured_on"] = measured_on
     indent = 2 if '\n  "' in raw else 1
     path.write_text(json.dumps(data, indent=indent) + ("\n" if raw.endswith("\n") else ""))
 

@@ -25,7 +25,7 @@ from gpu_backend.engine.replay import (
     replay_fields,
     write_outputs,
 )
-from gpu_backend.env import versions
+from gpu_backend.env import machine_start, measured_on, versions
 from gpu_backend.tp.engine import TpEngine
 from gpu_backend.tp.group import TpGroup, spawn_ranks
 from sim.core.engine_config import EngineConfig
@@ -67,6 +67,7 @@ def replay_rank(group: TpGroup, args: argparse.Namespace, config: EngineConfig,
     wall_start = time.perf_counter()
     replay(engine, requests, wait=False, progress=progress if group.is_first else None)
     measured = {
+        "measured_on": measured_on(), "machine_start": machine_start(),
         "setup_s": setup_s, "replay_wall_s": time.perf_counter() - wall_start,
         "clock": "virtual", "gpu_name": torch.cuda.get_device_name(group.device),
         "versions": versions(),
