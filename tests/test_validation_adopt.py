@@ -191,3 +191,40 @@ def test_the_slice_is_dated_by_its_replays_where_each_recorded_its_day(root, tmp
     adopt(measured_again(root, tmp_path / "c", "static_chunk_8192", "vm/c", "2026-12-09"),
           SLICE, root=root, log=lambda _: None)
     assert read_recipe(folder).measured_on == "2026-12-08 and 2026-12-09"
+
+
+def with_config(out: Path, run: str, detach_behind_step: bool) -> Path:
+    """The run in `out` with the config.json a replay now writes beside its summary."""
+    from validation.run_config import engine_config
+    from validation.runs import load_summary
+
+    folder = out / "gpu" / run
+    config = engine_config(load_summary(folder).summary).with_(
+        detach_behind_step=detach_behind_step)
+    (folder / "config.json").write_text(config.to_json())
+    return out
+
+
+def test_the_pin_leaves_the_command_once_every_run_measured_the_current_engine(root, tmp_path):
+    folder = root / "validation" / "evidence" / SLICE
+    recipe = json.loads((folder / "slice.json").read_text())
+    unpinned = recipe["command"]
+    recipe["command"] = unpinned.replace(" --out OUT", " --no-detach-behind-step --out OUT")
+    (folder / "slice.json").write_text(json.dumps(recipe, indent=1) + "\n")
+    # one run on the current engine: the other still measured the pinned one
+    out = with_config(measured_again(root, tmp_path / "a", "elastic_chunk_8192", "vm/b"),
+                      "elastic_chunk_8192", True)
+    adopt(out, SLICE, root=root, log=lambda _: None)
+    assert "--no-detach-behind-step" in read_recipe(folder).command
+    # both, one of them with the pin on: it stays
+    out = measured_again(root, tmp_path / "b", "elastic_chunk_8192", "vm/c")
+    measured_again(root, out, "static_chunk_8192", "vm/c")
+    with_config(with_config(out, "elastic_chunk_8192", True), "static_chunk_8192", False)
+    adopt(out, SLICE, root=root, log=lambda _: None)
+    assert "--no-detach-behind-step" in read_recipe(folder).command
+    # both on the current engine: the pin goes, the rest of the command as it was
+    with_config(out, "static_chunk_8192", True)
+    logged: list[str] = []
+    adopt(out, SLICE, root=root, log=logged.append)
+    assert read_recipe(folder).command == unpinned
+    assert any("--no-detach-behind-step taken out of its command" in line for line in logged)

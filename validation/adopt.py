@@ -22,13 +22,24 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
+import shlex
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
 from validation.compare import machine_start
-from validation.evidence import RECIPE, ROOT, Log, find_slice, read_recipe, rebuild, run_names
-from validation.runs import find_runs, load_summary
+from validation.evidence import (
+    ENGINE_PINS,
+    RECIPE,
+    ROOT,
+    Log,
+    find_slice,
+    read_recipe,
+    rebuild,
+    run_names,
+)
+from validation.runs import CONFIG_FILE, find_runs, load_summary
 
 CSV_LEVEL = 9  # gzip level of the evidence CSVs (validation/evidence/README.md)
 
@@ -59,9 +70,13 @@ def adopt(source: Path, slice_name: str, *, repeat: bool = False, root: Path = R
         for name, run in sorted(adopted.items()):
             _replace_run(run, folder, name)
         dates = _dates(folder, known)
-        _write_recipe(folder, apart, dates)
+        unpinned = [pin for pin, field in ENGINE_PINS.items()
+                    if pin in shlex.split(recipe.command) and _all_on(folder, known, field)]
+        _write_recipe(folder, apart, dates, unpinned)
         log(f"{folder.name}: runs {', '.join(sorted(adopted))} replaced"
             + (f"; replayed apart: {', '.join(apart)}" if apart else "")
+            + (f"; {', '.join(unpinned)} taken out of its command: every run measured the "
+               "current engine" if unpinned else "")
             + (f"; measured_on {dates}" if dates else
                f"; measured_on left at {recipe.measured_on}: replays older than the date "
                "record recorded none, so set it by hand"))
@@ -149,9 +164,20 @@ def _dates(folder: Path, runs: set[str]) -> str | None:
     return " and ".join(sorted(str(d) for d in dates))
 
 
-def _write_recipe(folder: Path, apart: list[str], measured_on: str | None) -> None:
-    """slice.json with `replayed_apart` set to `apart` (dropped when empty) and, where known,
-    `measured_on`, its layout kept."""
+def _all_on(folder: Path, runs: set[str], field: str) -> bool:
+    """Whether every compared replay ran with the EngineConfig `field` on (its config.json;
+    a replay without one ran an engine older than the field)."""
+    for name in runs:
+        path = folder / "runs" / name / CONFIG_FILE
+        if not path.is_file() or json.loads(path.read_text()).get(field) is not True:
+            return False
+    return True
+
+
+def _write_recipe(folder: Path, apart: list[str], measured_on: str | None,
+                  unpinned: Sequence[str] = ()) -> None:
+    """slice.json with `replayed_apart` set to `apart` (dropped when empty), where known
+    `measured_on`, and the flags `unpinned` taken out of its command, its layout kept."""
     path = folder / RECIPE
     raw = path.read_text()
     data = json.loads(raw)
@@ -160,6 +186,8 @@ def _write_recipe(folder: Path, apart: list[str], measured_on: str | None) -> No
         data["replayed_apart"] = apart
     if measured_on is not None:
         data["measured_on"] = measured_on
+    for pin in unpinned:  # the one word, the command's quoting kept
+        data["command"] = re.sub(rf"\s{re.escape(pin)}(?=\s|$)", "", data["command"])
     indent = 2 if '\n  "' in raw else 1
     path.write_text(json.dumps(data, indent=indent) + ("\n" if raw.endswith("\n") else ""))
 

@@ -37,6 +37,9 @@ from validation.runs import (
 ROOT = REPO_ROOT
 EVIDENCE_DIR = ROOT / "validation" / "evidence"
 RECIPE = "slice.json"
+# flags a slice's command carries to measure an engine the current one no longer is by default,
+# each with the EngineConfig field it turns off (`remeasure --current-engine`, `adopt`)
+ENGINE_PINS = {"--no-detach-behind-step": "detach_behind_step"}
 REPORT_FILES = ("report.json", "report.md")
 RECIPE_FIELDS = {"calibration": str, "trace": str, "limit": (int, type(None)),
                  "window_s": (list, type(None)), "rate_scale": (int, float),

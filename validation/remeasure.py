@@ -8,8 +8,8 @@ named with its log and the next one runs; an interrupt stops the slice in flight
 every slice that finished.
 
 - `--current-engine` measures the engine as it is now: it takes out of each command the flags
-  that pin an earlier engine (ENGINE_PINS). Adopt every run, then take the pin out of
-  slice.json's command too (validation/evidence/README.md).
+  that pin an earlier engine (ENGINE_PINS). Once every run of a slice is adopted so, `adopt`
+  takes the pin out of its slice.json's command too.
 - `--stale` adds every slice whose command pins an earlier engine.
 - `--gpu-only` runs the GPU replays only (`run --gpu-only`): a GPU machine without simpy, the
   comparison made here after `adopt`.
@@ -28,10 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from validation.evidence import ROOT, find_slice, read_recipe, slice_folders
+from validation.evidence import ENGINE_PINS, ROOT, find_slice, read_recipe, slice_folders
 
-# flags a slice's command carries to measure an engine the current one no longer is by default
-ENGINE_PINS = ("--no-detach-behind-step",)
 _ENV = re.compile(r"[A-Z_][A-Z0-9_]*=\S*")
 
 
