@@ -1,5 +1,5 @@
 """What the validation evidence says of a calibration (sim.core.calibration.validated), and
-the index `python -m validation rebuild` writes for it (validation.evidence)."""
+the index `python -m validation rebuild` writes for it (validation.results)."""
 
 from __future__ import annotations
 
@@ -19,15 +19,9 @@ from sim.core.calibration.validated import (
     read_index,
     validated,
 )
-from validation.evidence import (
-    EVIDENCE_DIR,
-    calibration_index,
-    read_recipe,
-    slice_folders,
-)
-from validation.evidence import (
-    INDEX as INDEX_NAME,
-)
+from validation.evidence import EVIDENCE_DIR, read_recipe, slice_folders
+from validation.results import INDEX as INDEX_NAME
+from validation.results import calibration_index
 
 SHIPPED = "calibration/h100/qwen2.5-7b.json"
 

@@ -11,13 +11,8 @@ import pytest
 
 from validation.adopt import adopt
 from validation.cli import main
-from validation.evidence import (
-    EVIDENCE_DIR,
-    EVIDENCE_MARKERS,
-    README_MARKERS,
-    ROOT,
-    read_recipe,
-)
+from validation.evidence import EVIDENCE_DIR, ROOT, read_recipe
+from validation.results import EVIDENCE_MARKERS, README_MARKERS
 
 SLICE = "h200_qwen2.5-0.5b_mooncake-conv_piecewise"  # two runs, one repeat each, ~3 s a rebuild
 

@@ -18,17 +18,14 @@ import pytest
 
 from validation.evidence import (
     EVIDENCE_DIR,
-    README_MARKERS,
     ROOT,
-    between_markers,
     differing,
-    engine_of,
     read_recipe,
     render,
     slice_folders,
     stale_inputs,
-    update_results,
 )
+from validation.results import README_MARKERS, between_markers, engine_of, update_results
 
 # the two slices that rebuild fastest (40 requests each, ~2-3 s)
 BYTE_FOR_BYTE = ("h200_qwen2.5-0.5b_mooncake-conv_piecewise",

@@ -36,9 +36,9 @@ from validation.evidence import (
     Log,
     find_slice,
     read_recipe,
-    rebuild,
     run_names,
 )
+from validation.results import rebuild
 from validation.runs import CONFIG_FILE, find_runs, load_summary
 
 CSV_LEVEL = 9  # gzip level of the evidence CSVs (validation/evidence/README.md)

@@ -163,8 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from validation import commands
     from validation.adopt import adopt_command
-    from validation.evidence import rebuild_command
     from validation.remeasure import remeasure_command
+    from validation.results import rebuild_command
 
     handler = {"compare": commands.compare, "run": commands.run, "fit": commands.fit,
                "fake-gpu": commands.fake_gpu, "table": commands.table,
