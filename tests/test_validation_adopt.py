@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from validation.adopt import adopt
+from validation.adopt import adopt, adopt_all
 from validation.cli import main
 from validation.evidence import EVIDENCE_DIR, ROOT, read_recipe
 from validation.results import EVIDENCE_MARKERS, README_MARKERS
@@ -223,3 +223,23 @@ def test_the_pin_leaves_the_command_once_every_run_measured_the_current_engine(r
     adopt(out, SLICE, root=root, log=logged.append)
     assert read_recipe(folder).command == unpinned
     assert any("--no-detach-behind-step taken out of its command" in line for line in logged)
+
+
+def test_a_remeasure_folder_adopts_every_slice_measured_whole(root, tmp_path, capsys):
+    folder = root / "validation" / "evidence" / SLICE
+    out = tmp_path / "remeasured"
+    measured_again(root, out / SLICE, "static_chunk_8192", "vm/b", "2026-12-10")
+    measured_again(root, out / SLICE, "elastic_chunk_8192", "vm/b", "2026-12-10")
+    (out / "notes").mkdir()  # not a slice: not adopted, not refused
+    assert adopt_all(out, root=root, log=lambda _: None) == []
+    assert read_recipe(folder).measured_on == "2026-12-10"
+    # a slice measured in part (a remeasure cut short) is refused by name, nothing replaced
+    part = tmp_path / "part"
+    measured_again(root, part / SLICE, "static_chunk_8192", "vm/c", "2026-12-11")
+    assert adopt_all(part, root=root, log=lambda _: None) == [SLICE]
+    err = capsys.readouterr().err
+    assert "was measured in part (no elastic_chunk_8192)" in err
+    assert f"adopt {part / SLICE} {SLICE}" in err
+    assert read_recipe(folder).measured_on == "2026-12-10"
+    with pytest.raises(ValueError, match="no folder named after a slice"):
+        adopt_all(tmp_path / "empty", root=root)

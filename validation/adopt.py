@@ -25,6 +25,7 @@ import json
 import re
 import shlex
 import shutil
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -192,7 +193,52 @@ def _write_recipe(folder: Path, apart: list[str], measured_on: str | None,
     path.write_text(json.dumps(data, indent=indent) + ("\n" if raw.endswith("\n") else ""))
 
 
+def measured_slices(out: Path, evidence_dir: Path) -> list[str]:
+    """The slices a `remeasure --out OUT` folder holds: its folders named after a slice of
+    `evidence_dir` (each a `run --out` folder)."""
+    names = sorted(p.name for p in out.iterdir() if p.is_dir()
+                   and (evidence_dir / p.name / RECIPE).is_file()) if out.is_dir() else []
+    if not names:
+        raise ValueError(f"{out}: no folder named after a slice of {evidence_dir}; give the "
+                         "slice (adopt OUT SLICE), or the --out folder of `remeasure`")
+    return names
+
+
+def _whole(source: Path, folder: Path) -> None:
+    """Refuse a slice measured only in part (a `remeasure` cut short): adopted by name only."""
+    runs_dir = source / "gpu" if (source / "gpu").is_dir() else source
+    found = {run.name for run in find_runs(runs_dir)} if runs_dir.is_dir() else set()
+    missing = sorted(run_names(folder) - found)
+    if missing:
+        raise ValueError(f"{source}: {folder.name} was measured in part (no {', '.join(missing)}); "
+                         f"adopt it by name if that is meant: python -m validation adopt "
+                         f"{source} {folder.name}")
+
+
+def adopt_all(out: Path, *, repeat: bool = False, root: Path = ROOT,
+              log: Log = print) -> list[str]:
+    """Every slice the `remeasure --out` folder `out` holds, adopted one after another; a
+    slice refused (measured in part, or by `adopt`'s checks) is named on stderr and the rest
+    go on. Returns the slices refused."""
+    refused = []
+    evidence_dir = root / "validation" / "evidence"
+    for name in measured_slices(out, evidence_dir):
+        try:
+            _whole(out / name, evidence_dir / name)
+            adopt(out / name, name, repeat=repeat, root=root, log=log)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            refused.append(name)
+    return refused
+
+
 def adopt_command(args) -> int:
-    """`python -m validation adopt OUT SLICE [--repeat]`."""
-    adopt(args.source, args.slice, repeat=args.repeat)
-    return 0
+    """`python -m validation adopt OUT [SLICE] [--repeat]`: without SLICE, every slice the
+    `remeasure --out` folder OUT holds (adopt_all)."""
+    if args.slice is not None:
+        adopt(args.source, args.slice, repeat=args.repeat)
+        return 0
+    refused = adopt_all(args.source, repeat=args.repeat)
+    if refused:
+        print(f"not adopted: {', '.join(refused)}", file=sys.stderr)
+    return 2 if refused else 0

@@ -14,7 +14,7 @@
     # slices measured again on a GPU, each by the command its slice.json holds
     python -m validation remeasure SLICE ... --out OUT [--current-engine] [--gpu-only]
     # runs of a slice measured again (`run ... --gpu-only --out OUT`): into the slice, rebuilt
-    python -m validation adopt OUT SLICE [--repeat]
+    python -m validation adopt OUT [SLICE] [--repeat]
 """
 
 from __future__ import annotations
@@ -147,8 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
     adopt = commands.add_parser("adopt", help="put GPU replays measured again into an evidence "
                                               "slice, then rebuild it")
     adopt.add_argument("source", type=Path,
-                       help="a `run --out` folder, or a folder of GPU run folders")
-    adopt.add_argument("slice", help="the slice folder's name under validation/evidence/")
+                       help="a `run --out` folder, or a folder of GPU run folders; without "
+                            "SLICE, a `remeasure --out` folder (every slice it holds)")
+    adopt.add_argument("slice", nargs="?", default=None,
+                       help="the slice folder's name under validation/evidence/")
     adopt.add_argument("--repeat", action="store_true",
                        help="add them as a new repeats/repeat-<k>/ instead of replacing the "
                             "compared replays (and their repeats)")

@@ -127,6 +127,8 @@ def remeasure_command(args) -> int:
     for name in done:
         print(f"measured: {name}; put it into the evidence: python -m validation adopt "
               f"{args.out / name} {name}")
+    if len(done) > 1:
+        print(f"or every slice measured: python -m validation adopt {args.out}")
     for name in failed:
         print(f"failed: {name} (exit {status[name]}; {args.out / (name + '.log')})",
               file=sys.stderr)
