@@ -23,7 +23,6 @@ from __future__ import annotations
 import gzip
 import json
 import re
-import shlex
 import shutil
 import sys
 from collections.abc import Sequence
@@ -35,6 +34,7 @@ from validation.evidence import (
     RECIPE,
     ROOT,
     Log,
+    engine_pins,
     find_slice,
     read_recipe,
     run_names,
@@ -52,8 +52,7 @@ def adopt(source: Path, slice_name: str, *, repeat: bool = False, root: Path = R
     ran on another start, and rebuild. Returns the adopted runs' folder names."""
     folder = find_slice(slice_name, root / "validation" / "evidence")
     recipe = read_recipe(folder)
-    runs_dir = source / "gpu" if (source / "gpu").is_dir() else source  # a `run --out` folder
-    adopted = {run.name: run for run in find_runs(runs_dir)}
+    adopted = _measured_runs(source)
     known = run_names(folder)
     if not known and not repeat:
         known = set(adopted)  # a new slice: the runs measured are its runs
@@ -71,8 +70,8 @@ def adopt(source: Path, slice_name: str, *, repeat: bool = False, root: Path = R
         for name, run in sorted(adopted.items()):
             _replace_run(run, folder, name)
         dates = _dates(folder, known)
-        unpinned = [pin for pin, field in ENGINE_PINS.items()
-                    if pin in shlex.split(recipe.command) and _all_on(folder, known, field)]
+        unpinned = [pin for pin in engine_pins(recipe.command)
+                    if _all_on(folder, known, ENGINE_PINS[pin])]
         _write_recipe(folder, apart, dates, unpinned)
         log(f"{folder.name}: runs {', '.join(sorted(adopted))} replaced"
             + (f"; replayed apart: {', '.join(apart)}" if apart else "")
@@ -83,6 +82,13 @@ def adopt(source: Path, slice_name: str, *, repeat: bool = False, root: Path = R
                "record recorded none, so set it by hand"))
     rebuild([folder], plots=False, root=root, log=log)
     return sorted(adopted)
+
+
+def _measured_runs(source: Path) -> dict[str, Path]:
+    """The GPU run folders under `source` (a `run --out` folder's gpu/, or `source` itself),
+    by name."""
+    runs_dir = source / "gpu" if (source / "gpu").is_dir() else source
+    return {run.name: run for run in find_runs(runs_dir)}
 
 
 def _check_slice(run: Path, folder: Path, limit: int | None, rate_scale: float) -> None:
@@ -206,9 +212,7 @@ def measured_slices(out: Path, evidence_dir: Path) -> list[str]:
 
 def _whole(source: Path, folder: Path) -> None:
     """Refuse a slice measured only in part (a `remeasure` cut short): adopted by name only."""
-    runs_dir = source / "gpu" if (source / "gpu").is_dir() else source
-    found = {run.name for run in find_runs(runs_dir)} if runs_dir.is_dir() else set()
-    missing = sorted(run_names(folder) - found)
+    missing = sorted(run_names(folder) - set(_measured_runs(source)))
     if missing:
         raise ValueError(f"{source}: {folder.name} was measured in part (no {', '.join(missing)}); "
                          f"adopt it by name if that is meant: python -m validation adopt "

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,6 +103,11 @@ def run_names(folder: Path) -> set[str]:
 def slice_folders(evidence_dir: Path = EVIDENCE_DIR) -> list[Path]:
     """Every slice folder (one holding a slice.json), sorted by name."""
     return sorted(p.parent for p in evidence_dir.glob(f"*/{RECIPE}"))
+
+
+def engine_pins(command: str) -> list[str]:
+    """The flags of a slice's command that pin an earlier engine (ENGINE_PINS)."""
+    return [word for word in shlex.split(command) if word in ENGINE_PINS]
 
 
 def find_slice(name: str, evidence_dir: Path = EVIDENCE_DIR) -> Path:

@@ -28,7 +28,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from validation.evidence import ENGINE_PINS, ROOT, find_slice, read_recipe, slice_folders
+from validation.evidence import (
+    ENGINE_PINS,
+    ROOT,
+    engine_pins,
+    find_slice,
+    read_recipe,
+    slice_folders,
+)
 
 _ENV = re.compile(r"[A-Z_][A-Z0-9_]*=\S*")
 
@@ -44,11 +51,6 @@ class SliceCommand:
     def shown(self) -> str:
         words = [f"{k}={v}" for k, v in self.env.items()] + self.argv
         return " ".join(shlex.quote(w) for w in words)
-
-
-def pinned(command: str) -> bool:
-    """Whether a slice's command pins an earlier engine."""
-    return any(pin in shlex.split(command) for pin in ENGINE_PINS)
 
 
 def slice_command(folder: Path, out: Path, *, current_engine: bool, gpu_only: bool,
@@ -74,7 +76,7 @@ def chosen(names: Sequence[str], stale: bool, evidence_dir: Path) -> list[Path]:
     """The slices named, then (`stale`) every slice pinned to an earlier engine, each once."""
     folders = [find_slice(name, evidence_dir) for name in names]
     if stale:
-        folders += [f for f in slice_folders(evidence_dir) if pinned(read_recipe(f).command)]
+        folders += [f for f in slice_folders(evidence_dir) if engine_pins(read_recipe(f).command)]
     unique = list(dict.fromkeys(folders))
     if not unique:
         raise ValueError("no slice to measure: name slices, or --stale for every slice whose "
