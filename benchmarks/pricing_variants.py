@@ -1,0 +1,144 @@
+"""Would another way of pricing the host make the model better? (CPU, under a minute each)
+
+    python benchmarks/pricing_variants.py host-scaled [SLICE ...] [--out FILE]
+    python benchmarks/pricing_variants.py ahead-fit [SLICE ...] [--out FILE]
+
+Each variant prices every run of the committed evidence (single-GPU slices; `ahead-fit`: the
+async ones) both ways, the calibration as it is and the variant, and compares both with the
+measurement. Neither variant fits anything to the replays, so every run is data it was not
+fitted on; a variant pays if the targets' errors shrink.
+
+- `host-scaled`: every replay records a host probe (a fixed Python loop,
+  `measured.host_probe` in its summary), and so does the profile that prices it. The
+  calibration's host terms (`sim.core.efficiency.HOST_TERMS` and the host gap) are scaled by
+  the run's probe over the profile's (`host_slower`).
+- `ahead-fit`: the model prices an async step as its synchronous time less the host gap
+  (`Efficiency.host_gap_s`). The profile also times every grid step launched back to back
+  (`ahead_s`, the period async scheduling runs it at). The variant refits the calibration's
+  grid to those periods (`gpu_backend refit` on ahead_s, no host gap taken off) and prices
+  the async runs with that fit.
+
+Prints, per metric, the median |error| over the runs both ways and in how many runs the
+variant did better, then the runs whose host was more than 20% off the profile's, and the
+slice targets (median over a slice's runs) each way misses; writes every run's errors as JSON
+with --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a plain checkout
+
+from gpu_backend.engine.calibrate import refit_calibration  # noqa: E402
+from sim.core.calibration import load_calibration, parse_calibration  # noqa: E402
+from sim.core.efficiency import Efficiency, host_slower  # noqa: E402
+from validation.evidence import EVIDENCE_DIR, ROOT, load_runs, read_recipe  # noqa: E402
+from validation.pipeline import compare_run  # noqa: E402
+from validation.run_config import engine_config  # noqa: E402
+
+TARGETS = {"ttft_p50_s": 0.05, "tpot_p50_s": 0.05, "throughput_tok_s": 0.05, "ttft_p99_s": 0.10}
+FAR = 0.2  # a host this far from the profile's, either way, counts as moved
+
+
+def ahead_fit(data: dict, source: str) -> Efficiency | None:
+    """The calibration `data` refitted to its grid's back-to-back periods (None: its profile
+    timed none). The periods hold the host's share already, so no host gap is taken off."""
+    if not any(m.get("ahead_s") for m in data["measurements"]):
+        return None
+    periods = copy.deepcopy(data)
+    for m in periods["measurements"]:
+        if m.get("ahead_s"):
+            m["measured_s"] = m["ahead_s"]
+        m.pop("device_s", None)  # no device span: with_host_gap keeps the gap at 0
+    fitted = parse_calibration(refit_calibration(periods), source).parts()[0]
+    return replace(fitted, host_gap_s=0.0)
+
+
+def slice_errors(folder: Path, variant: str) -> list[dict]:
+    """Each run of the slice in `folder` the variant applies to: its host probe ratio and each
+    metric's relative error, as priced and with the variant."""
+    recipe = read_recipe(folder)
+    calibration = load_calibration(ROOT / recipe.calibration)
+    efficiency, profile, vmm_costs = calibration.parts()
+    profile_probe = (calibration.data.get("host_probe") or {}).get("median_s")
+    refitted = ahead_fit(calibration.data, recipe.calibration) if variant == "ahead-fit" else None
+    if variant == "ahead-fit" and refitted is None:
+        return []
+    rows = []
+    for run in load_runs(folder):
+        if variant == "ahead-fit" and not engine_config(run.summary).async_scheduling:
+            continue
+        probe = ((run.summary.get("measured") or {}).get("host_probe") or {}).get("median_s")
+        ratio = probe / profile_probe if probe and profile_probe else None
+        if variant == "host-scaled":
+            if ratio is None:
+                continue
+            other = host_slower(efficiency, ratio)
+        else:
+            assert refitted is not None
+            other = refitted
+        as_is = compare_run(run, efficiency, profile, recipe.trace_slice, None, vmm_costs,
+                            sensitivity=False)
+        varied = compare_run(run, other, profile, recipe.trace_slice, None, vmm_costs,
+                             sensitivity=False)
+        rows.append({"slice": folder.name, "run": run.label, "host_ratio": ratio,
+                     **{m: [as_is.metrics[m]["relative_error"],
+                            varied.metrics[m]["relative_error"]] for m in TARGETS}})
+    return rows
+
+
+def summarize(rows: list[dict]) -> None:
+    def med(sample: list[dict], metric: str, which: int) -> float:
+        return 100 * statistics.median(abs(r[metric][which]) for r in sample)
+
+    far = [r for r in rows if r["host_ratio"] is not None and abs(r["host_ratio"] - 1.0) > FAR]
+    print(f"{len(rows)} runs; {len(far)} with the host more than {FAR:.0%} off the profile's")
+    print("metric | median |error| as priced -> variant, variant better in | host moved: "
+          "as priced -> variant")
+    for m in TARGETS:
+        better = sum(abs(r[m][1]) < abs(r[m][0]) for r in rows)
+        moved = f"{med(far, m, 0):.2f}% -> {med(far, m, 1):.2f}%" if far else "-"
+        print(f"{m} | {med(rows, m, 0):.2f}% -> {med(rows, m, 1):.2f}%, {better} of "
+              f"{len(rows)} | {moved}")
+    slices = sorted({r["slice"] for r in rows})
+    missed = [0, 0]
+    for name in slices:
+        runs = [r for r in rows if r["slice"] == name]
+        for m, limit in TARGETS.items():
+            for which in (0, 1):
+                missed[which] += statistics.median(abs(r[m][which]) for r in runs) > limit
+    print(f"slice targets missed (median over a slice's runs, {len(slices)} slices x "
+          f"{len(TARGETS)}): as priced {missed[0]}, variant {missed[1]}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("variant", choices=("host-scaled", "ahead-fit"))
+    parser.add_argument("slices", nargs="*", help="evidence slices (default: every single-GPU one)")
+    parser.add_argument("--out", type=Path, help="write every run's errors here (JSON)")
+    args = parser.parse_args(argv)
+    names = args.slices or sorted(p.name for p in EVIDENCE_DIR.iterdir()
+                                  if (p / "slice.json").is_file() and "x2_" not in p.name)
+    rows = []
+    for name in names:
+        found = slice_errors(EVIDENCE_DIR / name, args.variant)
+        rows += found
+        print(f"{name}: {len(found)} runs", file=sys.stderr)
+    if not rows:
+        print("no run to compare", file=sys.stderr)
+        return 1
+    summarize(rows)
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
