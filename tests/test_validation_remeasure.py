@@ -12,7 +12,14 @@ import pytest
 
 from validation.cli import main
 from validation.evidence import EVIDENCE_DIR, read_recipe, slice_folders
-from validation.remeasure import SliceCommand, chosen, remeasure, slice_command
+from validation.remeasure import (
+    PROCESS_START_S,
+    SliceCommand,
+    chosen,
+    expected_s,
+    remeasure,
+    slice_command,
+)
 
 TP2 = "h200x2_llama-3.1-8b_azure-conv_tp2"  # its command sets the engine's environment
 PINNED = "h200_llama-3.1-8b_azure-conv_async"  # its command pins --no-detach-behind-step
@@ -64,9 +71,9 @@ def test_each_slice_runs_with_its_environment_and_a_failure_does_not_stop_the_re
         return SliceCommand(name, {"SLICE_SWITCH": name}, [sys.executable, "-c", code],
                             tmp_path / name)
     printing = "import os, sys; print(os.environ['SLICE_SWITCH']); sys.exit({})"
-    status = remeasure([command("a", printing.format(3)), command("b", printing.format(0))],
+    result = remeasure([command("a", printing.format(3)), command("b", printing.format(0))],
                        tmp_path / "out", cwd=tmp_path, log=lambda _: None)
-    assert status == {"a": 3, "b": 0}
+    assert result.status == {"a": 3, "b": 0} and result.over_time == []
     assert (tmp_path / "out" / "a.log").read_text() == "a\n"
     assert (tmp_path / "out" / "b.log").read_text() == "b\n"
 
@@ -77,7 +84,7 @@ def test_dry_run_prints_each_command_and_runs_none(tmp_path, capsys):
                  "--dry-run"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and lines[0].startswith("GPU_BACKEND_FUSED=0 GPU_BACKEND_DECODE_PLAN=0 ")
-    assert f"--out {out / PINNED} --gpu-only" in lines[1]
+    assert f"--out {out / PINNED} --gpu-only  # about " in lines[1]
     assert not out.exists()
     assert main(["remeasure", "--out", str(out)]) == 2
     assert "no slice to measure" in capsys.readouterr().err
@@ -94,10 +101,41 @@ def test_an_interrupt_stops_the_slice_in_flight_and_runs_no_other(tmp_path):
     timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
     try:
-        status = remeasure([command("slow", "import time; time.sleep(60)"),
+        result = remeasure([command("slow", "import time; time.sleep(60)"),
                             command("next", "print('ran')")],
                            tmp_path / "out", cwd=tmp_path, log=lambda _: None)
     finally:
         timer.cancel()
-    assert status == {"slow": None}
+    assert result.status == {"slow": None}
     assert not (tmp_path / "out" / "next.log").exists()
+
+
+def test_a_slices_estimate_is_its_runs_recorded_setup_and_replay(tmp_path):
+    runs = {"static_chunk_2048": (11.9, 106.8), "elastic_chunk_2048": (6.7, 50.7)}
+    folder = tmp_path / "h200_x_y"
+    for name, (setup_s, replay_s) in runs.items():
+        (folder / "runs" / name).mkdir(parents=True)
+        summary = {"runs": [{"chunk": 2048, "policy": name.split("_")[0],
+                             "measured": {"setup_s": setup_s, "replay_wall_s": replay_s}}]}
+        (folder / "runs" / name / "summary.json").write_text(json.dumps(summary))
+    assert expected_s(folder) == pytest.approx(11.9 + 106.8 + 6.7 + 50.7 + 2 * PROCESS_START_S)
+    (folder / "runs" / "static_chunk_8192").mkdir()
+    (folder / "runs" / "static_chunk_8192" / "summary.json").write_text('{"runs": [{"chunk": 8192}]}')
+    assert expected_s(folder) is None  # a run that recorded no times: no estimate
+    assert expected_s(tmp_path / "new_slice") is None
+
+
+def test_the_time_limit_starts_only_what_fits_and_stops_what_outlasts_it(tmp_path):
+    def command(name: str, code: str, expected: float | None) -> SliceCommand:
+        return SliceCommand(name, {}, [sys.executable, "-c", code], tmp_path / name, expected)
+    quick = "print('ran')"
+    result = remeasure([command("long", quick, 500.0), command("unknown", quick, None),
+                        command("short", quick, 1.0)],
+                       tmp_path / "out", cwd=tmp_path, time_limit_s=60, log=lambda _: None)
+    assert result.status == {"unknown": 0, "short": 0} and result.over_time == ["long"]
+    assert not (tmp_path / "out" / "long.log").exists()
+    result = remeasure([command("slow", "import time; time.sleep(60)", None),
+                        command("next", quick, 1.0)],
+                       tmp_path / "again", cwd=tmp_path, time_limit_s=1.5, log=lambda _: None)
+    assert result.status == {"slow": None}  # stopped at the limit, nothing after it
+    assert not (tmp_path / "again" / "next.log").exists()

@@ -142,7 +142,12 @@ def build_parser() -> argparse.ArgumentParser:
                             "earlier one (--no-detach-behind-step)")
     again.add_argument("--gpu-only", action="store_true",
                        help="the GPU replays only (run --gpu-only), compared here by adopt")
-    again.add_argument("--dry-run", action="store_true", help="print the commands, run none")
+    again.add_argument("--time-limit-s", type=float, default=None, metavar="S",
+                       help="fit the work into S seconds: start no slice whose runs, as last "
+                            "measured, would outlast the time left; stop one still running at "
+                            "S (exit 3 when a slice was left out for time)")
+    again.add_argument("--dry-run", action="store_true",
+                       help="print the commands, each with its expected time; run none")
 
     adopt = commands.add_parser("adopt", help="put GPU replays measured again into an evidence "
                                               "slice, then rebuild it")

@@ -13,7 +13,12 @@ every slice that finished.
 - `--stale` adds every slice whose command pins an earlier engine.
 - `--gpu-only` runs the GPU replays only (`run --gpu-only`): a GPU machine without simpy, the
   comparison made here after `adopt`.
-- `--dry-run` prints the commands and runs nothing.
+- `--time-limit-s S` fits the work into S seconds of wall time (a GPU job's limit): a slice
+  whose runs, as last measured, would not finish in the time left is not started and is named,
+  the next one that fits runs, and a slice still running at the limit is stopped, its finished
+  runs kept. Each slice's estimate is its runs' recorded setup and replay time plus
+  PROCESS_START_S a run; a slice that records none is started whatever is left.
+- `--dry-run` prints the commands, each with its estimate, and runs nothing.
 """
 
 from __future__ import annotations
@@ -36,6 +41,11 @@ from validation.evidence import (
     read_recipe,
     slice_folders,
 )
+from validation.runs import find_runs, load_summary
+
+# a replay's seconds beyond the setup and replay its summary records (its process's start,
+# imports and exit): 5.5-8.5 s a run over the six H200 slices replayed on 2026-12-06
+PROCESS_START_S = 10.0
 
 _ENV = re.compile(r"[A-Z_][A-Z0-9_]*=\S*")
 
@@ -47,10 +57,40 @@ class SliceCommand:
     env: dict[str, str]
     argv: list[str]
     out: Path
+    expected_s: float | None = None  # expected_s(): its runs as last measured
 
     def shown(self) -> str:
         words = [f"{k}={v}" for k, v in self.env.items()] + self.argv
         return " ".join(shlex.quote(w) for w in words)
+
+    def estimate(self) -> str:
+        return ("no estimate (its runs record no setup and replay time)"
+                if self.expected_s is None else f"about {self.expected_s:.0f} s")
+
+
+@dataclass(frozen=True)
+class Remeasured:
+    """What `remeasure` did: each slice that ran and its exit status (None: stopped by an
+    interrupt or the time limit), in order, and the slices not started for lack of time."""
+    status: dict[str, int | None]
+    over_time: list[str]
+
+
+def expected_s(folder: Path) -> float | None:
+    """Seconds the slice's compared runs took, as their summaries record them (setup and
+    replay), plus PROCESS_START_S each; None where a run records neither."""
+    try:
+        runs = find_runs(folder / "runs")
+    except ValueError:  # a new slice, no runs yet
+        return None
+    total = 0.0
+    for run in runs:
+        measured = load_summary(run).summary.get("measured") or {}
+        setup, replay = measured.get("setup_s"), measured.get("replay_wall_s")
+        if setup is None or replay is None:
+            return None
+        total += float(setup) + float(replay) + PROCESS_START_S
+    return total
 
 
 def slice_command(folder: Path, out: Path, *, current_engine: bool, gpu_only: bool,
@@ -69,7 +109,7 @@ def slice_command(folder: Path, out: Path, *, current_engine: bool, gpu_only: bo
     words[words.index("OUT")] = str(out)
     if gpu_only and "--gpu-only" not in words:
         words.append("--gpu-only")
-    return SliceCommand(folder.name, env, [python, *words[1:]], out)
+    return SliceCommand(folder.name, env, [python, *words[1:]], out, expected_s(folder))
 
 
 def chosen(names: Sequence[str], stale: bool, evidence_dir: Path) -> list[Path]:
@@ -85,31 +125,41 @@ def chosen(names: Sequence[str], stale: bool, evidence_dir: Path) -> list[Path]:
 
 
 def remeasure(commands: Sequence[SliceCommand], out: Path, *, cwd: Path = ROOT,
-              log=print) -> dict[str, int | None]:
-    """Run each command, its output into out/<slice>.log; the exit status of each slice that
-    ran (None: interrupted), in order. An interrupt ends the loop after the slice in flight."""
+              time_limit_s: float | None = None, log=print) -> Remeasured:
+    """Run each command, its output into out/<slice>.log. An interrupt, or the time limit
+    reached while a slice runs, stops that slice and runs no other; a slice expected to
+    outlast the time left is not started (module docstring)."""
     out.mkdir(parents=True, exist_ok=True)
     status: dict[str, int | None] = {}
+    over_time: list[str] = []
+    began = time.monotonic()
     for command in commands:
+        left = None if time_limit_s is None else time_limit_s - (time.monotonic() - began)
+        if left is not None and (left <= 0 or (command.expected_s or 0.0) > left):
+            over_time.append(command.name)
+            log(f"{command.name}: not started: {command.estimate()}, {max(left, 0):.0f} s left")
+            continue
         path = out / f"{command.name}.log"
-        log(f"{command.name}: {command.shown()}")
+        log(f"{command.name}: {command.shown()}  # {command.estimate()}")
         start = time.monotonic()
         with open(path, "w") as sink:
             process = subprocess.Popen(command.argv, cwd=cwd, stdout=sink,
                                        stderr=subprocess.STDOUT,
                                        env={**os.environ, **command.env})
             try:
-                status[command.name] = process.wait()
-            except KeyboardInterrupt:
+                status[command.name] = process.wait(timeout=left)
+            except (KeyboardInterrupt, subprocess.TimeoutExpired) as stop:
                 process.terminate()
                 process.wait()
                 status[command.name] = None
-                log(f"{command.name}: interrupted after {time.monotonic() - start:.0f} s; "
+                why = ("interrupted" if isinstance(stop, KeyboardInterrupt)
+                       else "stopped at the time limit")
+                log(f"{command.name}: {why} after {time.monotonic() - start:.0f} s; "
                     "its finished runs are under " + str(command.out))
                 break
         log(f"{command.name}: exit {status[command.name]} in {time.monotonic() - start:.0f} s "
             f"(log: {path})")
-    return status
+    return Remeasured(status, over_time)
 
 
 def remeasure_command(args) -> int:
@@ -120,12 +170,14 @@ def remeasure_command(args) -> int:
                 for folder in chosen(args.slices, args.stale, evidence_dir)]
     if args.dry_run:
         for command in commands:
-            print(command.shown())
+            print(f"{command.shown()}  # {command.estimate()}")
         return 0
-    status = remeasure(commands, args.out)
+    result = remeasure(commands, args.out, time_limit_s=args.time_limit_s)
+    status = result.status
     done = [name for name, code in status.items() if code == 0]
     failed = [name for name, code in status.items() if code not in (0, None)]
-    skipped = [c.name for c in commands if c.name not in status or status[c.name] is None]
+    skipped = [c.name for c in commands if c.name not in result.over_time
+               and (c.name not in status or status[c.name] is None)]
     for name in done:
         print(f"measured: {name}; put it into the evidence: python -m validation adopt "
               f"{args.out / name} {name}")
@@ -134,7 +186,10 @@ def remeasure_command(args) -> int:
     for name in failed:
         print(f"failed: {name} (exit {status[name]}; {args.out / (name + '.log')})",
               file=sys.stderr)
+    if result.over_time:
+        print(f"not measured (the time limit): {', '.join(result.over_time)}", file=sys.stderr)
     if skipped:
-        print(f"not measured (interrupted): {', '.join(skipped)}", file=sys.stderr)
+        print(f"not measured (interrupted or stopped at the time limit): {', '.join(skipped)}",
+              file=sys.stderr)
         return 130
-    return 1 if failed else 0
+    return 1 if failed else 3 if result.over_time else 0
