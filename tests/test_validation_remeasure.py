@@ -139,3 +139,28 @@ def test_the_time_limit_starts_only_what_fits_and_stops_what_outlasts_it(tmp_pat
                        tmp_path / "again", cwd=tmp_path, time_limit_s=1.5, log=lambda _: None)
     assert result.status == {"slow": None}  # stopped at the limit, nothing after it
     assert not (tmp_path / "again" / "next.log").exists()
+
+
+def test_a_slice_stopped_at_the_limit_stops_the_replays_it_started(tmp_path):
+    """The slice's command starts each replay as a process of its own; stopping the slice
+    stops them too, not only the command."""
+    import os
+    import time
+
+    pid_file = tmp_path / "replay.pid"
+    code = ("import subprocess, sys, time; "
+            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+            f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(60)")
+    result = remeasure([SliceCommand("slow", {}, [sys.executable, "-c", code], tmp_path / "s")],
+                       tmp_path / "out", cwd=tmp_path, time_limit_s=2.0, log=lambda _: None)
+    assert result.status == {"slow": None}
+    replay = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        state = Path(f"/proc/{replay}/status")
+        if not state.exists() or "State:\tZ" in state.read_text():
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(replay, 9)
+        raise AssertionError("the replay the slice started outlived it")

@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -143,13 +144,14 @@ def remeasure(commands: Sequence[SliceCommand], out: Path, *, cwd: Path = ROOT,
         log(f"{command.name}: {command.shown()}  # {command.estimate()}")
         start = time.monotonic()
         with open(path, "w") as sink:
+            # its own process group, so that stopping it stops the replays it started too
             process = subprocess.Popen(command.argv, cwd=cwd, stdout=sink,
-                                       stderr=subprocess.STDOUT,
+                                       stderr=subprocess.STDOUT, start_new_session=True,
                                        env={**os.environ, **command.env})
             try:
                 status[command.name] = process.wait(timeout=left)
             except (KeyboardInterrupt, subprocess.TimeoutExpired) as stop:
-                process.terminate()
+                os.killpg(process.pid, signal.SIGTERM)
                 process.wait()
                 status[command.name] = None
                 why = ("interrupted" if isinstance(stop, KeyboardInterrupt)
