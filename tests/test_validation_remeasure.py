@@ -22,7 +22,21 @@ from validation.remeasure import (
 )
 
 TP2 = "h200x2_llama-3.1-8b_azure-conv_tp2"  # its command sets the engine's environment
-PINNED = "h200_llama-3.1-8b_azure-conv_async"  # its command pins --no-detach-behind-step
+ASYNC = "h200_llama-3.1-8b_azure-conv_async"  # a default-engine slice, pinned in copies below
+
+
+def evidence_copy(root: Path, name: str, pin: bool = False) -> Path:
+    """`name`'s slice.json in a folder of its own under `root`; `pin`: its command pins the
+    engine that waits for the step in flight (--no-detach-behind-step)."""
+    folder = root / name
+    shutil.copytree(EVIDENCE_DIR / name, folder, ignore=shutil.ignore_patterns("runs", "repeats"))
+    recipe = json.loads((folder / "slice.json").read_text())
+    assert "--no-detach-behind-step" not in recipe["command"]
+    if pin:
+        recipe["command"] = recipe["command"].replace(" --out OUT",
+                                                      " --no-detach-behind-step --out OUT")
+        (folder / "slice.json").write_text(json.dumps(recipe))
+    return folder
 
 
 def test_a_slice_runs_its_own_command_into_its_folder(tmp_path):
@@ -35,25 +49,28 @@ def test_a_slice_runs_its_own_command_into_its_folder(tmp_path):
 
 
 def test_the_current_engine_drops_the_pin_and_gpu_only_is_added_once(tmp_path):
-    words = shlex.split(read_recipe(EVIDENCE_DIR / PINNED).command)
+    pinned = evidence_copy(tmp_path / "evidence", ASYNC, pin=True)
+    words = shlex.split(read_recipe(pinned).command)
     assert "--no-detach-behind-step" in words
-    now = slice_command(EVIDENCE_DIR / PINNED, tmp_path, current_engine=True, gpu_only=True)
+    now = slice_command(pinned, tmp_path, current_engine=True, gpu_only=True)
     assert "--no-detach-behind-step" not in now.argv
     assert now.argv.count("--gpu-only") == 1 and now.argv[0] == sys.executable
     assert len(now.argv) == len(words)  # python for python, less the pin, plus the flag
-    kept = slice_command(EVIDENCE_DIR / PINNED, tmp_path, current_engine=False, gpu_only=False)
+    kept = slice_command(pinned, tmp_path, current_engine=False, gpu_only=False)
     assert "--no-detach-behind-step" in kept.argv and "--gpu-only" not in kept.argv
 
 
-def test_stale_takes_every_slice_pinned_to_an_earlier_engine_once():
-    pinned = [f for f in slice_folders()
-              if "--no-detach-behind-step" in json.loads((f / "slice.json").read_text())["command"]]
-    assert EVIDENCE_DIR / PINNED in pinned
-    assert chosen([], True, EVIDENCE_DIR) == pinned
-    assert set(chosen([TP2], True, EVIDENCE_DIR)) == {EVIDENCE_DIR / TP2, *pinned}
-    assert len(chosen([PINNED, PINNED], False, EVIDENCE_DIR)) == 1
+def test_stale_takes_every_slice_pinned_to_an_earlier_engine_once(tmp_path):
+    root = tmp_path / "evidence"
+    pinned = evidence_copy(root, ASYNC, pin=True)
+    tp2 = evidence_copy(root, TP2)
+    assert slice_folders(root) == sorted([pinned, tp2])
+    assert chosen([], True, root) == [pinned]
+    assert chosen([TP2], True, root) == [tp2, pinned]
+    assert chosen([ASYNC, ASYNC], False, root) == [pinned]
+    assert chosen([ASYNC], True, root) == [pinned]
     with pytest.raises(ValueError, match="no slice to measure"):
-        chosen([], False, EVIDENCE_DIR)
+        chosen([], False, root)
 
 
 def test_a_command_that_is_not_a_run_into_out_is_named(tmp_path):
@@ -80,11 +97,11 @@ def test_each_slice_runs_with_its_environment_and_a_failure_does_not_stop_the_re
 
 def test_dry_run_prints_each_command_and_runs_none(tmp_path, capsys):
     out = tmp_path / "out"
-    assert main(["remeasure", TP2, PINNED, "--current-engine", "--gpu-only", "--out", str(out),
+    assert main(["remeasure", TP2, ASYNC, "--current-engine", "--gpu-only", "--out", str(out),
                  "--dry-run"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and lines[0].startswith("GPU_BACKEND_FUSED=0 GPU_BACKEND_DECODE_PLAN=0 ")
-    assert f"--out {out / PINNED} --gpu-only  # about " in lines[1]
+    assert f"--out {out / ASYNC} --gpu-only  # about " in lines[1]
     assert not out.exists()
     assert main(["remeasure", "--out", str(out)]) == 2
     assert "no slice to measure" in capsys.readouterr().err

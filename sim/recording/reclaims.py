@@ -2,16 +2,15 @@
 reclaims its reserve often, under async scheduling.
 
 An attach waits for the step in flight, and in release mode each lend empties torch's cache,
-so the step after a reclaim allocates its activations again. The engine that recorded most of
-`validation/evidence` also waited for the step in flight before each detach, which exposed the
-step after it. The H200's async Azure-conversation slices reclaimed 5.4-6.8 times a second on
-that engine, and their replays measured elastic's TTFT p50 over static's at the same chunk at
-1.6-3.2x what the model predicted. The engine now detaches behind a step in flight that holds
-no elastic block (EngineConfig.detach_behind_step, on by default). Replayed so, three
-Azure-conversation slices at 5.3-6.8 reclaims a second (Llama-3.1-8B on an H100, Llama-3.2-3B
-and Qwen2.5-0.5B on an H200) measured that gain within 0.2-3.6 points of the prediction
-(README, Limits; docs/engine.md, "The step after a reclaim"). Outputs say so from
-RECLAIMS_NOTED_PER_S on.
+so the step after a reclaim allocates its activations again. An engine that also waits for
+the step in flight before each detach exposes the step after it: on an H100 a 205-token eager
+mixed step so exposed took 13.65 ms against 9.35 ms launched ahead, where the model adds only
+the host gap (12.13 against 11.84 ms; benchmarks/reclaim_step.py, docs/engine.md, "The step
+after a reclaim"). The engine detaches behind a step in flight that holds no elastic block
+(EngineConfig.detach_behind_step, on by default). Replayed so, four Azure-conversation slices
+at 5.3-6.8 reclaims a second (Llama-3.1-8B on an H100 and on an H200, Llama-3.2-3B and
+Qwen2.5-0.5B on an H200) measured elastic's TTFT p50 over static's at the same chunk within
+0.2-3.6 points of the prediction (README, Limits). Outputs say so from RECLAIMS_NOTED_PER_S on.
 """
 
 from __future__ import annotations
@@ -19,13 +18,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 RECLAIMS_NOTED_PER_S = 2.0
-RECLAIM_EVIDENCE = ("At that rate the model's price of elastic's own cost is measured on three "
+RECLAIM_EVIDENCE = ("At that rate the model's price of elastic's own cost is measured on four "
                     "slices, Azure conversations at 5.3-6.8 reclaims a second: Llama-3.1-8B on an "
-                    "H100, Llama-3.2-3B and Qwen2.5-0.5B on an H200, where elastic's TTFT p50 over "
-                    "static's came within 0.2-3.6 points of the prediction (README, Limits)")
-WAITING_EVIDENCE = ("Replays on an engine that waited so, at 5.4-6.8 reclaims a second, "
-                    "measured elastic's TTFT p50 over static's at 1.6-3.2x what the model "
-                    "predicted (README, Limits)")
+                    "H100 and an H200, Llama-3.2-3B and Qwen2.5-0.5B on an H200, where elastic's "
+                    "TTFT p50 over static's came within 0.2-3.6 points of the prediction "
+                    "(README, Limits)")
+WAITING_EVIDENCE = ("Waiting exposes the step after each reclaim: on an H100 a 205-token eager "
+                    "mixed step took 1.46x its time launched ahead, where the model adds 2.4% "
+                    "(benchmarks/reclaim_step.py)")
 # the key to the `!` a gain map puts on a cell whose elastic pick reclaims that often
 RECLAIM_MARK = (f"!: elastic's pick reclaims its reserve {RECLAIMS_NOTED_PER_S:g} times a second "
                 "or more there, under async scheduling")
