@@ -237,6 +237,38 @@ def test_tpot_attribution_retimes_only_the_steps_inside_each_window():
     assert tpot_attribution(steps_, None, np.ones(4)) is None
 
 
+def test_ttft_attribution_carries_a_step_through_the_backlog_only():
+    """Five 1 s steps: A (arrives at 0) and B (0.5) get their first tokens from the prefill
+    steps 0 and 1, step 2 decodes, the engine idles until C arrives (4.5; step 3 starts at 5)
+    and D (5.5) gets its first token from step 4, after a 0.5 s pause no arrival explains.
+    Measured TTFTs 1, 1.5, 1.5 and 2 s. Every step at 2 s: A 2, B 3.5 (step 1 waits for step
+    0), C 2.5 (step 3 starts at its own time, the idle gap absorbing the rest), D 4 (the pause
+    kept): median 3 s. Step 1 alone at 2 s: B 2.5, the others as measured: median 1.75 s."""
+    from validation.attribution import retimed_ends, ttft_attribution
+
+    steps_ = steps([(100, 0, 1, 0), (100, 1, 2, 101), (0, 2, 2, 202), (100, 0, 1, 0),
+                    (100, 1, 2, 101)], [0.0, 1.0, 2.0, 5.0, 6.5], [1.0] * 5)
+    arrival, first = np.array([0.0, 0.5, 4.5, 5.5]), np.array([1.0, 2.0, 6.0, 7.5])
+    requests = {"status": np.array(["finished"] * 4 + ["rejected"]),
+                "arrival_s": np.append(arrival, 1.0),
+                "first_token_s": np.append(first, np.nan)}
+    measured_ends = retimed_ends(steps_, arrival, first, np.ones(5))
+    assert measured_ends == pytest.approx([1.0, 2.0, 3.0, 6.0, 7.5])
+    assert retimed_ends(steps_, arrival, first, np.full(5, 2.0)) == \
+        pytest.approx([2.0, 4.0, 4.0, 7.0, 9.5])
+    got = ttft_attribution(steps_, requests, np.full(5, 2.0))
+    assert got["num_requests"] == 4
+    assert got["measured_p50_s"] == pytest.approx(1.5)
+    assert got["all_steps_error"] == pytest.approx(1.0)
+    only_step_1 = ttft_attribution(steps_, requests, np.array([1.0, 2.0, 1.0, 1.0, 1.0]))
+    assert only_step_1["all_steps_error"] == pytest.approx(1.75 / 1.5 - 1)
+    assert ttft_attribution(steps_, None, np.ones(5)) is None
+    no_starts = StepTable(steps_.num_prefill_tokens, steps_.num_decode_tokens,
+                          steps_.decode_context_tokens, steps_.num_seqs,
+                          steps_.num_sampled_rows, steps_.prefill_pairs, steps_.duration_s)
+    assert ttft_attribution(no_starts, requests, np.ones(5)) is None
+
+
 def padded_steps(tmp_path, rows: str):
     """(steps.csv of `rows` read back, Llama-3.1-8B and the H200): the padding tests' setup."""
     from sim.core.catalog import get_gpu, get_model

@@ -1,4 +1,5 @@
-"""Which steps make a run's TPOT error: the measured step sequence re-timed class by class.
+"""Which steps make a run's TPOT and TTFT error: the measured step sequence re-timed class by
+class.
 
 A request's TPOT is the time from its first token to its last over its output tokens less
 one: the steps the engine ran in that window (and any elastic pause between them). Keeping
@@ -7,6 +8,14 @@ cost model's gives the TPOT the run would have had if only those steps were pric
 model prices them. Swapping every step gives the model's TPOT without any scheduling
 difference; swapping one class of step (steps.step_classes) at a time says how much of the
 error that class makes.
+
+A request's TTFT runs from its arrival to the end of the step that gave its first token. What
+the steps before its arrival cost reaches it through the queue: re-timed, a step starts when
+the one before it ends (after the gap measured between them, an elastic pause say) while some
+request that had arrived waited for its first token, and at its measured start otherwise,
+when the steps were set by the arrivals rather than by a backlog. The TTFT so re-timed,
+against the simulator's, says how much of a TTFT error is the steps' prices and how much the
+schedule the simulator ran.
 """
 
 from __future__ import annotations
@@ -75,5 +84,63 @@ def tpot_attribution(steps: StepTable, requests: dict[str, np.ndarray] | None,
     every = np.ones(len(steps), dtype=bool)
     return {"num_requests": int(windows[0].size),
             "measured_p50_s": measured, "all_steps_error": error(every),
+            "by_class": {name: error(mask) for name, mask in class_masks(steps, apart)
+                         if mask.any()}}
+
+
+def retimed_ends(steps: StepTable, arrival_s: np.ndarray, first_token_s: np.ndarray,
+                 durations_s: np.ndarray) -> np.ndarray:
+    """Each step's end with the steps lasting `durations_s`, in the measured order (module
+    doc): `arrival_s` and `first_token_s`, the requests that got a first token, say where a
+    backlog carries the re-timing from one step to the next."""
+    start = steps.start_s
+    assert start is not None, "re-timing needs the steps' start times"
+    arrivals = np.sort(arrival_s)
+    before = np.concatenate(([start[0]], (start + steps.duration_s)[:-1]))  # the last step's end
+    arrived = np.searchsorted(arrivals, start, side="right")
+    backlog = arrived > np.searchsorted(np.sort(first_token_s), start, side="right")
+    # idle before the step: a request arrived after the step before it ended
+    waited = arrived > np.searchsorted(arrivals, before, side="right")
+    gaps = np.maximum(start - before, 0.0)
+    ends = np.empty(len(steps))
+    new_end = 0.0
+    for i, duration in enumerate(np.asarray(durations_s, dtype=np.float64)):
+        if i == 0 or not backlog[i]:  # set by the arrivals: at its measured start
+            new_start = start[i]
+        elif waited[i]:  # idle until an arrival, or until the step before ends
+            new_start = max(start[i], new_end)
+        else:  # a backlog: after the step before, and any pause between them
+            new_start = new_end + gaps[i]
+        new_end = ends[i] = new_start + duration
+    return ends
+
+
+def ttft_attribution(steps: StepTable, requests: dict[str, np.ndarray] | None,
+                     predicted_s: np.ndarray, apart: np.ndarray | None = None) -> dict | None:
+    """TTFT p50 measured; on the measured step sequence with every step at the model's time;
+    and with one class of step at the model's time, the rest measured, per class (error
+    relative to the measured p50). None without request times or step start times."""
+    if requests is None or steps.start_s is None or len(steps) == 0:
+        return None
+    done = np.asarray(requests["status"]).astype(str) == "finished"
+    arrival = np.asarray(requests["arrival_s"], dtype=np.float64)
+    first_s = np.asarray(requests["first_token_s"], dtype=np.float64)[done]
+    first, matched = _step_ending_at(steps.start_s + steps.duration_s, first_s)
+    if not matched.any():
+        return None
+    first, arrived_s, first_s = first[matched], arrival[done][matched], first_s[matched]
+    measured = float(np.median(first_s - arrived_s))
+    if measured <= 0:
+        return None
+    predicted_s = np.asarray(predicted_s, dtype=np.float64)
+
+    def error(mask: np.ndarray) -> float:
+        ends = retimed_ends(steps, arrived_s, first_s,
+                            np.where(mask, predicted_s, steps.duration_s))
+        return float(np.median(ends[first] - arrived_s) / measured - 1.0)
+
+    every = np.ones(len(steps), dtype=bool)
+    return {"num_requests": int(first.size), "measured_p50_s": measured,
+            "all_steps_error": error(every),
             "by_class": {name: error(mask) for name, mask in class_masks(steps, apart)
                          if mask.any()}}

@@ -19,7 +19,7 @@ from sim.core.cost_model import FIT_PARAMETERS, CostModel, Efficiency, host_slow
 from sim.core.elastic import VmmCosts
 from sim.core.memory_plan import ActivationProfile
 from sim.runner import RunResult, RunSpec
-from validation.attribution import tpot_attribution
+from validation.attribution import tpot_attribution, ttft_attribution
 from validation.calibrate import (
     DEFAULT_HOLDOUT_FRACTION,
     FitResult,
@@ -71,6 +71,7 @@ class RunComparison:
     step_error: dict[str, dict]  # error_stats: all, prefill (with prefill tokens), decode-only
     step_classes: list[dict]  # steps.step_classes: time and error per class of step
     tpot_attribution: dict | None  # attribution.tpot_attribution: TPOT error per class
+    ttft_attribution: dict | None  # attribution.ttft_attribution: TTFT error per class
     divergence: Divergence
     # predicted metrics when every step takes SENSITIVITY_FACTOR times as long, relative to
     # the prediction: how much a metric amplifies a step-time error (None: not computed)
@@ -149,6 +150,7 @@ def compare_run(gpu: GpuRun, efficiency: Efficiency | None, profile: ActivationP
         step_error=step_error_breakdown(step_predicted, gpu.steps),
         step_classes=step_classes(step_predicted, gpu.steps, apart),
         tpot_attribution=tpot_attribution(gpu.steps, gpu.requests, step_predicted, apart),
+        ttft_attribution=ttft_attribution(gpu.steps, gpu.requests, step_predicted, apart),
         divergence=find_divergence(sim_steps, gpu.steps, trace.arrival_s), sensitivity=moved,
         host_sensitivity=host_moved,
     )

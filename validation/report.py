@@ -61,7 +61,7 @@ def run_dict(run: RunComparison, report_dir: Path | None = None) -> dict:
             "model", "gpu", "tensor_parallel_size", "max_num_seqs", "block_size", "drain",
             "vmm_handle_bytes")},
         "metrics": run.metrics, "step_time": run.step_error, "step_classes": run.step_classes,
-        "tpot_attribution": run.tpot_attribution,
+        "tpot_attribution": run.tpot_attribution, "ttft_attribution": run.ttft_attribution,
         "sensitivity": run.sensitivity, "host_sensitivity": run.host_sensitivity,
         "steps_chunks_exact": run.gpu.steps.chunks_exact,
         "num_measured_steps": len(run.gpu.steps), "num_simulated_steps": len(run.sim_steps),

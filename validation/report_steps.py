@@ -1,5 +1,5 @@
 """report.md's step-time section: the cost model on every measured step's composition, per run
-and per class of step, and the TPOT error each class of step makes."""
+and per class of step, and the TPOT and TTFT error each class of step makes."""
 
 from __future__ import annotations
 
@@ -17,8 +17,13 @@ def step_time_lines(runs: list[RunComparison]) -> list[str]:
             "any wait for the host's launches: a span close to the enqueue time is a "
             "launch-bound step):", "", *step_class_table(runs), "",
             "TPOT p50 on the measured step sequence, with the model's time for every step, or "
-            "for one class of step only (the rest measured): the error each class makes "
-            "(validation/attribution.py):", "", *tpot_attribution_table(runs), ""]
+            "for one class of step only (the rest measured): the error each class makes, "
+            "beside the simulator's (validation/attribution.py):", "",
+            *attribution_table(runs, "tpot"), "",
+            "TTFT p50 the same way: a step re-timed moves the steps after it while some "
+            "request waits for its first token. Where every step at the model's time comes "
+            "close to the simulator, the TTFT error is the steps' prices, not the schedule the "
+            "simulator ran:", "", *attribution_table(runs, "ttft"), ""]
 
 
 def steps_table(runs: list[RunComparison]) -> list[str]:
@@ -57,16 +62,24 @@ def _phases(medians: dict | None) -> str:
     return f"{ms('build_s')} / {ms('enqueue_s')}, {ms('device_s')}"
 
 
-def tpot_attribution_table(runs: list[RunComparison]) -> list[str]:
-    runs = [r for r in runs if r.tpot_attribution]
-    if not runs:
+def attribution_table(runs: list[RunComparison], metric: str) -> list[str]:
+    """The TPOT or TTFT (`metric`) attribution of each run, one row a run, beside the
+    simulator's error on the same metric."""
+    found = [(r, getattr(r, f"{metric}_attribution")) for r in runs]
+    found = [(r, a) for r, a in found if a]
+    if not found:
         return ["(needs the replay's request times and step start times)"]
-    classes = list(dict.fromkeys(c for r in runs for c in r.tpot_attribution["by_class"]))
-    lines = ["| run | requests | TPOT p50 measured | every step | " + " | ".join(classes) + " |",
-             "|---|---|---|---|" + "---|" * len(classes)]
-    for r in runs:
-        a = r.tpot_attribution
+    classes = list(dict.fromkeys(c for _, a in found for c in a["by_class"]))
+    lines = [f"| run | requests | {metric.upper()} p50 measured | simulated | every step | "
+             + " | ".join(classes) + " |", "|---|---|---|---|---|" + "---|" * len(classes)]
+    for r, a in found:
+        simulated = (r.metrics.get(f"{metric}_p50_s") or {}).get("relative_error")
         cells = [signed_pct(a["by_class"].get(c)) for c in classes]
-        lines.append(f"| {r.label} | {a['num_requests']} | {a['measured_p50_s'] * 1e3:.2f} ms | "
-                     f"{signed_pct(a['all_steps_error'])} | " + " | ".join(cells) + " |")
+        lines.append(f"| {r.label} | {a['num_requests']} | {_p50(a['measured_p50_s'])} | "
+                     f"{signed_pct(simulated)} | {signed_pct(a['all_steps_error'])} | "
+                     + " | ".join(cells) + " |")
     return lines
+
+
+def _p50(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f} ms" if seconds < 1.0 else f"{seconds:.3f} s"
