@@ -40,7 +40,7 @@ from gpu_backend.engine.calibrate import refit_calibration  # noqa: E402
 from sim.core.calibration import load_calibration, parse_calibration  # noqa: E402
 from sim.core.efficiency import Efficiency, host_slower  # noqa: E402
 from validation.compare import TARGETS as VALIDATION_TARGETS  # noqa: E402
-from validation.evidence import EVIDENCE_DIR, ROOT, load_runs, read_recipe  # noqa: E402
+from validation.evidence import EVIDENCE_DIR, ROOT, load_runs, read_recipe, slice_folders  # noqa: E402
 from validation.pipeline import compare_run  # noqa: E402
 from validation.run_config import engine_config  # noqa: E402
 
@@ -126,8 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("slices", nargs="*", help="evidence slices (default: every single-GPU one)")
     parser.add_argument("--out", type=Path, help="write every run's errors here (JSON)")
     args = parser.parse_args(argv)
-    names = args.slices or sorted(p.name for p in EVIDENCE_DIR.iterdir()
-                                  if (p / "slice.json").is_file() and "x2_" not in p.name)
+    names = args.slices or [f.name for f in slice_folders() if "x2_" not in f.name]
     rows = []
     for name in names:
         found = slice_errors(EVIDENCE_DIR / name, args.variant)

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from validation.evidence import (
     ENGINE_PINS,
+    EVIDENCE_DIR,
     ROOT,
     engine_pins,
     find_slice,
@@ -146,7 +147,7 @@ def remeasure(commands: Sequence[SliceCommand], out: Path, *, cwd: Path = ROOT,
         with open(path, "w") as sink:
             # its own process group, so that stopping it stops the replays it started too
             process = subprocess.Popen(command.argv, cwd=cwd, stdout=sink,
-                                       stderr=subprocess.STDOUT, start_new_session=True,
+                                       stderr=subprocess.STDOUT, preexec_fn=os.setpgrp,
                                        env={**os.environ, **command.env})
             try:
                 status[command.name] = process.wait(timeout=left)
@@ -166,10 +167,9 @@ def remeasure(commands: Sequence[SliceCommand], out: Path, *, cwd: Path = ROOT,
 
 def remeasure_command(args) -> int:
     """`python -m validation remeasure [SLICE ...] [--stale] --out DIR ...`."""
-    evidence_dir = ROOT / "validation" / "evidence"
     commands = [slice_command(folder, args.out / folder.name, current_engine=args.current_engine,
                               gpu_only=args.gpu_only)
-                for folder in chosen(args.slices, args.stale, evidence_dir)]
+                for folder in chosen(args.slices, args.stale, EVIDENCE_DIR)]
     if args.dry_run:
         for command in commands:
             print(f"{command.shown()}  # {command.estimate()}")

@@ -23,9 +23,10 @@ from sim.core.calibration.provenance import EngineKind
 from sim.core.calibration.schema import Calibration, load_calibration, timed_launch_kinds
 from sim.core.calibration.validated import evidence_line, read_index, validated
 from sim.core.catalog import get_gpu, get_model
+from sim.core.compiled import ROOT
 from sim.core.split_shapes import FLASHINFER_ATTENTION, TRITON_ATTENTION
 
-SHIPPED_DIR = Path(__file__).resolve().parents[3] / "calibration"
+SHIPPED_DIR = ROOT / "calibration"
 ROOFLINE = "none"  # --calibration none: the datasheet roofline, default efficiencies
 UNCALIBRATED = "uncalibrated: datasheet roofline, default efficiencies"
 

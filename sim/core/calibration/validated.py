@@ -16,8 +16,8 @@ import json
 from pathlib import Path
 
 from sim.core.calibration.schema import Calibration
+from sim.core.compiled import ROOT as PROJECT_DIR
 
-PROJECT_DIR = Path(__file__).resolve().parents[3]
 INDEX_PATH = PROJECT_DIR / "validation" / "evidence" / "calibrations.json"
 # the targets a planner reads first, in the order the validation reports them
 SHOWN_TARGETS = {"ttft_p50_s": "TTFT p50", "tpot_p50_s": "TPOT p50",
