@@ -26,6 +26,8 @@ CUDA graph; SPLIT launches per sequence from host lengths (`ForwardBatch.host_le
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Literal
 
@@ -61,6 +63,11 @@ ATTENTION_BACKENDS = ("triton", "split", "auto", "flashinfer", "torch")
 SPLIT_BACKENDS = ("split", "auto")  # backends that run SPLIT (and build its cuDNN plans)
 # backends whose layers run the fused kernels
 FUSED_BACKENDS = ("triton", "split", "auto", "flashinfer")
+# GPU_BACKEND_DECODE_STREAM=1 runs a mixed step's decode rows, where they run apart from its
+# prefill rows, on a second CUDA stream beside the prefill launch (off: one after the other,
+# the engine every calibration was profiled on)
+DECODE_STREAM = os.environ.get("GPU_BACKEND_DECODE_STREAM", "0") == "1"
+_side_streams: dict[torch.device, torch.cuda.Stream] = {}
 
 
 class RMSNorm(nn.Module):
@@ -261,36 +268,53 @@ class PagedAttention(nn.Module):
         if self.runs_flashinfer(batch):
             if batch.prefill_plan is None:
                 batch = self.prepare(batch, k_cache)
-            assert batch.prefill_plan is not None
-            out = self._attend_decode_rows(q, k_cache, v_cache, batch, out)
+            plan = batch.prefill_plan
+            assert plan is not None
             d = batch.num_decodes
-            batch.prefill_plan.run(q[d:], k_cache, v_cache, out[d:])
-            return out
+            return self._attend_mixed(q, k_cache, v_cache, batch, out,
+                                      lambda o: plan.run(q[d:], k_cache, v_cache, o[d:]))
         if batch.prefill_query_start_loc is None:
             return paged_attention(q, k_cache, v_cache, batch.block_tables, batch.seq_lens,
                                    batch.query_start_loc, self.scale,
                                    max_query_len=batch.max_query_len,
                                    max_seq_len=batch.max_seq_len, plan=batch.decode_plan,
                                    out=out)
-        out = self._attend_decode_rows(q, k_cache, v_cache, batch, out)
         d = batch.num_decodes  # a mixed step: decode rows, then prefill rows (see prepare)
-        paged_attention(q[d:], k_cache, v_cache, batch.block_tables[d:], batch.seq_lens[d:],
-                        batch.prefill_query_start_loc, self.scale,
-                        max_query_len=batch.max_query_len, max_seq_len=batch.max_seq_len,
-                        out=out[d:])
-        return out
+        return self._attend_mixed(q, k_cache, v_cache, batch, out, lambda o: paged_attention(
+            q[d:], k_cache, v_cache, batch.block_tables[d:], batch.seq_lens[d:],
+            batch.prefill_query_start_loc, self.scale, max_query_len=batch.max_query_len,
+            max_seq_len=batch.max_seq_len, out=o[d:]))
 
-    def _attend_decode_rows(self, q: Tensor, k_cache: Tensor, v_cache: Tensor,
-                            batch: ForwardBatch, out: Tensor | None) -> Tensor:
-        """A mixed step's leading decode rows (if any) through the Triton decode path, with
-        the step's split plan, into `out` (made contiguous [T, H, D] when None): returned."""
+    def _attend_mixed(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, batch: ForwardBatch,
+                      out: Tensor | None, prefill: Callable[[Tensor], object]) -> Tensor:
+        """A mixed step whose decode rows run apart: its leading decode rows (if any) through
+        the Triton decode path with the step's split plan, and its prefill rows by
+        `prefill(out)`, into `out` (made contiguous [T, H, D] when None): returned. With
+        DECODE_STREAM the decode rows run on a second stream, launched after the prefill
+        rows and joined before the step's next kernel: their memory-bound programs take the
+        SMs the prefill launch's last wave leaves idle."""
         if out is None:
             out = torch.empty_like(q, memory_format=torch.contiguous_format)
         d = batch.num_decodes
-        if d:
+        if not d:
+            prefill(out)
+            return out
+
+        def decode_rows() -> None:
             paged_attention(q[:d], k_cache, v_cache, batch.block_tables[:d], batch.seq_lens[:d],
                             batch.query_start_loc[:d + 1], self.scale, max_query_len=1,
                             plan=batch.decode_plan, out=out[:d])
+        if not (DECODE_STREAM and q.is_cuda):
+            decode_rows()
+            prefill(out)
+            return out
+        main = torch.cuda.current_stream(q.device)
+        side = _side_streams.setdefault(q.device, torch.cuda.Stream(q.device))
+        side.wait_stream(main)  # this step's q and K/V are written; the prefill not yet
+        prefill(out)
+        with torch.cuda.stream(side):
+            decode_rows()
+        main.wait_stream(side)
         return out
 
 

@@ -52,13 +52,19 @@ def test_paged_attention_bf16(batch: str, shape: str, block_size: int) -> None:
     assert err < BF16_TOL, f"rel error {err}"
 
 
+@pytest.mark.parametrize("decode_stream", [False, True])
 @pytest.mark.parametrize("shape", ["gqa4_d128", "gqa8_d64"])
-def test_mixed_step_runs_decode_rows_apart(shape: str) -> None:
+def test_mixed_step_runs_decode_rows_apart(shape: str, decode_stream: bool,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """A mixed step with its decode rows first, holding more keys than the layer's
     mixed_split_min_keys: PagedAttention runs them with the decode tiles and plan and the
-    prefill rows apart (two launches); same output as the reference."""
+    prefill rows apart (two launches; with DECODE_STREAM the decode rows on a second
+    stream); same output as the reference."""
+    from gpu_backend import layers
     from gpu_backend.batch import ForwardBatch, HostLens
     from gpu_backend.layers import PagedAttention
+
+    monkeypatch.setattr(layers, "DECODE_STREAM", decode_stream)
 
     heads, kv_heads, head_dim = SHAPES[shape]
     pb = make_problem([1] * 33 + [700, 64], [2048] * 32 + [15000, 0, 2000], heads, kv_heads,
