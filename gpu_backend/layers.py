@@ -309,7 +309,9 @@ class PagedAttention(nn.Module):
             prefill(out)
             return out
         main = torch.cuda.current_stream(q.device)
-        side = _side_streams.setdefault(q.device, torch.cuda.Stream(q.device))
+        side = _side_streams.get(q.device)
+        if side is None:
+            side = _side_streams[q.device] = torch.cuda.Stream(q.device)
         side.wait_stream(main)  # this step's q and K/V are written; the prefill not yet
         prefill(out)
         with torch.cuda.stream(side):
