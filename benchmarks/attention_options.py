@@ -53,10 +53,16 @@ Our tiles on an H100 80GB HBM3 (2026-12-06, `--only 'ours*,sdpa cudnn*'`): 5.91 
 6.63 ms in chunks of 2,048 (SDPA cuDNN 3.33 ms); longest first 5.95 / 6.49 ms; 256x128 w8 s2
 5.19 / 6.12 ms, 5.13 / 6.12 ms longest first.
 
+Each chunked option's chunk times are also split into a fixed cost per launch and a rate over
+the pairs (least squares over the chunks), beside its one pass's rate: on every kernel the
+chunking cost is the fixed part (docs/engine.md, "The kernels' chunking cost is a fixed cost per
+launch"); `--report RESULT` prints a saved result's report with it.
+
 Usage:
     python benchmarks/attention_options.py [--out PATH]   # CUDA GPU, about 2 minutes
     python benchmarks/attention_options.py --smoke        # CPU: tiny shapes, Triton's
                                                           # interpreter, CUDA-only options skipped
+    python benchmarks/attention_options.py --report RESULT  # a saved result's report, no GPU
 The cuDNN frontend options need `pip install --no-deps nvidia-cudnn-frontend==1.23.0` (it
 loads the libcudnn torch ships), the FlashInfer options `pip install 'elastic-kv[flashinfer]'`
 and nvcc; without them they record the error. `--only` runs the options its patterns name.
@@ -203,20 +209,43 @@ def first_line(error: BaseException) -> str:
 
 def chunk_penalties(rows: Sequence[dict], prompt: int, sdpa_ms: float | None) -> list[dict]:
     """Per option of the chunked rows: sum over chunks / its own one pass (the prompt as
-    one chunk) and / SDPA cuDNN's one pass."""
+    one chunk) and / SDPA cuDNN's one pass; and where it timed three chunks or more, each
+    chunk's time as a fixed cost per launch plus a time per (query, key) pair
+    (`launch_split`), beside the one pass's pairs per ms."""
     timed = [r for r in rows if r["section"] == "chunked" and r.get("ms") is not None
              and r.get("correct")]
     out = []
     for name in dict.fromkeys(r["option"] for r in timed):
-        mine = {r["chunk"]: r["ms"] for r in timed if r["option"] == name}
-        one = mine.get(prompt)
-        for chunk, ms in sorted(mine.items()):
+        mine = {r["chunk"]: r for r in timed if r["option"] == name}
+        one = mine[prompt]["ms"] if prompt in mine else None
+        for chunk, row in sorted(mine.items()):
             if chunk == prompt:
                 continue
+            ms = row["ms"]
             out.append({"option": name, "chunk": chunk, "sum_ms": ms,
                         "vs_own_one_pass": ms / one if one else None,
-                        "vs_sdpa_cudnn_one_pass": ms / sdpa_ms if sdpa_ms else None})
+                        "vs_sdpa_cudnn_one_pass": ms / sdpa_ms if sdpa_ms else None,
+                        **launch_split(prompt, chunk, row.get("chunk_ms"), one)})
     return out
+
+
+def causal_pairs(new_tokens: int, prefix: int) -> float:
+    """(query, key) pairs of a causal chunk over a cached prefix, per head."""
+    return new_tokens * (prefix + (new_tokens + 1) / 2.0)
+
+
+def launch_split(prompt: int, chunk: int, chunk_ms: Sequence[float] | None,
+                 one_ms: float | None) -> dict:
+    """A least-squares line through each chunk's time against its pairs: the fixed ms a
+    launch costs (`launch_fixed_ms`) and the pairs per ms past it (`pairs_per_ms`), beside
+    the one pass's pairs per ms (`one_pass_pairs_per_ms`). Empty under three chunks."""
+    starts = chunk_starts(prompt, chunk)
+    if not chunk_ms or len(chunk_ms) != len(starts) or len(starts) < 3:
+        return {}
+    pairs = np.array([causal_pairs(length, start) for start, length in starts])
+    slope, fixed = np.polyfit(pairs, np.asarray(chunk_ms, dtype=np.float64), 1)
+    return {"launch_fixed_ms": float(fixed), "pairs_per_ms": float(1.0 / slope),
+            "one_pass_pairs_per_ms": causal_pairs(prompt, 0) / one_ms if one_ms else None}
 
 
 def best_options(rows: Sequence[dict], chunk: int, count: int, exclude: str,
@@ -1412,6 +1441,29 @@ def print_report(res: dict) -> None:
         print(f"  {p['option'][:56]:<56} chunk {p['chunk']:>6} {p['sum_ms']:9.3f} ms  "
               f"{own if own is not None else float('nan'):6.3f}  "
               f"{sdpa_ if sdpa_ is not None else float('nan'):6.3f}")
+    split = [p for p in res["chunk_penalties"] if "launch_fixed_ms" in p]
+    if split:
+        print("\neach chunk's time = a fixed cost per launch + its (query, key) pairs at a rate "
+              "(least squares over the chunks), beside the one pass's rate (pairs per head)")
+        for p in split:
+            one = p["one_pass_pairs_per_ms"]
+            print(f"  {p['option'][:56]:<56} chunk {p['chunk']:>6} "
+                  f"fixed {1e3 * p['launch_fixed_ms']:6.1f} us  "
+                  f"{p['pairs_per_ms'] / 1e6:6.2f} M pairs/ms  one pass "
+                  f"{one / 1e6 if one else float('nan'):6.2f}")
+
+
+def print_saved_report(path: Path) -> None:
+    """`print_report` of a result this script wrote, its chunk penalties computed again."""
+    try:
+        res = json.loads(path.read_text())
+        prompt = res["sizes"]["prompts"][-1]
+        res["chunk_penalties"] = chunk_penalties(res["rows"], prompt,
+                                                 sdpa_cudnn_ms(res["rows"], prompt))
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as error:
+        sys.exit(f"attention_options: {path}: not a result this script wrote ({error}); "
+                 "give a benchmarks/results/attention_options_*.json file")
+    print_report(res)
 
 
 # ----------------------------------------------------------------------------- cuDNN probe
@@ -1506,10 +1558,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--flashinfer-build-s", type=float, default=FLASHINFER_BUILD_S,
                         help="how long FlashInfer's probe may build its kernels, per backend "
                              "(default %(default)s s; a second run loads them from its cache)")
+    parser.add_argument("--report", type=Path, default=None, metavar="RESULT",
+                        help="print the report of a saved result (its chunk penalties computed "
+                             "again from its rows) and run nothing")
     parser.add_argument("--probe-cudnn", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--probe-flashinfer", choices=FLASHINFER_BACKENDS,
                         help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.report is not None:
+        print_saved_report(args.report)
+        return
     if args.probe_cudnn:
         print(json.dumps(probe_cudnn()))
         return

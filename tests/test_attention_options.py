@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from gpu_backend.kernels.reference import paged_attention_ref
@@ -105,6 +106,30 @@ def test_the_chunk_penalty_divides_by_the_options_own_one_pass_and_by_sdpa():
     assert abs(penalties["ours"]["vs_own_one_pass"] - 1.1) < 1e-9
     assert abs(penalties["ours"]["vs_sdpa_cudnn_one_pass"] - 2.0) < 1e-9
     assert abs(penalties["split"]["vs_own_one_pass"] - 3.8 / 3.4) < 1e-9
+
+
+def test_a_chunks_time_splits_into_a_launch_cost_and_a_rate_over_its_pairs():
+    # an 8,192-token prompt in chunks of 2,048: a chunk over p cached keys has
+    # 2048 * (p + 1024.5) pairs; each timed as 0.05 ms + its pairs at 20 M pairs per ms
+    chunk_ms = [0.05 + 2048 * (p + 1024.5) / 20e6 for p in (0, 2048, 4096, 6144)]
+    one_ms = 8192 * 4096.5 / 25e6  # the one pass at 25 M pairs per ms
+    split = ao.launch_split(8192, 2048, chunk_ms, one_ms)
+    assert abs(split["launch_fixed_ms"] - 0.05) < 1e-9
+    assert abs(split["pairs_per_ms"] - 20e6) < 1e-3
+    assert abs(split["one_pass_pairs_per_ms"] - 25e6) < 1e-3
+    assert ao.launch_split(8192, 4096, chunk_ms[:2], one_ms) == {}  # two chunks tell no line
+    rows = [{**_row("chunked", "ours", 2048, sum(chunk_ms), prompt=8192), "chunk_ms": chunk_ms},
+            _row("chunked", "ours", 8192, one_ms, prompt=8192)]
+    (penalty,) = ao.chunk_penalties(rows, 8192, None)
+    assert abs(penalty["launch_fixed_ms"] - 0.05) < 1e-9
+
+
+def test_a_saved_result_that_is_not_one_is_refused_with_its_path(tmp_path):
+    bad = tmp_path / "result.json"
+    bad.write_text('{"rows": []}')
+    with pytest.raises(SystemExit) as stop:
+        ao.main(["--report", str(bad)])
+    assert str(bad) in str(stop.value.code) and "attention_options_" in str(stop.value.code)
 
 
 def test_the_best_options_skip_ours_wrong_rows_and_other_block_sizes():
