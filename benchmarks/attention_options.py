@@ -178,10 +178,14 @@ SMOKE = Sizes(prompts=(48, 96), chunks=(32, 64), mixed_chunk=32, mixed_prefixes=
 
 # ----------------------------------------------------------------------------- pure helpers
 
+def causal_pairs(new_tokens: int, prefix: int) -> float:
+    """(query, key) pairs of a causal chunk over a cached prefix, per head."""
+    return new_tokens * (prefix + (new_tokens + 1) / 2.0)
+
+
 def attention_flops(new_tokens: int, prefix: int, heads: Heads) -> float:
     """Multiply-adds x 2 of QK^T and PV over the keys a causal chunk sees."""
-    pairs = new_tokens * prefix + new_tokens * (new_tokens + 1) / 2
-    return 4.0 * heads.head_dim * heads.num_heads * pairs
+    return 4.0 * heads.head_dim * heads.num_heads * causal_pairs(new_tokens, prefix)
 
 
 def check_rows(num_rows: int, count: int) -> list[int]:
@@ -227,11 +231,6 @@ def chunk_penalties(rows: Sequence[dict], prompt: int, sdpa_ms: float | None) ->
                         "vs_sdpa_cudnn_one_pass": ms / sdpa_ms if sdpa_ms else None,
                         **launch_split(prompt, chunk, row.get("chunk_ms"), one)})
     return out
-
-
-def causal_pairs(new_tokens: int, prefix: int) -> float:
-    """(query, key) pairs of a causal chunk over a cached prefix, per head."""
-    return new_tokens * (prefix + (new_tokens + 1) / 2.0)
 
 
 def launch_split(prompt: int, chunk: int, chunk_ms: Sequence[float] | None,

@@ -20,6 +20,8 @@ schedule the simulator ran.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from validation.steps import StepTable, class_masks
@@ -81,9 +83,15 @@ def tpot_attribution(steps: StepTable, requests: dict[str, np.ndarray] | None,
         value = tpot_p50(steps, windows, np.where(mask, predicted_s, steps.duration_s))
         return float(value / measured - 1.0) if value is not None else float("nan")
 
-    every = np.ones(len(steps), dtype=bool)
-    return {"num_requests": int(windows[0].size),
-            "measured_p50_s": measured, "all_steps_error": error(every),
+    return _attribution(steps, apart, int(windows[0].size), measured, error)
+
+
+def _attribution(steps: StepTable, apart: np.ndarray | None, num_requests: int,
+                 measured_p50_s: float, error: Callable[[np.ndarray], float]) -> dict:
+    """An attribution's record: `error` of the steps re-timed all at once, then one class of
+    step at a time (steps.class_masks)."""
+    return {"num_requests": num_requests, "measured_p50_s": measured_p50_s,
+            "all_steps_error": error(np.ones(len(steps), dtype=bool)),
             "by_class": {name: error(mask) for name, mask in class_masks(steps, apart)
                          if mask.any()}}
 
@@ -139,8 +147,4 @@ def ttft_attribution(steps: StepTable, requests: dict[str, np.ndarray] | None,
                             np.where(mask, predicted_s, steps.duration_s))
         return float(np.median(ends[first] - arrived_s) / measured - 1.0)
 
-    every = np.ones(len(steps), dtype=bool)
-    return {"num_requests": int(first.size), "measured_p50_s": measured,
-            "all_steps_error": error(every),
-            "by_class": {name: error(mask) for name, mask in class_masks(steps, apart)
-                         if mask.any()}}
+    return _attribution(steps, apart, int(first.size), measured, error)
