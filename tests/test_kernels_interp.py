@@ -43,8 +43,12 @@ CASES: dict[str, tuple] = {
     "decode_plan_mha_d128": ([1] * 3, [900, 1, 333], 4, 4, 128, 32, "float32", None, 64),
 }
 
-# Cases run again with the prefill tile's launch order reversed (TileConfig.longest_first):
-# the same outputs whatever order the tiles start in, split keys and mixed batches included
+# Cases run again in other launch orders of the prefill tile (TileConfig.longest_first,
+# TileConfig.heads_inner): the same outputs whatever order the tiles start in, split keys and
+# mixed batches included
+LAUNCH_ORDERS = {"longest_first": {"longest_first": True},
+                 "heads_inner": {"heads_inner": True},
+                 "longest_first_heads_inner": {"longest_first": True, "heads_inner": True}}
 LONGEST_FIRST_CASES = ("prefill_chunked_prefix_gqa7", "prefill_mha_d128_bs64",
                        "mixed_batch_gqa4", "prefill_split4_gqa4", "mixed_gqa7_d128")
 
@@ -88,7 +92,7 @@ def _plan_shares(seq_lens: list[int], kv_heads: int, min_keys: int) -> list[int]
     return plan.seq_shares.tolist()
 
 
-def _run_case(name: str, longest_first: bool = False) -> float:
+def _run_case(name: str, order: str | None = None) -> float:
     import dataclasses
 
     import torch
@@ -102,8 +106,8 @@ def _run_case(name: str, longest_first: bool = False) -> float:
     pb = make_problem(query_lens, prefix_lens, heads, kv_heads, head_dim, block_size,
                       getattr(torch, dtype), seed=zlib.crc32(name.encode()))
     store_kvcache(pb.new_k, pb.new_v, pb.k_cache, pb.v_cache, pb.slot_mapping)
-    tile = (dataclasses.replace(prefill_config(head_dim), longest_first=True)
-            if longest_first else None)
+    tile = (dataclasses.replace(prefill_config(head_dim), **LAUNCH_ORDERS[order])
+            if order else None)
     out = paged_attention(pb.q, pb.k_cache, pb.v_cache, pb.block_tables, pb.seq_lens,
                           pb.query_start_loc, pb.scale, max_query_len=pb.max_query_len,
                           max_seq_len=pb.max_seq_len, num_splits=splits,
@@ -206,8 +210,8 @@ def _run_fused_case(name: str) -> float:
 
 def _main() -> None:
     results = {name: _run_case(name) for name in CASES}
-    results |= {f"{name}_longest_first": _run_case(name, longest_first=True)
-                for name in LONGEST_FIRST_CASES}
+    results |= {f"{name}_{order}": _run_case(name, order)
+                for name in LONGEST_FIRST_CASES for order in LAUNCH_ORDERS}
     results |= {name: _run_fused_case(name) for name in FUSED_CASES}
     results["store"] = _run_store_case()
     results["model"] = _run_model_case()
@@ -254,12 +258,13 @@ def test_paged_attention_matches_reference(interp_results: dict[str, float], nam
     assert interp_results[name] < tol, f"{name}: rel error {interp_results[name]}"
 
 
+@pytest.mark.parametrize("order", list(LAUNCH_ORDERS))
 @pytest.mark.parametrize("name", LONGEST_FIRST_CASES)
-def test_longest_first_launch_matches_reference(interp_results: dict[str, float],
-                                                name: str) -> None:
+def test_other_launch_orders_match_reference(interp_results: dict[str, float], name: str,
+                                             order: str) -> None:
     tol = 1e-4 if CASES[name][6] == "float32" else 5e-3
-    error = interp_results[f"{name}_longest_first"]
-    assert error < tol, f"{name}, longest tiles first: rel error {error}"
+    error = interp_results[f"{name}_{order}"]
+    assert error < tol, f"{name}, launch order {order}: rel error {error}"
 
 
 @pytest.mark.parametrize("name", list(FUSED_CASES))

@@ -97,6 +97,41 @@ def test_splits_agree(num_splits: int, query_len: int) -> None:
     assert rel_error(out, dense_reference(pb)) < BF16_TOL
 
 
+@pytest.mark.parametrize("order", [{"longest_first": True}, {"heads_inner": True},
+                                   {"longest_first": True, "heads_inner": True}])
+@pytest.mark.parametrize("num_splits", [None, 3])
+@pytest.mark.parametrize("batch", ["prefill_chunked", "mixed"])
+def test_launch_orders_and_timeline_bf16(batch: str, num_splits: int | None,
+                                         order: dict) -> None:
+    """Every launch order of the prefill tile gives the reference's output, with the
+    timeline written: one (SM, start, end) per program that worked, on the GPU's SMs."""
+    import dataclasses
+
+    from gpu_backend.kernels.attention import prefill_config
+
+    query_lens, prefix_lens = BATCHES[batch]
+    pb = make_problem(query_lens, prefix_lens, 32, 8, 128, 16, torch.bfloat16, device="cuda",
+                      seed=zlib.crc32(f"{batch}{order}".encode()))
+    store_kvcache(pb.new_k, pb.new_v, pb.k_cache, pb.v_cache, pb.slot_mapping)
+    tile = dataclasses.replace(prefill_config(128), **order)
+    timeline = torch.zeros(3 * 8 * 64 * (sum(query_lens) + 64), dtype=torch.int64,
+                           device="cuda")
+    out = paged_attention(pb.q, pb.k_cache, pb.v_cache, pb.block_tables, pb.seq_lens,
+                          pb.query_start_loc, pb.scale, max_query_len=pb.max_query_len,
+                          max_seq_len=pb.max_seq_len, num_splits=num_splits, tile_config=tile,
+                          timeline=timeline)
+    assert rel_error(out, dense_reference(pb)) < BF16_TOL
+    rows = timeline.view(-1, 3).cpu()
+    ran = rows[rows[:, 1] > 0]
+    assert len(ran) > 0 and bool((ran[:, 2] >= ran[:, 1]).all())
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert bool((ran[:, 0] >= 0).all()) and bool((ran[:, 0] < num_sms).all())
+    with pytest.raises(ValueError, match="timeline holds"):
+        paged_attention(pb.q, pb.k_cache, pb.v_cache, pb.block_tables, pb.seq_lens,
+                        pb.query_start_loc, pb.scale, max_query_len=pb.max_query_len,
+                        tile_config=tile, timeline=timeline[:6])
+
+
 def _captured_decode(pb, max_seq_len: int):
     """(graph, its output, the attention args) of one decode step captured over `pb`."""
     store_kvcache(pb.new_k, pb.new_v, pb.k_cache, pb.v_cache, pb.slot_mapping)

@@ -69,6 +69,9 @@ class TileConfig:
     # so the longest tiles start first and the launch ends on short ones (no effect on a
     # decode plan's launch)
     longest_first: bool = False
+    # True: the launch takes every KV head of a tile before the next tile (one grid axis for
+    # both), so with longest_first each head's longest tiles start before any shorter tile
+    heads_inner: bool = False
 
 
 def prefill_config(head_dim: int) -> TileConfig:
@@ -200,6 +203,7 @@ def paged_attention(
     min_split_keys: int = MIN_KEYS_PER_SPLIT,
     plan: DecodePlan | None = None,
     out: Tensor | None = None,
+    timeline: Tensor | None = None,
 ) -> Tensor:
     """Causal varlen attention of new tokens over a paged KV cache (K/V already stored).
 
@@ -211,6 +215,9 @@ def paged_attention(
     `tile_config` and `min_split_keys` (the smallest decode share) override the heuristics
     (tests, tuning). `plan`: a decode step's split plan made once for all layers
     (plan_decode_splits of these seq_lens); without it a decode call makes its own.
+    `timeline` (benchmarks): an int64 tensor of at least 3 x the launch's programs, which
+    each program that runs fills with its SM, start and end (the GPU's global ns timer) at
+    its grid position (axis 0 fastest, then 1, then 2).
     """
     _check_args(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc)
     num_tokens, num_heads, head_dim = q.shape
@@ -255,11 +262,16 @@ def paged_attention(
     # without a plan its buffers are unused: any int32 tensor stands in
     buffers = plan.buffers() if plan is not None else (seq_lens,) * 4
     # plan: one flat launch, first shares of every head before any extra share (see kernel)
+    heads_inner = cfg.heads_inner and plan is None
     grid = ((num_tiles * num_kv_heads, 1, 1) if plan is not None
+            else (num_tiles * num_kv_heads, 1, num_splits) if heads_inner
             else (num_tiles, num_kv_heads, num_splits))
+    if timeline is not None and timeline.numel() < 3 * grid[0] * grid[1] * grid[2]:
+        raise ValueError(f"timeline holds {timeline.numel()} values; this launch of "
+                         f"{grid[0] * grid[1] * grid[2]} programs needs 3 per program")
     paged_attention_kernel[grid](
         q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc,
-        part_acc, part_ml, *buffers,
+        part_acc, part_ml, *buffers, timeline if timeline is not None else seq_lens,
         scale * LOG2E, num_seqs, num_heads, num_splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -267,7 +279,8 @@ def paged_attention(
         BLOCK_SIZE=block_size, GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
         BLOCK_M=cfg.block_m, BLOCK_Q=block_q, BLOCK_N=cfg.block_n,
         ONE_TILE_PER_SEQ=one_tile_per_seq, SPLIT_PLAN=plan is not None,
-        LONGEST_FIRST=cfg.longest_first, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        LONGEST_FIRST=cfg.longest_first, HEADS_INNER=heads_inner,
+        TIMELINE=timeline is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if plan is not None or num_splits > 1:
         # plan: one program per sequence, merging its shares; else one per token

@@ -115,6 +115,19 @@ def decode_split_plan_kernel(
 
 
 @triton.jit
+def _global_ns():
+    """The GPU's global nanosecond timer (the launch timeline's clock)."""
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def _sm_id():
+    return tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
 def _attend_tile(
     acc, m_i, l_i, q, start_n, block_table_row, k_base, v_base, q_pos, prefix, seq_len,
     offs_d, d_valid, stride_kb, stride_ks, stride_vb, stride_vs, scale_log2,
@@ -165,7 +178,7 @@ def paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
     block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
     part_acc_ptr, part_ml_ptr,
-    seq_shares_ptr, extra_start_ptr, extra_seq_ptr, extra_split_ptr,
+    seq_shares_ptr, extra_start_ptr, extra_seq_ptr, extra_split_ptr, timeline_ptr,
     scale_log2, num_seqs, num_heads, num_splits,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
@@ -173,11 +186,19 @@ def paged_attention_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
     ONE_TILE_PER_SEQ: tl.constexpr, SPLIT_PLAN: tl.constexpr, LONGEST_FIRST: tl.constexpr,
+    HEADS_INNER: tl.constexpr, TIMELINE: tl.constexpr,
 ):
+    if TIMELINE:  # the program's start; its SM and end are written where it finishes
+        started = _global_ns()
     tile_idx = tl.program_id(0)
-    if LONGEST_FIRST and not SPLIT_PLAN:  # the grid's last tile first (TileConfig)
-        tile_idx = tl.num_programs(0) - 1 - tile_idx
     kv_head = tl.program_id(1)
+    num_tiles = tl.num_programs(0)
+    if HEADS_INNER and not SPLIT_PLAN:  # grid axis 0 walks a tile's KV heads, then the next
+        kv_head = tile_idx % (num_heads // GROUP)
+        tile_idx = tile_idx // (num_heads // GROUP)
+        num_tiles = tl.num_programs(0) // (num_heads // GROUP)
+    if LONGEST_FIRST and not SPLIT_PLAN:  # the grid's last tile first (TileConfig)
+        tile_idx = num_tiles - 1 - tile_idx
     split = tl.program_id(2)
     num_shares = num_splits  # programs sharing this tile's keys (plan: launched with 1)
     if SPLIT_PLAN:  # decode: each program is one share (a first or an extra) of one KV head
@@ -271,6 +292,12 @@ def paged_attention_kernel(
                  mask=row_valid[:, None])
         tl.store(part_ml_ptr + part * 2, m_i, mask=row_valid)
         tl.store(part_ml_ptr + part * 2 + 1, l_i, mask=row_valid)
+    if TIMELINE:  # (SM, start ns, end ns) by grid position; programs that exit early: zeros
+        slot = (tl.program_id(2) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(0)
+        slot = (slot + tl.program_id(0)).to(tl.int64) * 3
+        tl.store(timeline_ptr + slot, _sm_id().to(tl.int64))
+        tl.store(timeline_ptr + slot + 1, started)
+        tl.store(timeline_ptr + slot + 2, _global_ns())
 
 
 @triton.jit(do_not_specialize=["num_seqs", "num_splits"])
