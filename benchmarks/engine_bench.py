@@ -15,6 +15,9 @@ Run from the repository root on the GPU machine (under ~3 minutes for Llama-3.1-
    prompt in one step, less the work the decode rows carry in the extra steps priced at the
    roofline (their KV read over the copy bandwidth, their tokens' matmuls at the matmul
    rate), over the one-step TTFT (target at chunk 2,048: <= 2%, alone and beside decodes).
+   Each point also records the SM clock and board power while it ran, sampled by NVML every
+   5 ms (`gpu_backend.env.ClockSampler`; mean and lowest clock, mean power, the shares of
+   samples held back by the power cap and by heat), where nvidia-ml-py is installed.
 4. fusion A/B: the decode step and one 512-token chunk step (8k prefix) with the fused
    Triton layer kernels and with the torch norm / rotary / activation they replace.
 5. with `--piecewise-max-tokens N`: the chunk-size curve again with piecewise CUDA graphs up
@@ -76,6 +79,7 @@ from gpu_backend.engine.shapes import (  # noqa: E402
     prompt_shapes,
 )
 from gpu_backend.env import (  # noqa: E402
+    ClockSampler,
     copy_bandwidth_bytes_s,
     device_environment,
     write_result,
@@ -194,11 +198,13 @@ def bench_chunks(runner, bs, num_blocks, prompts, chunks, model,
             for chunk in chunks:
                 for backend in backends:
                     set_attention_backend(model, backend)
-                    seconds = ttft(runner, bs, num_blocks, prompt, chunk, num_decodes, ahead)
+                    with ClockSampler() as clocks:
+                        seconds = ttft(runner, bs, num_blocks, prompt, chunk, num_decodes, ahead)
                     base.setdefault(backend, seconds)
                     rows[backend].append({"prompt": prompt, "chunk": chunk,
                                           "num_decodes": num_decodes, "ttft_s": seconds,
-                                          "ratio_to_first_chunk": seconds / base[backend]})
+                                          "ratio_to_first_chunk": seconds / base[backend],
+                                          **clocks.summary()})
     set_attention_backend(model, backends[0])
     return rows
 
@@ -362,8 +368,10 @@ def print_curve(rows: list[dict], first: str, others: dict[str, list[dict]]) -> 
     for i, r in enumerate(rows):
         tail = "".join(f" {o[i]['ttft_s'] * 1e3:>11.1f} {o[i]['ttft_s'] / r['ttft_s']:>8.3f}"
                        for o in others.values())
+        clock = (f"  {r['sm_clock_mhz']:.0f} MHz {r['power_w']:.0f} W"
+                 f" capped {r['power_capped_share']:.0%}" if "sm_clock_mhz" in r else "")
         print(f"{r['prompt']:>7} {r['num_decodes']:>7} {r['chunk']:>6} "
-              f"{r['ttft_s'] * 1e3:>9.1f} {r['ratio_to_first_chunk']:>8.3f}{tail}")
+              f"{r['ttft_s'] * 1e3:>9.1f} {r['ratio_to_first_chunk']:>8.3f}{tail}{clock}")
 
 
 def print_backends(res: dict) -> None:

@@ -1,4 +1,5 @@
-"""What a GPU result is recorded with: device, driver and library versions, copy bandwidth."""
+"""What a GPU result is recorded with: device, driver and library versions, copy bandwidth,
+the SM clock and power while it ran."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 
@@ -47,6 +49,71 @@ def machine_start(boot_id_path: Path = Path("/proc/sys/kernel/random/boot_id")) 
     except OSError:
         return None
     return f"{platform.node()}/{boot}" if boot else None
+
+
+# NVML's clock-event reasons (nvmlClocksEventReason*): why the SM clock sits below its maximum
+POWER_CAP_REASON = 0x4  # software power cap
+THERMAL_REASONS = 0x20 | 0x40  # software and hardware thermal slowdown
+
+
+def clock_summary(samples: list[tuple[float, float, int]]) -> dict:
+    """Samples of (SM clock MHz, board power W, NVML clock-event reasons) as their mean
+    clock and power, the lowest clock, and the shares of samples held back by the power cap
+    and by heat. Empty where there are none."""
+    if not samples:
+        return {}
+    mhz = [m for m, _, _ in samples]
+    return {"sm_clock_mhz": statistics.fmean(mhz), "sm_clock_min_mhz": min(mhz),
+            "power_w": statistics.fmean(w for _, w, _ in samples),
+            "power_capped_share": sum(bool(r & POWER_CAP_REASON) for *_, r in samples)
+            / len(samples),
+            "thermal_share": sum(bool(r & THERMAL_REASONS) for *_, r in samples) / len(samples),
+            "clock_samples": len(samples)}
+
+
+class ClockSampler:
+    """The GPU's SM clock, board power and clock-event reasons, read through NVML (the
+    nvidia-ml-py package, the `gpu` extra) on a thread every `period_s` while the block runs:
+    `with ClockSampler() as clocks: ...`, then `clocks.summary()` (`clock_summary`). Where
+    NVML cannot be read (no package, no driver) it samples nothing and `summary()` is {}."""
+
+    def __init__(self, index: int = 0, period_s: float = 0.005) -> None:
+        self.index, self.period_s = index, period_s
+        self.samples: list[tuple[float, float, int]] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._nvml = self._handle = None
+
+    def __enter__(self) -> ClockSampler:
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+            self._nvml, self._handle = pynvml, pynvml.nvmlDeviceGetHandleByIndex(self.index)
+        except Exception:  # noqa: BLE001 - no NVML: the block runs unsampled
+            return self
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        nvml, handle = self._nvml, self._handle
+        reasons = (getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+                   or nvml.nvmlDeviceGetCurrentClocksThrottleReasons)  # its older name
+        while not self._stop.wait(self.period_s):
+            try:
+                self.samples.append((float(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)),
+                                     nvml.nvmlDeviceGetPowerUsage(handle) / 1e3,
+                                     int(reasons(handle))))
+            except Exception:  # noqa: BLE001 - a failed read ends the sampling, not the run
+                return
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def summary(self) -> dict:
+        return clock_summary(self.samples)
 
 
 def _flashinfer_version() -> str | None:

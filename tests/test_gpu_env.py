@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import platform
 
+import pytest
+
 from gpu_backend.env import machine_start
 
 
@@ -14,3 +16,34 @@ def test_the_machine_start_is_the_host_and_its_boot(tmp_path):
     boot.write_text("")
     assert machine_start(boot) is None
     assert machine_start(tmp_path / "missing") is None
+
+
+def test_clock_samples_read_into_means_and_the_shares_held_back():
+    from gpu_backend.env import POWER_CAP_REASON, THERMAL_REASONS, clock_summary
+
+    # three samples: free at 1980 MHz, then two under the power cap (one also hot)
+    samples = [(1980.0, 500.0, 0), (1800.0, 700.0, POWER_CAP_REASON),
+               (1710.0, 690.0, POWER_CAP_REASON | THERMAL_REASONS)]
+    got = clock_summary(samples)
+    assert got["sm_clock_mhz"] == 1830.0 and got["sm_clock_min_mhz"] == 1710.0
+    assert got["power_w"] == 630.0 and got["clock_samples"] == 3
+    assert got["power_capped_share"] == 2 / 3 and got["thermal_share"] == 1 / 3
+    assert clock_summary([]) == {}
+
+
+def test_without_nvml_a_sampled_block_runs_and_records_nothing():
+    import importlib.util
+
+    from gpu_backend.env import ClockSampler
+
+    if importlib.util.find_spec("pynvml") is not None:
+        import pynvml
+        try:
+            pynvml.nvmlInit()
+            pytest.skip("NVML reads a driver here")
+        except pynvml.NVMLError:
+            pass
+    ran = []
+    with ClockSampler(period_s=0.001) as clocks:
+        ran.append(1)
+    assert ran == [1] and clocks.summary() == {}
