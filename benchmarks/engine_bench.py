@@ -369,7 +369,8 @@ def print_curve(rows: list[dict], first: str, others: dict[str, list[dict]]) -> 
         tail = "".join(f" {o[i]['ttft_s'] * 1e3:>11.1f} {o[i]['ttft_s'] / r['ttft_s']:>8.3f}"
                        for o in others.values())
         clock = (f"  {r['sm_clock_mhz']:.0f} MHz {r['power_w']:.0f} W"
-                 f" capped {r['power_capped_share']:.0%}" if "sm_clock_mhz" in r else "")
+                 f" capped {r['power_capped_share']:.0%}" if "sm_clock_mhz" in r else
+                 "  clocks not sampled" if "clocks_not_sampled" in r else "")
         print(f"{r['prompt']:>7} {r['num_decodes']:>7} {r['chunk']:>6} "
               f"{r['ttft_s'] * 1e3:>9.1f} {r['ratio_to_first_chunk']:>8.3f}{tail}{clock}")
 

@@ -75,7 +75,8 @@ class ClockSampler:
     """The GPU's SM clock, board power and clock-event reasons, read through NVML (the
     nvidia-ml-py package, the `gpu` extra) on a thread every `period_s` while the block runs:
     `with ClockSampler() as clocks: ...`, then `clocks.summary()` (`clock_summary`). Where
-    NVML cannot be read (no package, no driver) it samples nothing and `summary()` is {}."""
+    NVML cannot be read (no package, no driver) or a read fails, `summary()` says why under
+    `clocks_not_sampled` (beside the samples read before a failed read)."""
 
     def __init__(self, index: int = 0, period_s: float = 0.005) -> None:
         self.index, self.period_s = index, period_s
@@ -83,13 +84,15 @@ class ClockSampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._nvml = self._handle = None
+        self.error: str | None = None
 
     def __enter__(self) -> ClockSampler:
         try:
             import pynvml
             pynvml.nvmlInit()
             self._nvml, self._handle = pynvml, pynvml.nvmlDeviceGetHandleByIndex(self.index)
-        except Exception:  # noqa: BLE001 - no NVML: the block runs unsampled
+        except Exception as exc:  # noqa: BLE001 - no NVML: the block runs unsampled
+            self.error = f"NVML unavailable ({type(exc).__name__}: {exc})"
             return self
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -104,7 +107,8 @@ class ClockSampler:
                 self.samples.append((float(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)),
                                      nvml.nvmlDeviceGetPowerUsage(handle) / 1e3,
                                      int(reasons(handle))))
-            except Exception:  # noqa: BLE001 - a failed read ends the sampling, not the run
+            except Exception as exc:  # noqa: BLE001 - a failed read ends the sampling, not the run
+                self.error = f"an NVML read failed ({type(exc).__name__}: {exc})"
                 return
 
     def __exit__(self, *exc: object) -> None:
@@ -113,7 +117,8 @@ class ClockSampler:
             self._thread.join()
 
     def summary(self) -> dict:
-        return clock_summary(self.samples)
+        return {**clock_summary(self.samples),
+                **({"clocks_not_sampled": self.error} if self.error else {})}
 
 
 def _flashinfer_version() -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+import sys
 
 import pytest
 
@@ -31,7 +32,7 @@ def test_clock_samples_read_into_means_and_the_shares_held_back():
     assert clock_summary([]) == {}
 
 
-def test_without_nvml_a_sampled_block_runs_and_records_nothing():
+def test_without_nvml_a_sampled_block_runs_and_says_why_nothing_was_sampled():
     import importlib.util
 
     from gpu_backend.env import ClockSampler
@@ -46,4 +47,36 @@ def test_without_nvml_a_sampled_block_runs_and_records_nothing():
     ran = []
     with ClockSampler(period_s=0.001) as clocks:
         ran.append(1)
-    assert ran == [1] and clocks.summary() == {}
+    assert ran == [1]
+    summary = clocks.summary()
+    assert list(summary) == ["clocks_not_sampled"] and "NVML" in summary["clocks_not_sampled"]
+
+
+def test_a_sampler_reads_clock_power_and_reasons_until_a_read_fails(monkeypatch):
+    """Through a stand-in for NVML (none runs here): three good reads, then a failed one
+    ends the sampling and is named in the summary beside the samples read."""
+    import threading
+    import types
+
+    from gpu_backend.env import POWER_CAP_REASON, ClockSampler
+
+    reads, done = [], threading.Event()
+
+    def clock(handle, kind):
+        reads.append(kind)
+        if len(reads) > 3:
+            done.set()
+            raise RuntimeError("GPU is lost")
+        return 1500 + 100 * len(reads)
+
+    fake = types.SimpleNamespace(
+        NVML_CLOCK_SM=1, nvmlInit=lambda: None, nvmlDeviceGetHandleByIndex=lambda i: "gpu0",
+        nvmlDeviceGetClockInfo=clock, nvmlDeviceGetPowerUsage=lambda h: 600_000,
+        nvmlDeviceGetCurrentClocksEventReasons=lambda h: POWER_CAP_REASON)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    with ClockSampler(period_s=0.001) as clocks:
+        assert done.wait(5.0)
+    got = clocks.summary()
+    assert got["clock_samples"] == 3 and got["sm_clock_mhz"] == 1700.0
+    assert got["power_w"] == 600.0 and got["power_capped_share"] == 1.0
+    assert "GPU is lost" in got["clocks_not_sampled"]
