@@ -19,6 +19,11 @@ The chunks' device time less the one pass's is the kernel's chunking cost; `span
 what each launch loses to starting and draining its waves.
 
 `python benchmarks/launch_timeline.py [--out FILE]`; `--report RESULT` prints a saved result.
+
+Measured (H100 80GB HBM3, torch 2.11+cu130, triton 3.6, 2026-12-07; docs/engine.md, "The chunk
+launch's tail, on a timeline"): one program per SM; in the engine's order the SMs idle 63 us
+after their last program per chunk launch, against a fitted fixed cost of 62 us; longest first
+with heads inner 26 us, the chunks' sum 6.66 -> 6.44 ms, the one pass 6.00 -> 6.13 ms.
 """
 
 from __future__ import annotations
