@@ -9,7 +9,10 @@ K/V tile loaded from the pool feeds all of them and `tl.dot` gets M >= 16 even i
 
 Tiles are numbered across the batch as `query_start_loc[i] // BLOCK_Q + i + local_tile`
 (a binary search over query_start_loc maps a program back to its sequence), so the grid
-size depends only on T and S: no host sync, capturable in a CUDA graph.
+size depends only on T and S: no host sync, capturable in a CUDA graph. The launch order of
+the tiles is the launcher's TileConfig (longest_first, heads_inner); with TIMELINE each
+program that works writes its SM and its start and end on the GPU's nanosecond timer
+(benchmarks/launch_timeline.py).
 
 Keys are walked BLOCK_N at a time through the block table (a gather per key, so BLOCK_N
 is independent of block_size). Keys every row may see run in an unmasked loop; only the
