@@ -115,6 +115,7 @@ class ClockSampler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+            self._nvml.nvmlShutdown()  # type: ignore[union-attr]
 
     def summary(self) -> dict:
         return {**clock_summary(self.samples),

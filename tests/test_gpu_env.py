@@ -70,7 +70,8 @@ def test_a_sampler_reads_clock_power_and_reasons_until_a_read_fails(monkeypatch)
         return 1500 + 100 * len(reads)
 
     fake = types.SimpleNamespace(
-        NVML_CLOCK_SM=1, nvmlInit=lambda: None, nvmlDeviceGetHandleByIndex=lambda i: "gpu0",
+        NVML_CLOCK_SM=1, nvmlInit=lambda: None, nvmlShutdown=lambda: None,
+        nvmlDeviceGetHandleByIndex=lambda i: "gpu0",
         nvmlDeviceGetClockInfo=clock, nvmlDeviceGetPowerUsage=lambda h: 600_000,
         nvmlDeviceGetCurrentClocksEventReasons=lambda h: POWER_CAP_REASON)
     monkeypatch.setitem(sys.modules, "pynvml", fake)

@@ -77,3 +77,25 @@ def test_a_saved_file_that_is_no_result_is_refused_with_its_path(tmp_path):
     with pytest.raises(SystemExit) as stop:
         lt.main(["--report", str(bad)])
     assert str(bad) in str(stop.value.code)
+
+
+def test_a_timeline_that_cannot_hold_the_launch_is_refused_before_it_runs():
+    """paged_attention checks the timeline buffer on the host: int64, contiguous, three
+    values for every program of the launch."""
+    import torch
+
+    from gpu_backend.kernels import paged_attention
+
+    q = torch.zeros(64, 4, 16)
+    cache = torch.zeros(4, 16, 2, 16)
+    tables = torch.arange(4, dtype=torch.int32).view(1, 4)
+    lens = torch.tensor([64], dtype=torch.int32)
+    qsl = torch.tensor([0, 64], dtype=torch.int32)
+
+    def call(timeline):
+        paged_attention(q, cache, cache, tables, lens, qsl, 0.25, max_query_len=64,
+                        timeline=timeline)
+    with pytest.raises(ValueError, match="int64"):
+        call(torch.zeros(3000, dtype=torch.int32))
+    with pytest.raises(ValueError, match="needs 3 per program"):
+        call(torch.zeros(6, dtype=torch.int64))

@@ -266,9 +266,13 @@ def paged_attention(
     grid = ((num_tiles * num_kv_heads, 1, 1) if plan is not None
             else (num_tiles * num_kv_heads, 1, num_splits) if heads_inner
             else (num_tiles, num_kv_heads, num_splits))
-    if timeline is not None and timeline.numel() < 3 * grid[0] * grid[1] * grid[2]:
-        raise ValueError(f"timeline holds {timeline.numel()} values; this launch of "
-                         f"{grid[0] * grid[1] * grid[2]} programs needs 3 per program")
+    if timeline is not None:
+        if timeline.dtype != torch.int64 or not timeline.is_contiguous():
+            raise ValueError(f"timeline must be a contiguous int64 tensor, not {timeline.dtype}")
+        if timeline.numel() < 3 * grid[0] * grid[1] * grid[2]:
+            raise ValueError(f"timeline holds {timeline.numel()} values; this launch of "
+                             f"{grid[0] * grid[1] * grid[2]} programs needs 3 per program")
+        check_same_device(q=q, timeline=timeline)
     paged_attention_kernel[grid](
         q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc,
         part_acc, part_ml, *buffers, timeline if timeline is not None else seq_lens,
