@@ -62,17 +62,14 @@ def launch_stats(timeline: np.ndarray, num_sms: int) -> dict:
         return {"programs": 0}
     sm, start, end = rows[:, 0], rows[:, 1].astype(np.float64), rows[:, 2].astype(np.float64)
     t0, t1 = start.min(), end.max()
-    # the most programs one SM ran at once: events swept in time order, ends before starts
-    slots = 1
-    for s in np.unique(sm):
-        mine = sm == s
-        events = sorted([(t, 1) for t in start[mine]] + [(t, -1) for t in end[mine]],
-                        key=lambda e: (e[0], e[1]))
-        running = np.cumsum([delta for _, delta in events])
-        slots = max(slots, int(running.max()))
     used = np.unique(sm)
-    first = np.array([start[sm == s].min() for s in used])
-    last = np.array([end[sm == s].max() for s in used])
+    first, last, slots = np.empty(len(used)), np.empty(len(used)), 1
+    for i, s in enumerate(used):
+        mine = sm == s
+        first[i], last[i] = start[mine].min(), end[mine].max()
+        # the most programs it ran at once: events swept in time order, ends before starts
+        events = sorted([(t, 1) for t in start[mine]] + [(t, -1) for t in end[mine]])
+        slots = max(slots, int(np.cumsum([delta for _, delta in events]).max()))
     idle_sms = num_sms - len(used)  # SMs that ran nothing wait the whole span
     span = t1 - t0
     return {"programs": int(len(rows)), "slots_per_sm": slots,

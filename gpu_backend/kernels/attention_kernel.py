@@ -197,9 +197,10 @@ def paged_attention_kernel(
     kv_head = tl.program_id(1)
     num_tiles = tl.num_programs(0)
     if HEADS_INNER and not SPLIT_PLAN:  # grid axis 0 walks a tile's KV heads, then the next
-        kv_head = tile_idx % (num_heads // GROUP)
-        tile_idx = tile_idx // (num_heads // GROUP)
-        num_tiles = tl.num_programs(0) // (num_heads // GROUP)
+        kv_heads = num_heads // GROUP
+        kv_head = tile_idx % kv_heads
+        tile_idx = tile_idx // kv_heads
+        num_tiles = num_tiles // kv_heads
     if LONGEST_FIRST and not SPLIT_PLAN:  # the grid's last tile first (TileConfig)
         tile_idx = num_tiles - 1 - tile_idx
     split = tl.program_id(2)
