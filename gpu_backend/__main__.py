@@ -118,10 +118,16 @@ def build_parser() -> argparse.ArgumentParser:
     fp.add_argument("--merge", type=Path, nargs="+", default=[], metavar="CALIBRATION",
                     help="profiles of the same grid taken at other times: each point's timings "
                          "become the median over all of them before the fit")
-    fp.add_argument("--program-from", type=Path, default=None, metavar="CALIBRATION",
-                    help="hold attention_program (one attention program's speed) at this "
-                         "calibration's (same GPU, a model of the same head_dim): for a grid "
-                         "without the chunk-beside-long-decode-rows steps that tell it")
+    held = fp.add_mutually_exclusive_group()
+    held.add_argument("--program-from", type=Path, default=None, metavar="CALIBRATION",
+                      help="hold attention_program (one attention program's speed) at this "
+                           "calibration's (same GPU, a model of the same head_dim): for a "
+                           "grid without the chunk-beside-long-decode-rows steps that tell it")
+    held.add_argument("--attention-from", type=Path, default=None, metavar="CALIBRATION",
+                      help="hold every term of the Triton kernel's attention at this "
+                           "calibration's (same GPU and model, profiled on the triton backend): "
+                           "for a profile on the split or auto backend, whose grid runs that "
+                           "kernel on a few short launches only")
     fp.add_argument("--copy-bandwidth", type=float, default=None, metavar="BYTES_S",
                     help="measured device-to-device copy bandwidth that pins weight streaming "
                          "(default: the calibration's own copy_bandwidth_bytes_s, if any)")
@@ -135,9 +141,9 @@ def run_refit(args: argparse.Namespace) -> int:
     if args.merge:
         data = merge_profiles(data, [read_json(path) for path in args.merge],
                               [str(path) for path in args.merge])
-    program = ((str(args.program_from), read_json(args.program_from))
-               if args.program_from is not None else None)
-    result = refit_calibration(data, args.copy_bandwidth, program)
+    program, terms = ((str(path), read_json(path)) if path is not None else None
+                      for path in (args.program_from, args.attention_from))
+    result = refit_calibration(data, args.copy_bandwidth, program, terms)
     write_calibration(args.out or args.calibration, result)
     print(json.dumps({"efficiency": result["efficiency"],
                       "median_abs_rel": result["fit_error"]["median_abs_rel"]}, indent=2))

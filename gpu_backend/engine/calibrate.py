@@ -375,7 +375,8 @@ def fit_timed(engine: ProfileEngine, grid: list[StepShape], timed: list[dict],
 
 
 def refit_calibration(data: dict, copy_bandwidth_bytes_s: float | None = None,
-                      program_from: tuple[str, dict] | None = None) -> dict:
+                      program_from: tuple[str, dict] | None = None,
+                      attention_from: tuple[str, dict] | None = None) -> dict:
     """`sim.core.calibration.profile_fit.refit_profile` of a calibration's stored grid: its
     records made the steps the cost model prices (no GPU needed). The provenance keeps the
     measurement's and records this command as the one that fitted it."""
@@ -384,7 +385,8 @@ def refit_calibration(data: dict, copy_bandwidth_bytes_s: float | None = None,
     attention = attention_inputs(data)
     if attention is not None:
         attention = ([scheduler_output(s) for s in attention[0]], attention[1])
-    result = refit_profile(data, outputs, attention, copy_bandwidth_bytes_s, program_from)
+    result = refit_profile(data, outputs, attention, copy_bandwidth_bytes_s, program_from,
+                           attention_from)
     fitted = replace(provenance, fitted_by=invoked_command())
     return {**result, "provenance": fitted.to_dict()}
 

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
+from typing import Any
 
 import numpy as np
 from scipy.optimize import nnls
 
-from sim.core.calibration.attention_fit import attention_start
+from sim.core.calibration.attention_fit import TRITON_ATTENTION_PARAMETERS, attention_start
 from sim.core.calibration.fit import (
     fit_with_program_term,
     launch_terms,
@@ -153,7 +154,8 @@ def held_terms(cost_args: CostArgs, outputs: Sequence[SchedulerOutput], measured
 def refit_profile(data: dict, outputs: Sequence[SchedulerOutput],
                   attention: tuple[Sequence[SchedulerOutput], np.ndarray] | None,
                   copy_bandwidth_bytes_s: float | None = None,
-                  program_from: tuple[str, dict] | None = None) -> dict:
+                  program_from: tuple[str, dict] | None = None,
+                  attention_from: tuple[str, dict] | None = None) -> dict:
     """Fit the cost model again to a calibration's stored measurements (no GPU needed).
 
     For when the cost model gains a term: the grid measured on the GPU stays valid, only the
@@ -161,8 +163,9 @@ def refit_profile(data: dict, outputs: Sequence[SchedulerOutput],
     those of its "attention_measurements" and their seconds (None where it has none).
     `memory` is pinned to `copy_bandwidth_bytes_s`, else to the calibration's own
     "copy_bandwidth_bytes_s", else fitted. `program_from`: (name, calibration) whose
-    attention_program is held, not fitted (`program_term_of`). Returns the calibration with
-    new efficiency and errors.
+    attention_program is held, not fitted (`program_term_of`); `attention_from`: one whose
+    Triton kernel's attention terms are all held (`triton_terms_of`). Returns the calibration
+    with new efficiency and errors.
     """
     bandwidth = copy_bandwidth_bytes_s or data.get("copy_bandwidth_bytes_s")
     times = np.array([m["measured_s"] for m in data["measurements"]])
@@ -172,14 +175,7 @@ def refit_profile(data: dict, outputs: Sequence[SchedulerOutput],
     cost_args = CostArgs(get_model(data["model"]), get_gpu(data["gpu_preset"]), 1,
                          data.get("attention_backend", TRITON_ATTENTION), apart)
     token_sizes = data.get("piecewise_sizes") or ()
-    start, provenance = Efficiency(), {}
-    hold: tuple[str, ...] = ()
-    if program_from is not None:
-        source, other = program_from
-        value = program_term_of(source, other, data)
-        start, hold = replace(start, attention_program=value), ("attention_program",)
-        provenance = {"attention_program_from": {"calibration": source, "model": other["model"],
-                                                 "attention_program": value}}
+    start, hold, provenance = borrowed_terms(data, program_from, attention_from)
     start, hold, attention_error = attention_start(cost_args, attention, start, hold)
     efficiency, fit_error = fit_profile(cost_args, outputs, times, start=start,
                                         copy_bandwidth_bytes_s=bandwidth,
@@ -190,7 +186,9 @@ def refit_profile(data: dict, outputs: Sequence[SchedulerOutput],
     measurements = [{**m, "predicted_s": cost.step(out).total_s}
                     for m, out in zip(data["measurements"], outputs)]
     errors = {"attention_fit_error": attention_error} if attention_error is not None else {}
-    return {**data, "efficiency": asdict(efficiency), "fit_error": fit_error,
+    # a term held by an earlier refit is fitted now unless held again
+    kept = {k: v for k, v in data.items() if k not in HELD_PROVENANCE}
+    return {**kept, "efficiency": asdict(efficiency), "fit_error": fit_error,
             "copy_bandwidth_bytes_s": bandwidth, "measurements": measurements, **errors,
             **provenance}
 
@@ -200,6 +198,60 @@ def with_host_gap(efficiency: Efficiency, measurements: Sequence[Mapping]) -> Ef
     grid timed the device span."""
     gap = measured_host_gap_s(measurements)
     return efficiency if gap is None else replace(efficiency, host_gap_s=gap)
+
+
+# what a calibration records of terms a refit held at another calibration's (`borrowed_terms`)
+HELD_PROVENANCE = ("attention_program_from", "attention_terms_from")
+
+
+def borrowed_terms(data: dict, program_from: tuple[str, dict] | None,
+                   attention_from: tuple[str, dict] | None
+                   ) -> tuple[Efficiency, tuple[str, ...], dict]:
+    """The fit's start, the terms it holds there and the provenance that says where they came
+    from: `refit_profile`'s `program_from` or `attention_from` (not both), else nothing held."""
+    if program_from is not None and attention_from is not None:
+        raise ValueError("take attention_program from one calibration or every Triton "
+                         "attention term from one (attention_from holds attention_program too)")
+    if program_from is not None:
+        source, other = program_from
+        value = program_term_of(source, other, data)
+        return (replace(Efficiency(), attention_program=value), ("attention_program",),
+                {"attention_program_from": {"calibration": source, "model": other["model"],
+                                            "attention_program": value}})
+    if attention_from is not None:
+        source, other = attention_from
+        terms = triton_terms_of(source, other, data)
+        return (replace(Efficiency(), **terms), TRITON_ATTENTION_PARAMETERS,
+                {"attention_terms_from": {"calibration": source, "model": other["model"],
+                                          "terms": terms}})
+    return Efficiency(), (), {}
+
+
+def triton_terms_of(source: str, other: dict, data: dict) -> dict[str, Any]:
+    """The Triton kernel's attention terms (TRITON_ATTENTION_PARAMETERS) of calibration
+    `other` (read from `source`), for `data`, a profile on the split or auto backend: there
+    only the launches under SPLIT_MIN_QUERY new tokens run the Triton kernel, a few short
+    ones, while a profile on the triton backend times the same kernel on every launch of its
+    grid. Checked: the same GPU and model, `other` profiled on the triton backend with its
+    attention launches timed alone (the terms fitted to them)."""
+    backend = data.get("attention_backend", TRITON_ATTENTION)
+    if backend not in ("split", "auto"):
+        raise ValueError(f"the calibration to refit runs the {backend} attention backend: its "
+                         "own launches tell the Triton kernel's terms (take them from another "
+                         "profile only for the split or auto backend)")
+    for field, what in (("gpu_preset", "GPU"), ("model", "model")):
+        if other.get(field) != data.get(field):
+            raise ValueError(f"{source}: {what} {other.get(field)!r}, not {data.get(field)!r}; "
+                             f"take the Triton kernel's terms from the same {what}")
+    if other.get("attention_backend", TRITON_ATTENTION) != TRITON_ATTENTION:
+        raise ValueError(f"{source}: profiled on the {other.get('attention_backend')} "
+                         "attention backend; take the Triton kernel's terms from a profile on "
+                         "the triton backend")
+    if not other.get("attention_measurements"):
+        raise ValueError(f"{source}: no attention launches timed alone, so its Triton terms "
+                         "were fitted on whole steps; take them from a profile that timed them")
+    efficiency = other.get("efficiency") or {}
+    return {name: efficiency.get(name) for name in TRITON_ATTENTION_PARAMETERS}
 
 
 def program_term_of(source: str, other: dict, data: dict) -> float:

@@ -1,0 +1,62 @@
+"""benchmarks/prefix_attention.py on the CPU: the shapes it times, and its report of a saved
+result priced by a calibration."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "prefix_attention.py"
+CALIBRATION = ROOT / "calibration" / "h200" / "llama-3.1-8b.json"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("prefix_attention", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+pa = _load()
+
+
+def test_shapes_cover_every_chunk_over_every_prefix_and_the_packed_steps():
+    singles = {s.prefills[0] for s in pa.shapes() if len(s.prefills) == 1}
+    assert singles == {(c, p) for c in (256, 512, 1024, 2048, 4096)
+                       for p in (0, 1024, 4096, 8192, 16384, 24576)}
+    packed = [s.prefills for s in pa.shapes() if len(s.prefills) > 1]
+    assert len(packed) == 4 and all(s.kind == "prefill" for s in pa.shapes())
+
+
+def _result(seconds: dict) -> dict:
+    rows = [{"kind": "prefill", "prefills": [list(p) for p in prefills], "num_decodes": 0,
+             "decode_context": 0, "decode_groups": [], "measured_s": s}
+            for prefills, s in seconds.items()]
+    return {"env": {"gpu": "NVIDIA H200"}, "model": "llama-3.1-8b", "measured_on": "2026-12-07",
+            "shapes": rows}
+
+
+def test_report_prices_each_shape_and_splits_the_median_by_prefix(tmp_path, capsys):
+    # a chunk over a long prefix does more work than the same chunk alone, so a result that
+    # times both alike is priced long on the first and short on the second
+    result = _result({((2048, 0),): 5e-3, ((2048, 16384),): 5e-3})
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps(result))
+    assert pa.main(["--report", str(path), "--calibration", str(CALIBRATION)]) == 0
+    out = capsys.readouterr().out
+    assert "2 launches (1 with a prefix)" in out
+    lines = [line for line in out.splitlines() if line.strip().startswith("[[2048")]
+    errors = [float(line.rsplit(None, 1)[1].rstrip("%")) for line in lines]
+    assert errors[0] < 0 and errors[1] > 100  # [[2048, 0]] then [[2048, 16384]]
+
+
+def test_report_skips_a_calibration_of_another_model(tmp_path, capsys):
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps(_result({((512, 0),): 1e-3})))
+    other = ROOT / "calibration" / "h200" / "qwen2.5-7b.json"
+    assert pa.main(["--report", str(path), "--calibration", str(other)]) == 0
+    assert "not llama-3.1-8b: skipped" in capsys.readouterr().out
