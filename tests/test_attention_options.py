@@ -6,7 +6,6 @@ triton is first imported), the prefix kernel and LSE merge that its SPLIT option
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -15,22 +14,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from bench_helpers import load_benchmark
 
 from gpu_backend.kernels.reference import paged_attention_ref
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "attention_options.py"
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("attention_options", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve string annotations through it
-    spec.loader.exec_module(module)
-    return module
-
-
-ao = _load()
+ao = load_benchmark("attention_options")
 HEADS = ao.Heads(6, 2, 16, 16, torch.float32, "cpu")  # GQA group of 3
 
 

@@ -3,27 +3,12 @@ target (TTFT added by chunking, less the decode rows' work at the roofline)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
+from bench_helpers import load_benchmark
 
 from sim.core.catalog import get_model
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("engine_bench",
-                                                  ROOT / "benchmarks" / "engine_bench.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-eb = _load()
+eb = load_benchmark("engine_bench")
 
 
 def row(prompt, chunk, decodes, ttft_s):

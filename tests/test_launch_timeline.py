@@ -3,28 +3,13 @@ work, ramp and tail, and the launch orders summarised against their one pass."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from bench_helpers import load_benchmark
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "launch_timeline.py"
-
-
-def _load():
-    sys.path.insert(0, str(SCRIPT.parent))  # it imports its sibling attention_options
-    spec = importlib.util.spec_from_file_location("launch_timeline", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-lt = _load()
+lt = load_benchmark("launch_timeline")
 US = 1000  # ns
 
 

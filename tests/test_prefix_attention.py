@@ -3,25 +3,16 @@ result priced by a calibration."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
+from bench_helpers import load_benchmark
+
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "prefix_attention.py"
 CALIBRATION = ROOT / "calibration" / "h200" / "llama-3.1-8b.json"
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("prefix_attention", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-pa = _load()
+pa = load_benchmark("prefix_attention")
 
 
 def test_shapes_cover_every_chunk_over_every_prefix_and_the_packed_steps():

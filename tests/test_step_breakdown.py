@@ -3,25 +3,10 @@ device's busy time and finds its idle gaps (hand-made kernel intervals, in micro
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
+from bench_helpers import load_benchmark
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load():
-    sys.path.insert(0, str(ROOT / "benchmarks"))  # it imports engine_bench beside it
-    spec = importlib.util.spec_from_file_location("step_breakdown",
-                                                  ROOT / "benchmarks" / "step_breakdown.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-sb = _load()
+sb = load_benchmark("step_breakdown")
 
 
 @pytest.mark.parametrize("name, label", [
