@@ -87,12 +87,16 @@ class ClockSampler:
         self.error: str | None = None
 
     def __enter__(self) -> ClockSampler:
+        initialized = None
         try:
             import pynvml
             pynvml.nvmlInit()
+            initialized = pynvml
             self._nvml, self._handle = pynvml, pynvml.nvmlDeviceGetHandleByIndex(self.index)
         except Exception as exc:  # noqa: BLE001 - no NVML: the block runs unsampled
             self.error = f"NVML unavailable ({type(exc).__name__}: {exc})"
+            if initialized is not None:  # no device handle: NVML is not left open
+                initialized.nvmlShutdown()
             return self
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()

@@ -81,3 +81,25 @@ def test_a_sampler_reads_clock_power_and_reasons_until_a_read_fails(monkeypatch)
     assert got["clock_samples"] == 3 and got["sm_clock_mhz"] == 1700.0
     assert got["power_w"] == 600.0 and got["power_capped_share"] == 1.0
     assert "GPU is lost" in got["clocks_not_sampled"]
+
+
+def test_nvml_is_shut_down_when_the_device_handle_cannot_be_read(monkeypatch):
+    """Through a stand-in for NVML: it starts, but the GPU's handle fails; the block runs
+    unsampled, says why, and NVML is shut down again."""
+    import types
+
+    from gpu_backend.env import ClockSampler
+
+    calls = []
+
+    def no_handle(index):
+        raise RuntimeError(f"no GPU {index}")
+
+    fake = types.SimpleNamespace(nvmlInit=lambda: calls.append("init"),
+                                 nvmlShutdown=lambda: calls.append("shutdown"),
+                                 nvmlDeviceGetHandleByIndex=no_handle)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    with ClockSampler(index=3) as clocks:
+        pass
+    assert calls == ["init", "shutdown"]
+    assert "no GPU 3" in clocks.summary()["clocks_not_sampled"]
