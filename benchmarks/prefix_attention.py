@@ -5,13 +5,20 @@ A profile fits the attention's terms to its own grid's launches (gpu_backend.eng
 of shapes outside that grid, one chunk of C new tokens over P cached keys for every C and P
 below (and a few steps of several chunks), on the model's heads with its pool's blocks
 shuffled, so a calibration's attention pricing can be judged on launches it was not fitted on.
+It also times the launches of engine_bench's 16,384-token prompt at chunks of 2,048, 8,192
+and 16,384 (each chunk over the prompt before it), and samples the SM clock and board power
+while each shape is timed (`gpu_backend.env.ClockSampler`).
 
     python benchmarks/prefix_attention.py [--model llama-3.1-8b] [--out PATH]     (GPU)
     python benchmarks/prefix_attention.py --report RESULT --calibration CAL [CAL ...]   (CPU)
+    python benchmarks/prefix_attention.py --report RESULT --in-step STEP_BREAKDOWN      (CPU)
 
 `--report` prices every timed shape with each calibration (CostModel.step's attention, the
 launch as one) and prints the relative error per shape, and its median, split into the
-shapes with and without a prefix.
+shapes with and without a prefix. `--in-step` sets the prompt's launches timed alone, summed
+per chunk size, against the same prompt's attention kernels inside the engine's steps
+(benchmarks/step_breakdown.py's `chunked_prompt`, CUPTI kernel records, without decode rows),
+beside the SM clock each ran at where both results sampled it.
 """
 
 from __future__ import annotations
@@ -37,6 +44,9 @@ PREFIXES = (0, 1024, 4096, 8192, 16384, 24576)
 MULTI = (((1024, 8192), (1024, 0)), ((512, 16384), (1536, 2048)),
          ((256, 4096), (256, 8192), (256, 12288), (256, 16384)),
          ((2048, 12288), (2048, 4096)))
+PROMPT = 16384  # engine_bench's and step_breakdown's prompt
+PROMPT_CHUNKS = (2048, 8192, 16384)
+IN_STEP_CLASS = "attention (Triton)"  # step_breakdown's kernel class of this kernel
 
 
 def shapes() -> list[StepShape]:
@@ -44,19 +54,68 @@ def shapes() -> list[StepShape]:
     return single + [StepShape("prefill", chunks) for chunks in MULTI]
 
 
-def measure(model_name: str, reps: int) -> dict:
+def prompt_shapes(chunk: int, prompt: int = PROMPT) -> list[StepShape]:
+    """The launches of a `prompt`-token prompt prefilled alone in chunks of `chunk`."""
+    return [StepShape("prefill", ((min(chunk, prompt - start), start),))
+            for start in range(0, prompt, chunk)]
+
+
+def _timed(shapes: list[StepShape], model, reps: int) -> list[dict]:
     from gpu_backend.engine.attention_profile import time_attention
+    from gpu_backend.env import ClockSampler
+
+    rows = []
+    for shape in shapes:
+        with ClockSampler() as clocks:
+            timed = time_attention(shape, model, reps)
+        rows.append({**shape.describe(), **timed, **clocks.summary()})
+        mhz = rows[-1].get("sm_clock_mhz")
+        print(f"{str(shape.prefills):60s} {timed['measured_s'] * 1e3:9.3f} ms"
+              + (f"  {mhz:6.0f} MHz" if mhz else ""), flush=True)
+    return rows
+
+
+def measure(model_name: str, reps: int) -> dict:
     from gpu_backend.env import device_environment
 
     model = get_model(model_name)
-    rows = []
-    for shape in shapes():
-        timed = time_attention(shape, model, reps)
-        rows.append({**shape.describe(), **timed})
-        print(f"{str(shape.prefills):60s} {timed['measured_s'] * 1e3:9.3f} ms", flush=True)
     return {"env": device_environment(), "model": model_name, "reps": reps,
             "what": "one layer's Triton prefill attention launch timed alone, times the layers",
-            "shapes": rows}
+            "shapes": _timed(shapes(), model, reps),
+            "prompt_chunks": {str(c): _timed(prompt_shapes(c), model, reps)
+                              for c in PROMPT_CHUNKS}}
+
+
+def _clock(rows: list[dict]) -> str:
+    mhz = [r["sm_clock_mhz"] for r in rows if r.get("sm_clock_mhz")]
+    return f"{np.median(mhz):,.0f} MHz" if mhz else "clock not sampled"
+
+
+def in_step(result: dict, breakdown: dict) -> int:
+    """The prompt's launches timed alone against its attention inside the engine's steps."""
+    chunks = result.get("prompt_chunks")
+    if not chunks:
+        print("the result holds no prompt_chunks (timed before they were added): nothing to set "
+              "against the steps")
+        return 1
+    if breakdown.get("model") != result["model"]:
+        print(f"the step breakdown is of {breakdown.get('model')}, not {result['model']}")
+        return 1
+    print(f"the {PROMPT:,}-token prompt's attention, timed alone ({result['env']['gpu']}, "
+          f"{result.get('measured_on')}) against inside the engine's steps "
+          f"({breakdown['env']['gpu']}, {breakdown.get('measured_on')}, "
+          f"{breakdown['attention_backend']} backend)")
+    print(f"  {'chunk':>6} {'alone ms':>9} {'alone clock':>12} {'in steps ms':>12} "
+          f"{'launched ahead ms':>18} {'in steps / alone':>17}")
+    for chunk, rows in chunks.items():
+        alone_ms = 1e3 * sum(r["measured_s"] for r in rows)
+        steps = [breakdown[key].get(f"chunk {chunk}, 0 decodes", {}).get("classes_ms", {})
+                 .get(IN_STEP_CLASS) for key in ("chunked_prompt", "chunked_prompt_launched_ahead")]
+        shown = ["-" if ms is None else f"{ms:.1f}" for ms in steps]
+        ratio = "-" if steps[1] is None else f"{steps[1] / alone_ms:.3f}"
+        print(f"  {int(chunk):>6,} {alone_ms:9.1f} {_clock(rows):>12} {shown[0]:>12} "
+              f"{shown[1]:>18} {ratio:>17}")
+    return 0
 
 
 def report(result: dict, calibrations: list[str]) -> int:
@@ -94,11 +153,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", type=Path, default=None, metavar="RESULT",
                         help="price a saved result's shapes (CPU)")
     parser.add_argument("--calibration", nargs="+", default=[])
+    parser.add_argument("--in-step", type=Path, default=None, metavar="STEP_BREAKDOWN",
+                        help="with --report: set the prompt's launches against "
+                             "step_breakdown.py's result of the same model")
     args = parser.parse_args(argv)
     if args.report is not None:
-        if not args.calibration:
-            parser.error("--report needs --calibration")
-        return report(json.loads(args.report.read_text()), args.calibration)
+        if not args.calibration and args.in_step is None:
+            parser.error("--report needs --calibration or --in-step")
+        result = json.loads(args.report.read_text())
+        code = report(result, args.calibration) if args.calibration else 0
+        return code or (in_step(result, json.loads(args.in_step.read_text()))
+                        if args.in_step is not None else 0)
     from gpu_backend.env import write_result
 
     result = measure(args.model, args.reps)

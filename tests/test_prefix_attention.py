@@ -51,3 +51,47 @@ def test_report_skips_a_calibration_of_another_model(tmp_path, capsys):
     other = ROOT / "calibration" / "h200" / "qwen2.5-7b.json"
     assert pa.main(["--report", str(path), "--calibration", str(other)]) == 0
     assert "not llama-3.1-8b: skipped" in capsys.readouterr().out
+
+
+def test_prompt_shapes_cover_the_prompt_chunk_by_chunk():
+    assert [s.prefills for s in pa.prompt_shapes(8192)] == [((8192, 0),), ((8192, 8192),)]
+    # a last chunk shorter than the others
+    assert [s.prefills for s in pa.prompt_shapes(6000, 16384)] == [
+        ((6000, 0),), ((6000, 6000),), ((4384, 12000),)]
+
+
+def _breakdown(model: str, ahead_ms: float) -> dict:
+    classes = {"classes_ms": {"attention (Triton)": ahead_ms, "matmul": 300.0}}
+    return {"env": {"gpu": "NVIDIA H100 80GB HBM3"}, "model": model, "attention_backend": "triton",
+            "measured_on": "2026-12-06",
+            "chunked_prompt": {"chunk 2048, 0 decodes": classes},
+            "chunked_prompt_launched_ahead": {"chunk 2048, 0 decodes": classes}}
+
+
+def test_in_step_sets_the_prompt_alone_against_its_steps(tmp_path, capsys):
+    # eight launches of 25 ms alone (200 ms) against 240 ms of the kernel inside the steps
+    result = _result({})
+    result["prompt_chunks"] = {"2048": [
+        {"prefills": [[2048, 2048 * k]], "measured_s": 0.025, "sm_clock_mhz": 1980.0}
+        for k in range(8)]}
+    path, steps = tmp_path / "result.json", tmp_path / "breakdown.json"
+    path.write_text(json.dumps(result))
+    steps.write_text(json.dumps(_breakdown("llama-3.1-8b", 240.0)))
+    assert pa.main(["--report", str(path), "--in-step", str(steps)]) == 0
+    row = [line.split() for line in capsys.readouterr().out.splitlines()
+           if line.strip().startswith("2,048")][0]
+    assert row[1] == "200.0" and row[2:4] == ["1,980", "MHz"] and row[-1] == "1.200"
+
+
+def test_in_step_refuses_a_result_without_the_prompt_or_of_another_model(tmp_path, capsys):
+    path, steps = tmp_path / "result.json", tmp_path / "breakdown.json"
+    path.write_text(json.dumps(_result({((512, 0),): 1e-3})))
+    steps.write_text(json.dumps(_breakdown("llama-3.1-8b", 240.0)))
+    assert pa.main(["--report", str(path), "--in-step", str(steps)]) == 1
+    assert "holds no prompt_chunks" in capsys.readouterr().out
+    result = _result({})
+    result["prompt_chunks"] = {"2048": [{"prefills": [[2048, 0]], "measured_s": 0.025}]}
+    path.write_text(json.dumps(result))
+    steps.write_text(json.dumps(_breakdown("qwen2.5-7b", 240.0)))
+    assert pa.main(["--report", str(path), "--in-step", str(steps)]) == 1
+    assert "not llama-3.1-8b" in capsys.readouterr().out
