@@ -88,7 +88,7 @@ def measure(model_name: str, reps: int) -> dict:
 
 def _clock(rows: list[dict]) -> str:
     mhz = [r["sm_clock_mhz"] for r in rows if r.get("sm_clock_mhz")]
-    return f"{np.median(mhz):,.0f} MHz" if mhz else "clock not sampled"
+    return f"{np.median(mhz):,.0f} MHz" if mhz else "-"
 
 
 def in_step(result: dict, breakdown: dict) -> int:
@@ -100,6 +100,11 @@ def in_step(result: dict, breakdown: dict) -> int:
         return 1
     if breakdown.get("model") != result["model"]:
         print(f"the step breakdown is of {breakdown.get('model')}, not {result['model']}")
+        return 1
+    gpus = (result["env"].get("gpu"), (breakdown.get("env") or {}).get("gpu"))
+    if gpus[0] != gpus[1]:
+        print(f"the step breakdown ran on {gpus[1]}, the launches alone on {gpus[0]}: "
+              "set a GPU's launches against its own steps")
         return 1
     print(f"the {PROMPT:,}-token prompt's attention, timed alone ({result['env']['gpu']}, "
           f"{result.get('measured_on')}) against inside the engine's steps "

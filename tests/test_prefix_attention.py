@@ -60,9 +60,9 @@ def test_prompt_shapes_cover_the_prompt_chunk_by_chunk():
         ((6000, 0),), ((6000, 6000),), ((4384, 12000),)]
 
 
-def _breakdown(model: str, ahead_ms: float) -> dict:
+def _breakdown(model: str, ahead_ms: float, gpu: str = "NVIDIA H200") -> dict:
     classes = {"classes_ms": {"attention (Triton)": ahead_ms, "matmul": 300.0}}
-    return {"env": {"gpu": "NVIDIA H100 80GB HBM3"}, "model": model, "attention_backend": "triton",
+    return {"env": {"gpu": gpu}, "model": model, "attention_backend": "triton",
             "measured_on": "2026-12-06",
             "chunked_prompt": {"chunk 2048, 0 decodes": classes},
             "chunked_prompt_launched_ahead": {"chunk 2048, 0 decodes": classes}}
@@ -95,3 +95,7 @@ def test_in_step_refuses_a_result_without_the_prompt_or_of_another_model(tmp_pat
     steps.write_text(json.dumps(_breakdown("qwen2.5-7b", 240.0)))
     assert pa.main(["--report", str(path), "--in-step", str(steps)]) == 1
     assert "not llama-3.1-8b" in capsys.readouterr().out
+    # the steps of another GPU: its clock and power differ, so the ratio would mean nothing
+    steps.write_text(json.dumps(_breakdown("llama-3.1-8b", 240.0, gpu="NVIDIA H100 80GB HBM3")))
+    assert pa.main(["--report", str(path), "--in-step", str(steps)]) == 1
+    assert "set a GPU's launches against its own steps" in capsys.readouterr().out
