@@ -109,12 +109,12 @@ def in_step(result: dict, breakdown: dict) -> int:
     print(f"the {PROMPT:,}-token prompt's attention, timed alone ({result['env']['gpu']}, "
           f"{result.get('measured_on')}) against inside the engine's steps "
           f"({breakdown['env']['gpu']}, {breakdown.get('measured_on')}, "
-          f"{breakdown['attention_backend']} backend)")
+          f"{breakdown.get('attention_backend')} backend)")
     print(f"  {'chunk':>6} {'alone ms':>9} {'alone clock':>12} {'in steps ms':>12} "
           f"{'launched ahead ms':>18} {'in steps / alone':>17}")
     for chunk, rows in chunks.items():
         alone_ms = 1e3 * sum(r["measured_s"] for r in rows)
-        steps = [breakdown[key].get(f"chunk {chunk}, 0 decodes", {}).get("classes_ms", {})
+        steps = [(breakdown.get(key) or {}).get(f"chunk {chunk}, 0 decodes", {}).get("classes_ms", {})
                  .get(IN_STEP_CLASS) for key in ("chunked_prompt", "chunked_prompt_launched_ahead")]
         shown = ["-" if ms is None else f"{ms:.1f}" for ms in steps]
         ratio = "-" if steps[1] is None else f"{steps[1] / alone_ms:.3f}"
