@@ -239,10 +239,8 @@ def triton_terms_of(source: str, other: dict, data: dict) -> dict[str, Any]:
         raise ValueError(f"the calibration to refit runs the {backend} attention backend: its "
                          "own launches tell the Triton kernel's terms (take them from another "
                          "profile only for the split or auto backend)")
-    for field, what in (("gpu_preset", "GPU"), ("model", "model")):
-        if other.get(field) != data.get(field):
-            raise ValueError(f"{source}: {what} {other.get(field)!r}, not {data.get(field)!r}; "
-                             f"take the Triton kernel's terms from the same {what}")
+    require_same(source, other, data, (("gpu_preset", "GPU"), ("model", "model")),
+                 "the Triton kernel's terms")
     if other.get("attention_backend", TRITON_ATTENTION) != TRITON_ATTENTION:
         raise ValueError(f"{source}: profiled on the {other.get('attention_backend')} "
                          "attention backend; take the Triton kernel's terms from a profile on "
@@ -254,13 +252,21 @@ def triton_terms_of(source: str, other: dict, data: dict) -> dict[str, Any]:
     return {name: efficiency.get(name) for name in TRITON_ATTENTION_PARAMETERS}
 
 
+def require_same(source: str, other: dict, data: dict, fields: Sequence[tuple[str, str]],
+                 taking: str) -> None:
+    """Refuse to take `taking` from calibration `other` (read from `source`) into `data`
+    where they differ in one of `fields` ((key, what it is) pairs)."""
+    for field, what in fields:
+        if other.get(field) != data.get(field):
+            raise ValueError(f"{source}: {what} {other.get(field)!r}, not {data.get(field)!r}; "
+                             f"take {taking} from the same {what}")
+
+
 def program_term_of(source: str, other: dict, data: dict) -> float:
     """The attention_program of calibration `other` (read from `source`), checked to fit
     `data`'s: the same GPU, a model of the same head_dim (the kernel's tile and its work per
     key), and the term fitted there."""
-    if other.get("gpu_preset") != data.get("gpu_preset"):
-        raise ValueError(f"{source}: GPU {other.get('gpu_preset')!r}, not "
-                         f"{data.get('gpu_preset')!r}; take attention_program from the same GPU")
+    require_same(source, other, data, (("gpu_preset", "GPU"),), "attention_program")
     mine, theirs = get_model(data["model"]), get_model(other["model"])
     if mine.head_dim != theirs.head_dim:
         raise ValueError(f"{source}: {theirs.name} has head_dim {theirs.head_dim}, "
