@@ -110,6 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-attention-profile", action="store_true",
                    help="skip timing each prefill launch's attention on its own (the "
                         "attention's terms are then fitted on the whole steps)")
+    g.add_argument("--no-sample-clocks", action="store_true",
+                   help="do not read the SM clock, power and energy while each grid step is "
+                        "launched back to back (NVML every 5 ms; recorded per step as "
+                        "ahead_sm_clock_mhz, ahead_power_w, ahead_power_capped_share, "
+                        "ahead_energy_j)")
     g.add_argument("--out", type=Path, default=None,
                    help="calibration JSON to write (default: calibration_<model>.json)")
     fp = sub.add_parser("refit", help="fit a calibration's stored measurements again (no GPU)")
@@ -288,6 +293,7 @@ def measured_fields(setup, probe, setup_s: float, replay_wall_s: float, clock: s
 
 def run_profile(args: argparse.Namespace) -> int:
     from gpu_backend.engine.calibrate import calibrate, write_calibration
+    from gpu_backend.env import grid_clocks
 
     config = gpu_config(args).with_(policy=Policy.STATIC)
     if config.tensor_parallel_size > 1:
@@ -296,11 +302,15 @@ def run_profile(args: argparse.Namespace) -> int:
     result = calibrate(config, seed=args.seed, quick=args.quick, replay_setup=args.replay_setup,
                        passes=args.passes, piecewise=piecewise, piecewise_max_tokens=cap,
                        attention=not args.no_attention_profile,
-                       attention_backend=config.attention_backend)
+                       attention_backend=config.attention_backend,
+                       sample_clocks=not args.no_sample_clocks)
     out = args.out or Path(f"calibration_{config.model.name}.json")
     write_calibration(out, result)
     print(json.dumps({"efficiency": result["efficiency"], "fit_error": result["fit_error"]},
                      indent=2))
+    clocks = grid_clocks(result["measurements"])
+    if clocks:
+        print(clocks)
     say_left_out(result)
     return 0
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import platform
 import re
 import shlex
@@ -76,7 +77,14 @@ class ClockSampler:
     nvidia-ml-py package, the `gpu` extra) on a thread every `period_s` while the block runs:
     `with ClockSampler() as clocks: ...`, then `clocks.summary()` (`clock_summary`). Where
     NVML cannot be read (no package, no driver) or a read fails, `summary()` says why under
-    `clocks_not_sampled` (beside the samples read before a failed read)."""
+    `clocks_not_sampled` (beside the samples read before a failed read).
+
+    The board's energy counter is read as the block starts and ends: `summary()`'s
+    `energy_j` is what the board drew meanwhile, where the GPU has the counter (Volta and
+    later). Both read power coarsely over a short block: the sampled power is the board's
+    running average (about a second on Hopper), and the counter moves in steps (on an H100
+    blocks of about 50 ms read 0 J to twice the power cap); over a second or more the two
+    agree."""
 
     def __init__(self, index: int = 0, period_s: float = 0.005) -> None:
         self.index, self.period_s = index, period_s
@@ -85,6 +93,8 @@ class ClockSampler:
         self._thread: threading.Thread | None = None
         self._nvml = self._handle = None
         self.error: str | None = None
+        self.energy_j: float | None = None
+        self._energy_mj: int | None = None
 
     def __enter__(self) -> ClockSampler:
         initialized = None
@@ -98,9 +108,17 @@ class ClockSampler:
             if initialized is not None:  # no device handle: NVML is not left open
                 initialized.nvmlShutdown()
             return self
+        self._energy_mj = self._read_energy_mj()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
         return self
+
+    def _read_energy_mj(self) -> int | None:
+        """The board's energy counter (mJ since the driver loaded), None where it has none."""
+        try:
+            return int(self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle))  # type: ignore[union-attr]
+        except Exception:  # noqa: BLE001 - no counter on this board: no energy, still clocks
+            return None
 
     def _run(self) -> None:
         nvml, handle = self._nvml, self._handle
@@ -119,11 +137,42 @@ class ClockSampler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+            end = self._read_energy_mj() if self._energy_mj is not None else None
+            if end is not None and self._energy_mj is not None:
+                self.energy_j = (end - self._energy_mj) / 1e3
             self._nvml.nvmlShutdown()  # type: ignore[union-attr]
 
     def summary(self) -> dict:
         return {**clock_summary(self.samples),
+                **({"energy_j": self.energy_j} if self.energy_j is not None else {}),
                 **({"clocks_not_sampled": self.error} if self.error else {})}
+
+
+STEP_CLOCK_KEYS = ("sm_clock_mhz", "power_w", "power_capped_share", "energy_j")
+
+
+def per_step_clocks(summary: dict, steps: int, prefix: str = "ahead_") -> dict[str, float]:
+    """A sampled block of `steps` like steps (`ClockSampler.summary`) as one step's record:
+    its mean SM clock, mean sampled power and share of samples held back by the power cap,
+    and its energy over `steps` (J per step), each under `prefix`; NaN where it was not read
+    (no NVML, no energy counter), so every point of a grid has the same keys."""
+    energy = summary.get("energy_j")
+    values = {**summary, "energy_j": energy / steps if energy is not None else None}
+    return {prefix + key: (math.nan if values.get(key) is None else float(values[key]))
+            for key in STEP_CLOCK_KEYS}
+
+
+def grid_clocks(points: list[dict], prefix: str = "ahead_") -> str | None:
+    """One line on a timed grid's clocks (`per_step_clocks` records): how many points were
+    held back by the power cap (half their samples or more) and the SM clock's range, or
+    None where no point was sampled."""
+    sampled = [p for p in points if not math.isnan(p.get(prefix + "sm_clock_mhz", math.nan))]
+    if not sampled:
+        return None
+    capped = sum(p[prefix + "power_capped_share"] >= 0.5 for p in sampled)
+    mhz = [p[prefix + "sm_clock_mhz"] for p in sampled]
+    return (f"{capped} of {len(sampled)} grid steps ran at the power cap; SM clock "
+            f"{min(mhz):,.0f}-{max(mhz):,.0f} MHz")
 
 
 def _flashinfer_version() -> str | None:

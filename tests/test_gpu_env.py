@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import platform
 import sys
 
@@ -103,3 +104,62 @@ def test_nvml_is_shut_down_when_the_device_handle_cannot_be_read(monkeypatch):
         pass
     assert calls == ["init", "shutdown"]
     assert "no GPU 3" in clocks.summary()["clocks_not_sampled"]
+
+
+def test_the_energy_counter_gives_what_the_board_drew_over_the_block(monkeypatch):
+    """Through a stand-in for NVML: the counter reads 1,000 mJ as the block starts and
+    4,500 mJ as it ends, so the block drew 3.5 J; a board without the counter gives clocks
+    and no energy."""
+    import types
+
+    from gpu_backend.env import ClockSampler
+
+    counter = iter([1_000, 4_500])
+    fake = types.SimpleNamespace(
+        NVML_CLOCK_SM=1, nvmlInit=lambda: None, nvmlShutdown=lambda: None,
+        nvmlDeviceGetHandleByIndex=lambda i: "gpu0",
+        nvmlDeviceGetClockInfo=lambda h, kind: 1980, nvmlDeviceGetPowerUsage=lambda h: 400_000,
+        nvmlDeviceGetCurrentClocksEventReasons=lambda h: 0,
+        nvmlDeviceGetTotalEnergyConsumption=lambda h: next(counter))
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    with ClockSampler(period_s=0.001) as clocks:
+        pass
+    assert clocks.summary()["energy_j"] == 3.5
+
+    def no_counter(handle):
+        raise RuntimeError("not supported")
+
+    fake.nvmlDeviceGetTotalEnergyConsumption = no_counter
+    with ClockSampler(period_s=0.001) as clocks:
+        pass
+    got = clocks.summary()
+    assert "energy_j" not in got and "clocks_not_sampled" not in got
+
+
+def test_a_sampled_stream_of_steps_reads_as_one_steps_clock_power_and_energy():
+    from gpu_backend.env import per_step_clocks
+
+    summary = {"sm_clock_mhz": 1700.0, "sm_clock_min_mhz": 1650.0, "power_w": 690.0,
+               "power_capped_share": 1.0, "thermal_share": 0.0, "clock_samples": 80,
+               "energy_j": 35.0}
+    assert per_step_clocks(summary, 7) == {
+        "ahead_sm_clock_mhz": 1700.0, "ahead_power_w": 690.0,
+        "ahead_power_capped_share": 1.0, "ahead_energy_j": 5.0}
+    unread = per_step_clocks({"clocks_not_sampled": "NVML unavailable"}, 7)
+    assert set(unread) == {"ahead_sm_clock_mhz", "ahead_power_w", "ahead_power_capped_share",
+                           "ahead_energy_j"}
+    assert all(math.isnan(v) for v in unread.values())
+
+
+def test_a_grid_says_how_many_of_its_steps_ran_at_the_power_cap():
+    from gpu_backend.env import grid_clocks, per_step_clocks
+
+    def point(mhz, capped):
+        return per_step_clocks({"sm_clock_mhz": mhz, "power_w": 600.0,
+                                "power_capped_share": capped}, 8)
+
+    points = [point(1980.0, 0.0), point(1712.0, 1.0), point(1650.0, 0.6),
+              per_step_clocks({}, 8)]
+    assert grid_clocks(points) == ("2 of 3 grid steps ran at the power cap; SM clock "
+                                   "1,650-1,980 MHz")
+    assert grid_clocks([per_step_clocks({}, 8)]) is None

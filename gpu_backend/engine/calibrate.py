@@ -7,10 +7,13 @@ arrays -> device -> forward -> sampled ids on the host (host arrays built outsid
 region left replays' decode steps of many sequences up to 10% above the fit, ~3.6 us per
 sequence on a 2-core CPU, benchmarks/host_build.py). Each point also records the medians of
 its phases as a replay's steps.csv does (`build_s`, `enqueue_s`, `device_s`:
-ModelRunner.phases), which show how much of it is host time. `--replay-setup` times the grid
-on a replay's setup (profile_engine). The attention of every grid step with prefill tokens is
-timed on its own too (`attention_profile`), and the engine's elastic transitions
-(`transitions.measure_transitions`).
+ModelRunner.phases), which show how much of it is host time, and, launched back to back as
+async scheduling runs them (`time_step_ahead`), the SM clock, power and energy per step
+while they ran (`ahead_sm_clock_mhz`, `ahead_power_w`, `ahead_power_capped_share`,
+`ahead_energy_j`; NaN without NVML): whether the step ran at the board's power cap.
+`--replay-setup` times the grid on a replay's setup (profile_engine). The attention of
+every grid step with prefill tokens is timed on its own too (`attention_profile`), and the
+engine's elastic transitions (`transitions.measure_transitions`).
 
 The timing needs torch and stays here; the file format, its checks, the fits and the
 provenance every profile records live in `sim.core.calibration`.
@@ -22,6 +25,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from functools import partial
@@ -48,7 +52,7 @@ from gpu_backend.engine.shapes import (
     scheduler_output,
 )
 from gpu_backend.engine.transitions import measure_transitions
-from gpu_backend.env import versions
+from gpu_backend.env import ClockSampler, per_step_clocks, versions
 from sim.core.calibration import (
     EngineKind,
     invoked_command,
@@ -235,10 +239,12 @@ def calibrate(config: EngineConfig, *, seed: int = 0, quick: bool = False,
               warmup: int = 2, repeat: int = 5, replay_setup: bool = False,
               piecewise: bool = False, passes: int = 2,
               piecewise_max_tokens: int | None = None, attention: bool = True,
-              attention_backend: str = "triton", command: str | None = None) -> dict:
+              attention_backend: str = "triton", command: str | None = None,
+              sample_clocks: bool = True) -> dict:
     """Profile `config`'s engine on the step grid and fit the cost model (module docstring);
     `attention`: also time each prefill launch's attention alone (attention_profile), on
-    `attention_backend` as the steps run it.
+    `attention_backend` as the steps run it. `sample_clocks`: read the SM clock, power and
+    energy while each step runs back to back (`per_step_clocks`; NaN when False).
     `command`: what the provenance records as the measuring command (default: this
     process's command line)."""
     import torch
@@ -250,7 +256,8 @@ def calibrate(config: EngineConfig, *, seed: int = 0, quick: bool = False,
     engine = profile_engine(config, grid, seed, replay_setup=replay_setup, piecewise=piecewise,
                             piecewise_max_tokens=piecewise_max_tokens,
                             attention_backend=attention_backend)
-    timed, records = time_profile(engine, grid, warmup, repeat, passes, attention)
+    timed, records = time_profile(engine, grid, warmup, repeat, passes, attention,
+                                  sample_clocks)
     result = fit_timed(engine, grid, timed, records, copy_bandwidth_bytes_s())
     found = versions()
     provenance = profile_provenance(
@@ -277,15 +284,20 @@ def calibrate(config: EngineConfig, *, seed: int = 0, quick: bool = False,
 
 
 def time_profile(engine: ProfileEngine, grid: list[StepShape], warmup: int, repeat: int,
-                 passes: int, attention: bool) -> tuple[list[dict], list[dict]]:
+                 passes: int, attention: bool, sample_clocks: bool = True
+                 ) -> tuple[list[dict], list[dict]]:
     """The grid's steps timed on `engine` (time_step's medians and the host's speed beside
     each point), and with `attention` each prefill launch's attention alone (its records)."""
     def measure(shape: StepShape) -> dict[str, float]:
         mirror, out = engine.step(shape)
         host = probe()  # the host's speed next to this point (hostprobe)
         build = partial(mirror.build, out, engine.num_blocks)  # blocks laid over the pool
-        return {**time_step(engine.runner, build, warmup, repeat),
-                **time_step_ahead(engine.runner, build, warmup, repeat),
+        alone = time_step(engine.runner, build, warmup, repeat)
+        sampler = ClockSampler() if sample_clocks else None
+        with sampler or nullcontext():  # the stream's clock and power (time_step_ahead)
+            ahead = time_step_ahead(engine.runner, build, warmup, repeat)
+        return {**alone, **ahead,
+                **per_step_clocks(sampler.summary() if sampler else {}, warmup + repeat + 1),
                 "host_probe_s": host}
 
     timed = measure_grid(grid, measure, passes)
