@@ -12,7 +12,6 @@ import pytest
 import torch
 from test_engine_helpers import TINY, toy_config, toy_core
 
-from gpu_backend.engine.calibrate import time_step, time_step_ahead
 from gpu_backend.engine.memory import (
     MemoryMeasurement,
     dummy_batch,
@@ -25,6 +24,7 @@ from gpu_backend.engine.profile_grid import default_grid, grid_max_len
 from gpu_backend.engine.runner import ModelRunner, StepPhases
 from gpu_backend.engine.setup import plain_store
 from gpu_backend.engine.shapes import host_batch, mixed_shape, prompt_shapes, scheduler_output
+from gpu_backend.engine.step_timing import time_step, time_step_ahead
 from gpu_backend.model import build_model
 from sim.core.calibration import MIN_PROGRAM_STEPS, num_program_bound
 from sim.core.calibration.profile_fit import fit_profile
@@ -527,8 +527,8 @@ def test_a_capped_grid_fits_both_launch_terms_and_an_uncapped_one_holds_the_eage
 def test_a_grid_timed_in_two_passes_cancels_a_linear_drift_of_the_host():
     """Each point's true time plus a drift that grows with every measurement: one pass leaves
     the drift on the later points; forward then reverse gives every point the same offset."""
-    from gpu_backend.engine.calibrate import measure_grid
     from gpu_backend.engine.shapes import prefill_shape
+    from gpu_backend.engine.step_timing import measure_grid
 
     shapes = [prefill_shape(n) for n in (16, 64, 256, 1024, 2048)]
     true = {16: 3.0, 64: 3.1, 256: 3.3, 1024: 4.5, 2048: 5.8}
