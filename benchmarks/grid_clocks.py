@@ -52,7 +52,7 @@ def rows(data: dict) -> list[dict]:
     out = []
     for i, m in enumerate(data["measurements"]):
         mhz = m.get("ahead_sm_clock_mhz", math.nan)
-        if mhz is None or math.isnan(mhz):
+        if math.isnan(mhz):
             continue
         span = m["ahead_s"] * STEPS_PER_POINT
         energy = m.get("ahead_energy_j", math.nan)

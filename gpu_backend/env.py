@@ -137,8 +137,7 @@ class ClockSampler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-            end = self._read_energy_mj() if self._energy_mj is not None else None
-            if end is not None and self._energy_mj is not None:
+            if self._energy_mj is not None and (end := self._read_energy_mj()) is not None:
                 self.energy_j = (end - self._energy_mj) / 1e3
             self._nvml.nvmlShutdown()  # type: ignore[union-attr]
 

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("grid_clocks", ROOT / "benchmarks" / "grid_clocks.py")
-grid_clocks = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(grid_clocks)
+from bench_helpers import load_benchmark
+
+grid_clocks = load_benchmark("grid_clocks")
 
 
 def record(kind, prefills, groups, ahead_s, mhz, capped, energy_j):
