@@ -11,7 +11,7 @@ import simpy
 
 from sim.core.catalog import get_gpu, get_model
 from sim.core.cost_model import CostArgs, CostModel, Efficiency, step_total_array, step_total_s
-from sim.core.elastic import Policy
+from sim.core.elastic import H200_RELEASE, H200_REMAP, Policy
 from sim.core.engine_config import EngineConfig, build_core
 from sim.core.step import SchedulerOutput
 from sim.engine import Fleet, Replica
@@ -63,14 +63,16 @@ def step_starts(t: Trace, efficiency: Efficiency) -> list[float]:
 def test_step_total_on_hand_worked_numbers():
     # device 3, launch 2, a quarter of the shorter serial, overhead 1.5
     assert step_total_s(3.0, 2.0, 0.25, 1.5) == 3.0 + 0.5 + 1.5
-    assert step_total_s(3.0, 2.0, 0.25, 1.5, hidden_s=0.5) == 3.5 + 1.0
-    assert step_total_s(3.0, 2.0, 0.25, 1.5, hidden_s=2.0) == 3.5  # never below the busy time
+    # launched ahead: the launches overlap the step before, so no serial share; the overhead
+    # less the hidden host time
+    assert step_total_s(3.0, 2.0, 0.25, 1.5, hidden_s=0.5) == 3.0 + 1.0
+    assert step_total_s(3.0, 2.0, 0.25, 1.5, hidden_s=2.0) == 3.0  # never below the longer
     device = np.array([3.0, 3.0, 1.0])
     launch = np.array([2.0, 2.0, 0.0])
     overheads = (np.array([1.0, 1.5, 0.1]), 0.5)  # added in order
     assert step_total_array(device, launch, 0.25, *overheads).tolist() == [5.0, 5.5, 1.6]
     assert step_total_array(device, launch, 0.25, *overheads,
-                            hidden_s=0.75).tolist() == [4.25, 4.75, 1.0]
+                            hidden_s=0.75).tolist() == [3.75, 4.25, 1.0]
 
 
 def test_async_scheduling_takes_the_host_gap_off_every_step():
@@ -114,12 +116,13 @@ def test_a_step_after_an_elastic_pause_hides_no_host_work():
     assert runs[0] - runs[1] == pytest.approx(8.0, abs=1e-9)
 
 
-def test_a_detach_behind_a_step_off_the_reserve_waits_for_nothing():
+def test_a_detach_behind_a_step_off_the_reserve_waits_for_no_drain():
     """Each step's 1 s of overhead is all host gap. A prompt arriving during the decodes takes
     the reserve back; the decode in flight holds no elastic block (its KV fits the base), so
     the engine unmaps behind it and the prompt's step hides its host gap: it takes its device
-    time only, well under a second. The step after the attach waited for the device (1 s or
-    more), as did the first step."""
+    time only, well under a second, and starts as the step before ends; that decode ran the
+    detach's time longer (the unmap holds the device back). The step after the attach waited
+    for the device (1 s or more), as did the first step."""
     t = trace([0.0, 5.5], [100, 100], [3000, 5])
     hidden = replace(SLOW_STEPS, host_gap_s=1.0)
     engine = replace(config(True), policy=Policy.ELASTIC)
@@ -132,6 +135,16 @@ def test_a_detach_behind_a_step_off_the_reserve_waits_for_nothing():
     assert duration[second_prompt] < 0.1
     assert start[second_prompt] == pytest.approx(start[second_prompt - 1]
                                                  + duration[second_prompt - 1], abs=1e-12)
+    # the decode in flight ran the detach's time longer than with a detach that costs nothing
+    detach_s = result.summary["detach_time_s"]
+    assert 0 < detach_s < 0.01
+    default = H200_RELEASE if engine.reclaim == "release" else H200_REMAP
+    free = replace(default, detach_handle_s=0.0, detach_gib_s=0.0)
+    costless = timeline_array(simulate(RunSpec(engine, efficiency=hidden, vmm_costs=free),
+                                       t).recorders[0])
+    assert costless[second_prompt, 0] == pytest.approx(start[second_prompt] - detach_s, abs=1e-9)
+    assert duration[second_prompt - 1] - costless[second_prompt - 1, 1] == pytest.approx(
+        detach_s, abs=1e-9)
     after_attach = np.flatnonzero((lent[1:] > 0) & (lent[:-1] == 0)) + 1
     assert len(after_attach) == 2 and (duration[after_attach] >= 1.0).all()
     assert duration[0] >= 1.0

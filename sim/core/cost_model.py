@@ -27,7 +27,9 @@ overhead holds per-step device time as well as the host's; what a synchronous en
 keeps the device idle each step (input build and copy, the ids read back) is measured apart
 (`Efficiency.host_gap_s`: a profile's step time less its device span). Under async scheduling
 (EngineConfig.async_scheduling) the host does that work while the step before runs, so the
-overhead loses it (`step_total_s`).
+overhead loses it; and the step's eager launches go out while the step before runs too, so no
+share of the shorter of its device work and its launches is left serial: a step launched ahead
+is busy for the longer of the two (`step_total_s`).
 
 The efficiencies behind the achieved rates, their defaults and what-if variants live in
 `sim.core.efficiency`; how a step launches (attention splits, CUDA graph padding) in
@@ -87,27 +89,27 @@ def step_total_s(device: float, launch: float, fraction: float, overhead: float,
                  hidden_s: float = 0.0) -> float:
     """A step's seconds from its device work, eager launch time, the launches' serial
     fraction and its overhead; `hidden_s`: the host time async scheduling hides behind the
-    step before (`Efficiency.host_gap_s`; 0 for a synchronous engine), taken off the overhead
-    (module docstring)."""
+    step before (`Efficiency.host_gap_s`; 0 for a synchronous engine or a step with none in
+    flight before it), taken off the overhead. A step launched so is busy for the longer of
+    its device work and its launches, with no serial share (module docstring)."""
     longer, shorter = (device, launch) if device > launch else (launch, device)
-    busy = longer + fraction * shorter
     if hidden_s > 0:
-        overhead = overhead - hidden_s if overhead > hidden_s else 0.0
-    return busy + overhead
+        return longer + (overhead - hidden_s if overhead > hidden_s else 0.0)
+    return longer + fraction * shorter + overhead
 
 
 def step_total_array(device: np.ndarray, launch: np.ndarray | float, fraction: float,
                      *overheads: np.ndarray | float, hidden_s: float = 0.0) -> np.ndarray:
     """`step_total_s` of many steps at once, the overhead given as terms added in order."""
-    total = np.maximum(device, launch) + fraction * np.minimum(device, launch)
     if hidden_s <= 0:
+        total = np.maximum(device, launch) + fraction * np.minimum(device, launch)
         for overhead in overheads:
             total = total + overhead
         return total
     overhead_sum: np.ndarray | float = 0.0
     for overhead in overheads:
         overhead_sum = overhead_sum + overhead
-    return total + np.maximum(np.subtract(overhead_sum, hidden_s), 0.0)
+    return np.maximum(device, launch) + np.maximum(np.subtract(overhead_sum, hidden_s), 0.0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -143,7 +143,9 @@ class EngineConfig:
     # Under async scheduling a detach comes while the step before it still runs. When that
     # step's tables hold no elastic block its kernels never touch the reserve, so the GPU
     # engine unmaps behind it and launches the prompt's step at once (ElasticAction.
-    # needs_idle_device); an attach always waits (it hands torch's cache back). Replays
+    # needs_idle_device); an attach always waits (it hands torch's cache back). The unmap
+    # still holds the device back about as long as it takes, so the simulator charges its
+    # whole time either way (sim.engine's _pause); running behind saves the drain. Replays
     # recorded before this setting existed waited for every elastic action.
     detach_behind_step: bool = field(default=True, metadata=setting(
         "under async scheduling, take the reserve back while the step in flight still runs "

@@ -1,0 +1,102 @@
+"""What a detach behind the step in flight costs that step, read from the evidence's replays
+(CPU, seconds).
+
+    python benchmarks/detach_behind.py [SLICE ...] [--out FILE]
+
+Under async scheduling the GPU engine takes the reserve back while the step in flight still
+runs when that step holds no elastic block (`EngineConfig.detach_behind_step`): the unmap runs
+on the host, behind the step. For every elastic run of the async slices (or the slices named),
+this sets each decode step that had such a detach behind it (the transition recorded before
+the next step, `transitions.csv.gz`'s `behind_step`) against a least-squares line through the
+run's other decode steps (seconds over 1, sequences and context tokens; steps next to any
+transition left out), and prints the steps' mean and median excess over the line beside the
+detaches' mean time, and the excess as a share of it. A share near 1 means the unmap held the
+device back as long as it took; near 0, that it hid behind the step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gzip
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+EVIDENCE = ROOT / "validation" / "evidence"
+STEP_COLUMNS = ("step_id", "num_prefill_tokens", "num_seqs", "decode_context_tokens",
+                "measured_s")
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with gzip.open(path, "rt", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def run_excess(run: Path) -> dict | None:
+    """The decode steps with a detach behind them in one elastic run folder, against the
+    run's other decode steps; None where none had one."""
+    steps = {c: np.array([float(r[c]) for r in read_csv(run / "steps.csv.gz")])
+             for c in STEP_COLUMNS}
+    transitions = read_csv(run / "transitions.csv.gz")
+    behind = [t for t in transitions
+              if t["kind"] == "detach" and t.get("behind_step", "0") in ("1", "True")]
+    touched = {int(t["step_id"]) + d for t in transitions for d in (-1, 0)}
+    step_id = steps["step_id"].astype(int)
+    row_of = {s: i for i, s in enumerate(step_id)}
+    decode = steps["num_prefill_tokens"] == 0
+    rows = [row_of[int(t["step_id"]) - 1] for t in behind if int(t["step_id"]) - 1 in row_of]
+    rows = [i for i in rows if decode[i]]
+    if not rows:
+        return None
+    others = decode & ~np.isin(step_id, list(touched))
+    design = np.column_stack([np.ones(len(step_id)), steps["num_seqs"],
+                              steps["decode_context_tokens"]])
+    coef = np.linalg.lstsq(design[others], steps["measured_s"][others], rcond=None)[0]
+    excess = steps["measured_s"][rows] - design[rows] @ coef
+    detach_s = np.array([float(t["total_s"]) for t in behind])
+    return {"steps": len(rows), "excess_mean_ms": 1e3 * float(excess.mean()),
+            "excess_median_ms": 1e3 * float(np.median(excess)),
+            "detach_mean_ms": 1e3 * float(detach_s.mean()),
+            "share": float(excess.mean() / detach_s.mean())}
+
+
+def async_slices() -> list[str]:
+    return sorted(p.name for p in EVIDENCE.iterdir() if p.is_dir() and (
+        "async" in p.name.rsplit("_", 1)[-1]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("slices", nargs="*", help="evidence slice names (default: every async one)")
+    parser.add_argument("--out", type=Path, help="write the rows as JSON")
+    args = parser.parse_args(argv)
+    names = args.slices or async_slices()
+    rows = []
+    print("slice | run | steps | excess mean / median ms | detach mean ms | share")
+    for name in names:
+        folder = EVIDENCE / name
+        if not (folder / "runs").is_dir():
+            print(f"error: {folder}: no such evidence slice (its runs/ folder is missing)",
+                  file=sys.stderr)
+            return 2
+        for run in sorted((folder / "runs").glob("elastic_chunk_*")):
+            found = run_excess(run)
+            if found is None:
+                continue
+            rows.append({"slice": name, "run": run.name, **found})
+            print(f"{name} | {run.name} | {found['steps']} | {found['excess_mean_ms']:.3f} / "
+                  f"{found['excess_median_ms']:.3f} | {found['detach_mean_ms']:.3f} | "
+                  f"{found['share']:.2f}")
+    if not rows:
+        print("no elastic run of these slices detached behind a step in flight")
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
