@@ -133,6 +133,11 @@ def build_parser() -> argparse.ArgumentParser:
                            "calibration's (same GPU and model, profiled on the triton backend): "
                            "for a profile on the split or auto backend, whose grid runs that "
                            "kernel on a few short launches only")
+    fp.add_argument("--add-launches", type=Path, nargs="+", default=[], metavar="RESULT",
+                    help="attention launches timed alone by benchmarks/prefix_attention.py "
+                         "(same model, GPU, torch and Triton): those of shapes the calibration "
+                         "lacks join its attention measurements before the fit, and the "
+                         "calibration records the file (added_attention_launches)")
     fp.add_argument("--copy-bandwidth", type=float, default=None, metavar="BYTES_S",
                     help="measured device-to-device copy bandwidth that pins weight streaming "
                          "(default: the calibration's own copy_bandwidth_bytes_s, if any)")
@@ -141,11 +146,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run_refit(args: argparse.Namespace) -> int:
     from gpu_backend.engine.calibrate import merge_profiles, refit_calibration, write_calibration
+    from sim.core.calibration.launches import add_attention_launches, read_result
 
     data = read_json(args.calibration)
     if args.merge:
         data = merge_profiles(data, [read_json(path) for path in args.merge],
                               [str(path) for path in args.merge])
+    for path in args.add_launches:
+        data, count = add_attention_launches(data, read_result(path), str(path))
+        print(f"{path}: {count} attention launches added" if count else
+              f"{path}: no launch of a shape the calibration lacks; nothing added",
+              file=sys.stderr)
     program, terms = ((str(path), read_json(path)) if path is not None else None
                       for path in (args.program_from, args.attention_from))
     result = refit_calibration(data, args.copy_bandwidth, program, terms)

@@ -10,7 +10,7 @@ after a reclaim"). The engine detaches behind a step in flight that holds no ela
 (EngineConfig.detach_behind_step, on by default); the unmap still holds that step back, and the
 simulator charges it the detach's time. Replayed so, four Azure-conversation slices at 5.3-6.8
 reclaims a second (Llama-3.1-8B on an H100 and on an H200, Llama-3.2-3B and Qwen2.5-0.5B on an
-H200) measured elastic's TTFT p50 over static's at the same chunk within 0.5-3.8 points of the
+H200) measured elastic's TTFT p50 over static's at the same chunk within 0.6-3.8 points of the
 prediction (README, Limits). Outputs say so from RECLAIMS_NOTED_PER_S on.
 """
 
@@ -22,7 +22,7 @@ RECLAIMS_NOTED_PER_S = 2.0
 RECLAIM_EVIDENCE = ("At that rate the model's price of elastic's own cost is measured on four "
                     "slices, Azure conversations at 5.3-6.8 reclaims a second: Llama-3.1-8B on an "
                     "H100 and an H200, Llama-3.2-3B and Qwen2.5-0.5B on an H200, where elastic's "
-                    "TTFT p50 over static's came within 0.5-3.8 points of the prediction "
+                    "TTFT p50 over static's came within 0.6-3.8 points of the prediction "
                     "(README, Limits)")
 WAITING_EVIDENCE = ("Waiting exposes the step after each reclaim: on an H100 a 205-token eager "
                     "mixed step took 1.46x its time launched ahead, where the model adds 2.4% "

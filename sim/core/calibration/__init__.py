@@ -9,6 +9,7 @@ GPU and engine kind, in one module that the simulator, the GPU backend and valid
     profile_fit.py    the profile grid's fit and refit, the elastic transitions' costs
     attention_fit.py  the attention's own terms, from its launches timed alone
     merge.py          profiles of one grid taken at other times, merged point by point
+    launches.py       attention launches timed alone outside a profile, added to its fit
 
 The GPU timing that produces a calibration (`python -m gpu_backend profile`) stays in
 gpu_backend: it needs torch. Everything here is numpy and scipy.

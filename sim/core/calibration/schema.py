@@ -57,14 +57,21 @@ class Calibration:
 
 def read_json(path: str | Path) -> dict:
     """The JSON object of a calibration file."""
+    return read_json_object(path, "calibration JSON",
+                            'no "efficiency" object: the file holds a JSON {kind}, a '
+                            "calibration is an object")
+
+
+def read_json_object(path: str | Path, what: str, not_object: str) -> dict:
+    """The JSON object in `path`; ValueError naming the file where it cannot be read (`what`
+    it should hold) or holds another JSON value (`not_object`, with {kind} its type)."""
     path = Path(path)
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path}: cannot read calibration JSON: {exc}") from None
+        raise ValueError(f"{path}: cannot read {what}: {exc}") from None
     if not isinstance(data, dict):
-        raise ValueError(f'{path}: no "efficiency" object: the file holds a JSON '
-                         f"{type(data).__name__}, a calibration is an object")
+        raise ValueError(f"{path}: " + not_object.format(kind=type(data).__name__))
     return data
 
 
