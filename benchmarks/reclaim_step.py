@@ -30,9 +30,12 @@ engine's steady state; timed from the later of the decode step's end and its own
 **exposed** (the decode step collected first; timed from its launch) and **exposed, cache
 emptied** (the same after `empty_cache`, whose own time is a transition's and is reported
 apart). Per way: the median step time, the host's enqueue time, the device span, and the
-driver allocations (`num_device_alloc`) the step made.
+driver allocations (`num_device_alloc`) the step made; and the decode step's own time, from
+its launch to its end on the device (`decode_s`): with the reserve detached behind it, how
+long the unmap held it back (the replays' decode steps with a detach behind them ran
+0.50-1.17 of its time longer on Llama-3.1-8B, `benchmarks/detach_behind.py`).
 
-Writes JSON (benchmarks/results/reclaim_step_<gpu>_<model>[_prompt-N][_decodes-N].json by
+Writes JSON (benchmarks/results/reclaim_step_<gpu>_<model>[-prompt-N][-decodes-N][-reserve-N].json by
 default) and prints the medians and their ratios to the async step (`total_s`: the detach's
 time where the engine's clock adds it, plus the step's).
 """
@@ -78,6 +81,7 @@ def time_once(runner: ModelRunner, decode, mixed, way: str, pool: ElasticKVPool)
     seconds where the way reclaims."""
     if way.startswith("reclaimed"):
         return time_reclaim(runner, decode, mixed, pool, behind=way.endswith("step"))
+    decode_start = time.perf_counter()
     before = runner.launch(decode)
     empty_s = 0.0
     if way == "async":
@@ -100,9 +104,11 @@ def time_once(runner: ModelRunner, decode, mixed, way: str, pool: ElasticKVPool)
         step.collect()
         assert step.done_t is not None
         seconds = step.done_t - start
+    assert before.done_t is not None
     return {"step_s": seconds, "enqueue_s": step.phases.enqueue_s,
             "span_s": step.phases.device_s, "device_allocs": device_allocs() - allocs,
-            "empty_cache_s": empty_s, "detach_s": 0.0, "total_s": seconds}
+            "empty_cache_s": empty_s, "detach_s": 0.0, "total_s": seconds,
+            "decode_s": before.done_t - decode_start}
 
 
 def time_reclaim(runner: ModelRunner, decode, mixed, pool: ElasticKVPool,
@@ -114,6 +120,7 @@ def time_reclaim(runner: ModelRunner, decode, mixed, pool: ElasticKVPool,
     torch.cuda.empty_cache()
     empty_s = time.perf_counter() - t0
     pool.attach()
+    decode_start = time.perf_counter()
     before = runner.launch(decode)
     if not behind:
         before.collect()
@@ -134,7 +141,8 @@ def time_reclaim(runner: ModelRunner, decode, mixed, pool: ElasticKVPool,
         total = detach_s + seconds
     return {"step_s": seconds, "enqueue_s": step.phases.enqueue_s,
             "span_s": step.phases.device_s, "device_allocs": device_allocs() - allocs,
-            "empty_cache_s": empty_s, "detach_s": detach_s, "total_s": total}
+            "empty_cache_s": empty_s, "detach_s": detach_s, "total_s": total,
+            "decode_s": before.done_t - decode_start}
 
 
 def summarize(samples: list[dict]) -> dict:
@@ -188,18 +196,25 @@ def main() -> None:
     print(f"{spec.name}, mixed step of {args.prompt} new tokens beside {args.decodes} decodes "
           f"of {DECODE_CONTEXT} keys, {args.rounds} rounds, medians:")
     print(f"{'':26s} {'step ms':>8s} {'total ms':>9s} {'x async':>8s} {'enqueue ms':>11s} "
-          f"{'span ms':>8s} {'allocs':>7s} {'empty_cache ms':>15s} {'detach ms':>10s}")
+          f"{'span ms':>8s} {'allocs':>7s} {'empty_cache ms':>15s} {'detach ms':>10s} "
+          f"{'decode ms':>10s}")
     for way, m in medians.items():
         print(f"{way:26s} {m['step_s'] * 1e3:8.2f} {m['total_s'] * 1e3:9.2f} "
               f"{m['total_s'] / base:8.3f} {m['enqueue_s'] * 1e3:11.2f} "
               f"{m['span_s'] * 1e3:8.2f} {m['device_allocs']:7.0f} "
-              f"{m['empty_cache_s'] * 1e3:15.2f} {m['detach_s'] * 1e3:10.2f}")
+              f"{m['empty_cache_s'] * 1e3:15.2f} {m['detach_s'] * 1e3:10.2f} "
+              f"{m['decode_s'] * 1e3:10.2f}")
+    held = medians["reclaimed behind the step"]["decode_s"] - medians["async"]["decode_s"]
+    print(f"the decode step in flight with the detach behind it: {held * 1e3:+.3f} ms against "
+          f"the async way's, {held / medians['reclaimed behind the step']['detach_s']:.2f} of "
+          "the detach's median time")
     res = {"env": device_environment(), "model": spec.name, "prompt_tokens": args.prompt,
            "num_decodes": args.decodes, "decode_context": DECODE_CONTEXT,
            "rounds": args.rounds, "reserve_bytes": args.reserve_mib * MIB,
            "handle_bytes": args.handle_mib * MIB, "medians": medians, "samples": samples}
     shape = [f"prompt-{args.prompt}"] if args.prompt != PROMPT else []
     shape += [f"decodes-{args.decodes}"] if args.decodes != DECODES else []
+    shape += [f"reserve-{args.reserve_mib}"] if args.reserve_mib != 1024 else []
     path = write_result(res, args.out, "reclaim_step", res["env"]["gpu"], spec.name, *shape)
     print(f"wrote {path}")
 

@@ -457,7 +457,7 @@ def test_the_reclaim_note_needs_an_async_elastic_row_at_two_reclaims_a_second():
     assert "2.5 times a second. At that rate" in (reclaim_note(row) or "")
     waiting = reclaim_note({**row, "detach_behind_step": False}) or ""
     assert "2.5 times a second and waits for the step in flight" in waiting
-    assert "likely under-priced here" in waiting and "1.46x" in waiting
+    assert "likely under-priced here" in waiting and "1.57x" in waiting
     assert reclaim_note({**row, "num_detach": 150}) is None  # 1.5 a second
     assert reclaim_note({**row, "async_scheduling": False}) is None
     assert reclaim_note({**row, "policy": "static"}) is None

@@ -196,7 +196,7 @@ def test_an_elastic_run_that_reclaims_often_under_async_says_what_measured_its_c
     elif "--no-detach-behind-step" in scheduling:
         assert (f"{said} and waits for the step in flight before each reclaim: its own cost is "
                 "likely under-priced here.") in err
-        assert "1.46x its time launched ahead" in err
+        assert "1.57x its time launched ahead" in err
     else:
         assert "reclaims its reserve" not in err
     assert "static/chunk=2048 reclaims" not in err

@@ -4,8 +4,8 @@ reclaims its reserve often, under async scheduling.
 An attach waits for the step in flight, and in release mode each lend empties torch's cache,
 so the step after a reclaim allocates its activations again. An engine that also waits for
 the step in flight before each detach exposes the step after it: on an H100 a 205-token eager
-mixed step so exposed took 13.65 ms against 9.35 ms launched ahead, where the model adds only
-the host gap (12.13 against 11.84 ms; benchmarks/reclaim_step.py, docs/engine.md, "The step
+mixed step so exposed took 14.78 ms with the detach against 9.42 ms launched ahead, where the
+model adds 7.1% (12.14 against 11.34 ms; benchmarks/reclaim_step.py, docs/engine.md, "The step
 after a reclaim"). The engine detaches behind a step in flight that holds no elastic block
 (EngineConfig.detach_behind_step, on by default); the unmap still holds that step back, and the
 simulator charges it the detach's time. Replayed so, four Azure-conversation slices at 5.3-6.8
@@ -25,7 +25,7 @@ RECLAIM_EVIDENCE = ("At that rate the model's price of elastic's own cost is mea
                     "TTFT p50 over static's came within 0.6-3.8 points of the prediction "
                     "(README, Limits)")
 WAITING_EVIDENCE = ("Waiting exposes the step after each reclaim: on an H100 a 205-token eager "
-                    "mixed step took 1.46x its time launched ahead, where the model adds 2.4% "
+                    "mixed step took 1.57x its time launched ahead, where the model adds 7.1% "
                     "(benchmarks/reclaim_step.py)")
 # the key to the `!` a gain map puts on a cell whose elastic pick reclaims that often
 RECLAIM_MARK = (f"!: elastic's pick reclaims its reserve {RECLAIMS_NOTED_PER_S:g} times a second "
