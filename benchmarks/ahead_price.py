@@ -28,9 +28,8 @@ sys.path.insert(0, str(ROOT))  # run from a plain checkout
 
 from gpu_backend.engine.calibrate import scheduler_output  # noqa: E402
 from gpu_backend.engine.shapes import StepShape  # noqa: E402
-from sim.core.calibration import load_calibration  # noqa: E402
-from sim.core.catalog import get_gpu, get_model  # noqa: E402
-from sim.core.cost_model import CostArgs  # noqa: E402
+from sim.core.calibration import parse_calibration  # noqa: E402
+from sim.core.calibration.profile_fit import grid_cost_args  # noqa: E402
 
 
 def ahead_errors(path: Path) -> dict | None:
@@ -40,10 +39,8 @@ def ahead_errors(path: Path) -> dict | None:
     timed = [m for m in data["measurements"] if m.get("ahead_s")]
     if not timed:
         return None
-    efficiency = load_calibration(path).parts()[0]
-    apart = int((data.get("setup") or {}).get("mixed_split_min_keys") or 0)
-    args = CostArgs(get_model(data["model"]), get_gpu(data["gpu_preset"]), 1,
-                    data.get("attention_backend", "triton"), apart, host_hidden=True)
+    efficiency = parse_calibration(data, str(path)).parts()[0]
+    args = grid_cost_args(data)._replace(host_hidden=True)  # priced as launched ahead
     cost = args.cost_model(efficiency, data.get("piecewise_sizes") or ())
     eager, errors = [], []
     for m in timed:

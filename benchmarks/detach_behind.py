@@ -17,8 +17,6 @@ device back as long as it took; near 0, that it hid behind the step.
 from __future__ import annotations
 
 import argparse
-import csv
-import gzip
 import json
 import sys
 from pathlib import Path
@@ -26,47 +24,42 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-EVIDENCE = ROOT / "validation" / "evidence"
-STEP_COLUMNS = ("step_id", "num_prefill_tokens", "num_seqs", "decode_context_tokens",
-                "measured_s")
+sys.path.insert(0, str(ROOT))  # run from a plain checkout
 
-
-def read_csv(path: Path) -> list[dict[str, str]]:
-    with gzip.open(path, "rt", newline="") as f:
-        return list(csv.DictReader(f))
+from validation.evidence import EVIDENCE_DIR, slice_folders  # noqa: E402
+from validation.results import engine_of  # noqa: E402
+from validation.run_csvs import first_file, read_csv_columns  # noqa: E402
 
 
 def run_excess(run: Path) -> dict | None:
     """The decode steps with a detach behind them in one elastic run folder, against the
     run's other decode steps; None where none had one."""
-    steps = {c: np.array([float(r[c]) for r in read_csv(run / "steps.csv.gz")])
-             for c in STEP_COLUMNS}
-    transitions = read_csv(run / "transitions.csv.gz")
-    behind = [t for t in transitions
-              if t["kind"] == "detach" and t.get("behind_step", "0") in ("1", "True")]
-    touched = {int(t["step_id"]) + d for t in transitions for d in (-1, 0)}
-    step_id = steps["step_id"].astype(int)
-    row_of = {s: i for i, s in enumerate(step_id)}
-    decode = steps["num_prefill_tokens"] == 0
-    rows = [row_of[int(t["step_id"]) - 1] for t in behind if int(t["step_id"]) - 1 in row_of]
-    rows = [i for i in rows if decode[i]]
-    if not rows:
+    steps = read_csv_columns(first_file(run, "steps.csv"))
+    transitions = read_csv_columns(first_file(run, "transitions.csv"))
+    if steps is None or transitions is None or "behind_step" not in transitions:
         return None
-    others = decode & ~np.isin(step_id, list(touched))
+    ids = transitions["step_id"].astype(int)
+    detach = transitions["kind"] == "detach"
+    behind = detach & (transitions["behind_step"] == 1)
+    step_id = steps["step_id"].astype(int)
+    decode = steps["num_prefill_tokens"] == 0
+    before = np.isin(step_id, ids[behind] - 1) & decode  # the step each ran behind
+    if not before.any():
+        return None
+    others = decode & ~np.isin(step_id, np.concatenate((ids, ids - 1)))
     design = np.column_stack([np.ones(len(step_id)), steps["num_seqs"],
                               steps["decode_context_tokens"]])
     coef = np.linalg.lstsq(design[others], steps["measured_s"][others], rcond=None)[0]
-    excess = steps["measured_s"][rows] - design[rows] @ coef
-    detach_s = np.array([float(t["total_s"]) for t in behind])
-    return {"steps": len(rows), "excess_mean_ms": 1e3 * float(excess.mean()),
+    excess = steps["measured_s"][before] - design[before] @ coef
+    detach_s = transitions["total_s"][behind]
+    return {"steps": int(before.sum()), "excess_mean_ms": 1e3 * float(excess.mean()),
             "excess_median_ms": 1e3 * float(np.median(excess)),
             "detach_mean_ms": 1e3 * float(detach_s.mean()),
             "share": float(excess.mean() / detach_s.mean())}
 
 
 def async_slices() -> list[str]:
-    return sorted(p.name for p in EVIDENCE.iterdir() if p.is_dir() and (
-        "async" in p.name.rsplit("_", 1)[-1]))
+    return [folder.name for folder in slice_folders() if "async" in engine_of(folder)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     print("slice | run | steps | excess mean / median ms | detach mean ms | share")
     for name in names:
-        folder = EVIDENCE / name
+        folder = EVIDENCE_DIR / name
         if not (folder / "runs").is_dir():
             print(f"error: {folder}: no such evidence slice (its runs/ folder is missing)",
                   file=sys.stderr)

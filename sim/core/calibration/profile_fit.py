@@ -151,6 +151,15 @@ def held_terms(cost_args: CostArgs, outputs: Sequence[SchedulerOutput], measured
     return start, (*held, *split_term_fixed(num_split), *split_run_terms_fixed(num_split_run))
 
 
+def grid_cost_args(data: Mapping) -> CostArgs:
+    """What a calibration's grid steps are priced with (synchronously): its model, GPU,
+    attention backend and the keys from which its mixed steps ran their decode rows apart
+    (a profile without the record ran one launch: 0)."""
+    apart = int((data.get("setup") or {}).get("mixed_split_min_keys") or 0)
+    return CostArgs(get_model(data["model"]), get_gpu(data["gpu_preset"]), 1,
+                    data.get("attention_backend", TRITON_ATTENTION), apart)
+
+
 def refit_profile(data: dict, outputs: Sequence[SchedulerOutput],
                   attention: tuple[Sequence[SchedulerOutput], np.ndarray] | None,
                   copy_bandwidth_bytes_s: float | None = None,
@@ -169,11 +178,7 @@ def refit_profile(data: dict, outputs: Sequence[SchedulerOutput],
     """
     bandwidth = copy_bandwidth_bytes_s or data.get("copy_bandwidth_bytes_s")
     times = np.array([m["measured_s"] for m in data["measurements"]])
-    # the grid's mixed steps ran their decode rows apart from this many keys (a profile
-    # without the record ran one launch: 0)
-    apart = int((data.get("setup") or {}).get("mixed_split_min_keys") or 0)
-    cost_args = CostArgs(get_model(data["model"]), get_gpu(data["gpu_preset"]), 1,
-                         data.get("attention_backend", TRITON_ATTENTION), apart)
+    cost_args = grid_cost_args(data)
     token_sizes = data.get("piecewise_sizes") or ()
     start, hold, provenance = borrowed_terms(data, program_from, attention_from)
     start, hold, attention_error = attention_start(cost_args, attention, start, hold)
