@@ -141,22 +141,21 @@ class Replica:
             last_s = step.durations[-1]
             after = self._schedule_ahead(env.now + last_s) if sched.has_unfinished() else None
             action = None if after is None else after.out.elastic
-            behind = action is not None and not action.needs_idle_device
-            if behind:  # a detach taken while this step runs: its unmap holds the device
-                assert action is not None
+            if action is not None and not action.needs_idle_device:
+                # a detach taken while this step runs: its unmap holds the device
                 held_s = self._pause_s(action)
                 self.recorder.elastic(env.now + last_s, action, held_s)
                 last_s += held_s
                 step.durations = [*step.durations[:-1], last_s]
                 step.duration_s += held_s
+                action = None  # charged to this step: no pause before the next
             yield env.timeout(last_s)
             due_s = fleet.next_arrival_s
             if due_s is not None and due_s <= env.now:
                 fleet.deliver_due(env.now)  # same-time arrivals join before the step closes
             self._close_ahead(step, start_s)
             step = after
-            if step is not None and not behind:
-                yield from self._pause(env, step.out.elastic)
+            yield from self._pause(env, action)
             if fleet.next_arrival_s is None:
                 fleet.check_done()
 
