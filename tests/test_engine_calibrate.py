@@ -12,6 +12,7 @@ import pytest
 import torch
 from test_engine_helpers import TINY, toy_config, toy_core
 
+from gpu_backend.engine.device_clock import StepPhases
 from gpu_backend.engine.memory import (
     MemoryMeasurement,
     dummy_batch,
@@ -21,7 +22,7 @@ from gpu_backend.engine.memory import (
     profile_token_counts,
 )
 from gpu_backend.engine.profile_grid import default_grid, grid_max_len
-from gpu_backend.engine.runner import ModelRunner, StepPhases
+from gpu_backend.engine.runner import ModelRunner
 from gpu_backend.engine.setup import plain_store
 from gpu_backend.engine.shapes import host_batch, mixed_shape, prompt_shapes, scheduler_output
 from gpu_backend.engine.step_timing import time_step, time_step_ahead

@@ -3,6 +3,7 @@
     inputs.py     executor-side block tables and token ids -> host arrays of one forward
     graphs.py     CUDA-graph capture sizes and padding of decode-only batches
     runner.py     one pinned host->device copy, eager forward or graph replay, sampled ids
+    device_clock.py  when a step ended on the device, on the host's clock; its phases
     kv_store.py   plain-tensor KV store with the ElasticKVPool interface; whole-block copies
     elastic.py    the core's attach / detach / migrate actions on the real pool, timed
     memory.py     measured weights, activation peaks, non-torch and graph memory -> MemoryPlan
