@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from validation.decode_rows import decode_rows, rebuilt_share
-from validation.steps import StepTable
+from validation.step_table import StepTable
 
 
 def table(prefill: list[int], decode: list[int], context: list[int],

@@ -31,7 +31,8 @@ from sim.core.engine_config import EngineConfig
 from sim.core.settings import INT, choice, setting
 from sim.core.split_shapes import SplitShapes
 from sim.core.step import SchedulerOutput
-from validation.steps import StepTable, predict_step_times, read_steps_csv, write_steps_csv
+from validation.step_table import StepTable, read_steps_csv, write_steps_csv
+from validation.steps import predict_step_times
 
 LLAMA_8B = get_model("llama-3.1-8b")
 H200 = get_gpu("h200")

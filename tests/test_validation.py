@@ -18,7 +18,7 @@ from validation.compare import (
 )
 from validation.divergence import find_divergence, first_difference
 from validation.runs import trace_slice
-from validation.steps import StepTable, chunk_pairs, parse_chunks, read_steps_csv
+from validation.step_table import StepTable, chunk_pairs, parse_chunks, read_steps_csv
 
 
 def summary(ttft_p50: float, throughput: float, kv: int, preemptions: int = 0) -> dict:

@@ -512,7 +512,7 @@ def test_step_prediction_prices_the_split_launch_as_the_simulator(tmp_path):
         table.num_tokens, table.num_seqs, table.max_query_len, table.max_seq_len) > 1)
     assert 0 < splits.sum() < table.has_prefill.sum()  # some prefill steps split, some not
     folder = write_gpu_style_run(tmp_path, spec, TraceSlice("azure-conv", limit=40))
-    from validation.steps import read_steps_csv
+    from validation.step_table import read_steps_csv
 
     written = read_steps_csv(folder / "steps.csv")
     np.testing.assert_allclose(predict_step_times(cost, written), written.duration_s, rtol=1e-9)

@@ -24,7 +24,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from validation.steps import StepTable, class_masks
+from validation.step_table import StepTable
+from validation.steps import class_masks
 
 MATCH_TOLERANCE_S = 1e-6  # a request's first/last token time equals a step's end time
 

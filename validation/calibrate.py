@@ -36,8 +36,8 @@ from sim.core.elastic import VmmCosts
 from sim.core.engine_config import EngineConfig
 from sim.core.memory_plan import ActivationProfile
 from validation.runs import GpuRun, engine_config
+from validation.step_table import StepTable
 from validation.steps import (
-    StepTable,
     attention_terms,
     error_stats,
     predict_step_times,

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from validation.steps import StepTable
+from validation.step_table import StepTable
 
 REQUEST_COLUMNS = ("first_token_s", "finish_s", "prompt_tokens")
 

@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from validation.steps import StepTable, error_stats, relative_errors
+from validation.step_table import StepTable
+from validation.steps import error_stats, relative_errors
 
 COMPOSITION = ("num_prefill_tokens", "num_decode_tokens", "num_seqs", "decode_context_tokens")
 

@@ -41,8 +41,8 @@ from validation.compare import (
 from validation.divergence import Divergence, find_divergence
 from validation.runs import GpuRun, TraceSlice, engine_config, trace_slice
 from validation.simside import simulate_logged
+from validation.step_table import StepTable
 from validation.steps import (
-    StepTable,
     apart_steps,
     error_stats,
     predict_step_times,

@@ -1,4 +1,4 @@
-"""A run folder's CSVs other than steps.csv (validation.steps reads that one): the timeline,
+"""A run folder's CSVs other than steps.csv (validation.step_table reads that one): the timeline,
 the requests and the elastic transitions, each plain or gzip-compressed, as columns."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from validation.steps import StepTable, open_csv
+from validation.step_table import StepTable, open_csv
 
 
 def first_file(folder: Path, pattern: str) -> Path | None:

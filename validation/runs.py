@@ -9,7 +9,7 @@ A folder written by `python -m gpu_backend replay --out DIR` holds:
     config.json        the EngineConfig the replay ran (EngineConfig.to_json), which the
                        simulation takes as it is; replays written before it are read from
                        summary.json's columns (legacy_config)
-    steps.csv          one row per executed step (see validation.steps)
+    steps.csv          one row per executed step (see validation.step_table)
     timeline*.csv      the simulator's timeline columns (optional)
     requests*.csv      the simulator's request columns (optional)
     transitions.csv    each elastic transition with its phases (optional)
@@ -41,7 +41,7 @@ from validation.run_config import (
 )
 from validation.run_csvs import first_file, read_csv_columns, read_numeric_csv, with_timeline
 from validation.slices import REPO_ROOT, TraceSlice, trace_slice
-from validation.steps import StepTable, read_steps_csv
+from validation.step_table import StepTable, read_steps_csv
 
 # The run folders' readers, and (from validation.run_config and validation.slices) the
 # configuration and trace slice a run implies, all importable from here.

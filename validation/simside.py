@@ -15,7 +15,7 @@ from sim.core.step import OutOfMemory, SchedulerOutput, SchedulerStats
 from sim.recording.metrics import ReplicaRecorder
 from sim.runner import RunResult, RunSpec, simulate
 from traces import Trace
-from validation.steps import StepTable, chunk_pairs, format_chunks, parse_chunks
+from validation.step_table import StepTable, chunk_pairs, format_chunks, parse_chunks
 
 # (start_s, prefill, decode, context, seqs, rows, pairs, duration, preempted, used, usable, lent,
 #  longest query, longest sequence)

@@ -20,7 +20,7 @@ from sim.recording.outputs import slug, write_request_csv, write_timeline_csv
 from sim.runner import RunSpec
 from validation.runs import CONFIG_FILE, TraceSlice
 from validation.simside import simulate_logged
-from validation.steps import write_steps_csv
+from validation.step_table import write_steps_csv
 
 
 def write_gpu_style_run(out_dir: Path, spec: RunSpec, ts: TraceSlice, *,

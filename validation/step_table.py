@@ -1,0 +1,205 @@
+"""One row per engine step: the `StepTable` and its steps.csv.
+
+A `StepTable` holds one row per engine step (never a fast-forwarded run of steps): what the
+step computed (prefill tokens and chunks, decode rows and their context) and how long it took,
+measured on the GPU (`steps.csv`), or priced by the cost model (`validation.steps`).
+
+steps.csv columns read (GPU engine; extra columns are ignored):
+
+    step_id, num_prefill_tokens, num_decode_tokens, decode_context_tokens, num_seqs,
+    measured_s                                    required
+    prefill_chunks                                "new:prefix;new:prefix" per prefill chunk
+                                                  (or a JSON list of pairs); without it the
+                                                  prefill is priced as one chunk, no prefix
+    num_sampled_rows, start_s, num_preempted,
+    kv_blocks_used, kv_blocks_usable,
+    reserve_lent_blocks, max_decode_context,
+    build_s, enqueue_s, device_s                  optional (the last three: a step's phases)
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import TextIO
+
+import numpy as np
+
+REQUIRED_COLUMNS = ("num_prefill_tokens", "num_decode_tokens", "decode_context_tokens",
+                    "num_seqs")
+DURATION_COLUMNS = ("measured_s", "duration_s", "step_s")
+# Where a GPU step's time went (replays record it per step): host batch
+# build, host enqueue (inputs staged, graph or kernels launched), device span (CUDA events).
+PHASE_COLUMNS = ("build_s", "enqueue_s", "device_s")
+OPTIONAL_COLUMNS = ("start_s", "num_preempted", "kv_blocks_used", "kv_blocks_usable",
+                    "reserve_lent_blocks", "lent_blocks", "oom",
+                    "max_decode_context",  # longest decode row's context (GPU runs since 2026-11-30)
+                    *PHASE_COLUMNS)
+
+
+# A step starts this much (relative, at least in seconds) after the step before it ended: more
+# than the rounding of the clocks' sums, less than any idle gap or elastic pause.
+EXPOSED_GAP_S = 1e-9
+
+
+@dataclass(frozen=True)
+class StepTable:
+    """Column arrays, one element per engine step, in execution order."""
+
+    num_prefill_tokens: np.ndarray  # int64 [S]
+    num_decode_tokens: np.ndarray  # int64 [S]
+    decode_context_tokens: np.ndarray  # int64 [S]: sum of decode rows' context lengths
+    num_seqs: np.ndarray  # int64 [S]: scheduled requests
+    num_sampled_rows: np.ndarray  # int64 [S]: rows that reach lm_head and sample
+    prefill_pairs: np.ndarray  # float64 [S]: sum over chunks of new x (prefix + new / 2)
+    duration_s: np.ndarray  # float64 [S]: measured (GPU) or predicted (simulator)
+    chunks_exact: bool = True  # False: prefill chunk prefixes were unknown (priced as 0)
+    extra: dict[str, np.ndarray] = field(default_factory=dict)  # OPTIONAL_COLUMNS present
+    # int64 [S]: the longest query (new tokens of one row) and the longest sequence after the
+    # step, which decide whether a step's attention splits its keys (CostModel.splits); None:
+    # unknown, no split priced
+    max_query_len: np.ndarray | None = None
+    max_seq_len: np.ndarray | None = None
+    # object [S]: each step's prefill chunks, a tuple of (new tokens, prefix tokens), where the
+    # steps recorded them: what a step running SPLIT is priced from (CostModel.split_chunks)
+    prefill_chunks: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return int(self.duration_s.shape[0])
+
+    @property
+    def num_tokens(self) -> np.ndarray:
+        return self.num_prefill_tokens + self.num_decode_tokens
+
+    @property
+    def has_prefill(self) -> np.ndarray:
+        return self.num_prefill_tokens > 0
+
+    @property
+    def start_s(self) -> np.ndarray | None:
+        return self.extra.get("start_s")
+
+    def exposed(self) -> np.ndarray:
+        """Per step, whether it started later than the step before it ended (bool [S]): the
+        first step, one after an idle gap or an elastic pause. Under async scheduling such a
+        step has no step in flight to hide its host work behind (sim.engine). All False where
+        the table has no start times."""
+        start = self.start_s
+        if start is None or not len(self):
+            return np.zeros(len(self), dtype=bool)
+        ends = start[:-1] + self.duration_s[:-1]
+        gap = start[1:] - ends > EXPOSED_GAP_S * np.maximum(1.0, np.abs(ends))
+        return np.concatenate(([True], gap))
+
+    def take(self, index: np.ndarray | slice) -> StepTable:
+        """The rows picked by `index` (a slice, bool mask or positions)."""
+        arrays = {f.name: getattr(self, f.name)[index] for f in fields(self)
+                  if isinstance(getattr(self, f.name), np.ndarray)}
+        extra = {k: v[index] for k, v in self.extra.items()}
+        return replace(self, **arrays, extra=extra)
+
+    def with_durations(self, duration_s: np.ndarray) -> StepTable:
+        return replace(self, duration_s=np.asarray(duration_s, dtype=np.float64))
+
+
+def chunk_pairs(chunks: list[tuple[int, int]]) -> float:
+    """Attention (query, key) pairs of causal prefill chunks, as the cost model counts them."""
+    return float(sum(c * (p + c / 2.0) for c, p in chunks))
+
+
+def parse_chunks(text: str) -> list[tuple[int, int]]:
+    """`"512:0;512:512"` or `"[[512, 0], [512, 512]]"` -> [(512, 0), (512, 512)]."""
+    text = text.strip()
+    if not text:
+        return []
+    if text.startswith("["):
+        return [(int(c), int(p)) for c, p in json.loads(text)]
+    pairs = []
+    for item in text.replace("|", ";").split(";"):
+        if item.strip():
+            new, _, prefix = item.partition(":")
+            pairs.append((int(new), int(prefix or 0)))
+    return pairs
+
+
+def format_chunks(chunks: list[tuple[int, int]]) -> str:
+    return ";".join(f"{c}:{p}" for c, p in chunks)
+
+
+def open_csv(path: Path) -> TextIO:
+    """A CSV for reading, gzip-compressed when its name ends in .gz (the committed replays
+    under validation/evidence are kept compressed: `gzip -n` of the engine's CSVs)."""
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt", newline="")
+    return path.open(newline="")
+
+
+def read_steps_csv(path: Path) -> StepTable:
+    with open_csv(path) as f:
+        rows = list(csv.DictReader(f))
+    header = set(rows[0]) if rows else set()
+    missing = [c for c in REQUIRED_COLUMNS if c not in header]
+    duration = next((c for c in DURATION_COLUMNS if c in header), None)
+    if rows and (missing or duration is None):
+        raise ValueError(f"{path}: missing columns {missing or list(DURATION_COLUMNS[:1])}; "
+                         f"has {sorted(header)}")
+
+    def ints(name: str) -> np.ndarray:
+        return np.array([int(float(r[name])) for r in rows], dtype=np.int64)
+
+    if not rows:
+        empty = np.zeros(0, dtype=np.int64)
+        return StepTable(empty, empty, empty, empty, empty, np.zeros(0), np.zeros(0))
+    prefill, decode = ints("num_prefill_tokens"), ints("num_decode_tokens")
+    exact = "prefill_chunks" in header
+    if exact:
+        chunk_lists = [parse_chunks(r["prefill_chunks"] or "") for r in rows]
+    else:  # one chunk per step with a prefill, no prefix
+        chunk_lists = [[(int(n), 0)] if n else [] for n in prefill]
+    pairs = np.array([chunk_pairs(c) for c in chunk_lists])
+    num_chunks = np.array([len(c) for c in chunk_lists], dtype=np.int64)
+    decode_ctx = ints("decode_context_tokens")
+    if "max_decode_context" in header:
+        longest_decode = ints("max_decode_context")
+    else:  # the mean decode row: a lower bound of the longest
+        longest_decode = -(-decode_ctx // np.maximum(decode, 1))
+    if {"max_query_len", "max_seq_len"} <= header:  # written by write_steps_csv
+        max_query, max_seq = ints("max_query_len"), ints("max_seq_len")
+    else:  # the GPU engine's columns: the longest chunk and the longest row after the step
+        max_query = np.array([max((c for c, _ in chunks), default=0)
+                              for chunks in chunk_lists], dtype=np.int64)
+        max_query = np.where(decode > 0, np.maximum(max_query, 1), max_query)
+        max_seq = np.maximum(np.array([max((c + p for c, p in chunks), default=0)
+                                       for chunks in chunk_lists], dtype=np.int64),
+                             longest_decode)
+    rows_sampled = ints("num_sampled_rows") if "num_sampled_rows" in header else decode + num_chunks
+    extra = {c: np.array([float(r[c]) for r in rows]) for c in OPTIONAL_COLUMNS if c in header}
+    recorded = np.empty(len(chunk_lists), dtype=object)
+    recorded[:] = [tuple(chunks) for chunks in chunk_lists]
+    return StepTable(prefill, decode, decode_ctx, ints("num_seqs"),
+                     rows_sampled, pairs.astype(np.float64),
+                     np.array([float(r[duration]) for r in rows]), exact, extra,
+                     max_query, max_seq, recorded if exact else None)
+
+
+def write_steps_csv(path: Path, table: StepTable, chunks: list[str] | None = None) -> None:
+    """Write a table in the GPU engine's steps.csv layout (`chunks`: formatted per row)."""
+    columns = ["step_id", *REQUIRED_COLUMNS, "num_sampled_rows", "measured_s", *table.extra]
+    extents = table.max_query_len is not None and table.max_seq_len is not None
+    if extents:
+        columns += ["max_query_len", "max_seq_len"]
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(columns + (["prefill_chunks"] if chunks is not None else []))
+        for i in range(len(table)):
+            row = [i + 1, int(table.num_prefill_tokens[i]), int(table.num_decode_tokens[i]),
+                   int(table.decode_context_tokens[i]), int(table.num_seqs[i]),
+                   int(table.num_sampled_rows[i]), repr(float(table.duration_s[i]))]
+            row += [repr(float(v[i])) for v in table.extra.values()]
+            if extents:
+                assert table.max_query_len is not None and table.max_seq_len is not None
+                row += [int(table.max_query_len[i]), int(table.max_seq_len[i])]
+            writer.writerow(row + ([chunks[i]] if chunks is not None else []))
