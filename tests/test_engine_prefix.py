@@ -9,7 +9,7 @@ import pytest
 import torch
 from test_engine_helpers import TickTimer, tiny_cpu_model, toy_config, toy_core
 
-from gpu_backend.engine.engine import VirtualClock
+from gpu_backend.engine.clocks import VirtualClock
 from gpu_backend.engine.replay import engine_summary, replay
 from gpu_backend.engine.setup import assemble_engine, plain_store
 from sim.core.elastic import DrainStrategy, Policy

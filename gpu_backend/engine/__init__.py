@@ -8,7 +8,8 @@
     elastic.py    the core's attach / detach / migrate actions on the real pool, timed
     memory.py     measured weights, activation peaks, non-torch and graph memory -> MemoryPlan
     setup.py      build model, plan, core, pool and graphs in vLLM's order
-    engine.py     the step loop (schedule, elastic, forward, update, record) and its clocks
+    engine.py     the step loop (schedule, elastic, forward, update, record)
+    clocks.py     the engine's timeline: wall clock or virtual clock
     replay.py     trace replay and the simulator-compatible outputs
     shapes.py     synthetic steps for calibration and benchmarks
     profile_grid.py  the steps a calibration times, and why each is there

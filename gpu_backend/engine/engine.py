@@ -27,7 +27,7 @@ before the unmap, so what of the unmap outlasts the step in flight counts in the
 Unlike vLLM, which frees a finished request's blocks when its step's output arrives, the
 scheduler frees them as it closes the step, one step earlier.
 
-Time comes from a `Clock`: the wall clock (arrivals in real time) or a virtual clock that
+Time comes from a `Clock` (`clocks.py`): the wall clock (arrivals in real time) or a virtual clock that
 advances by each measured step and skips idle gaps (`--no-wait`).
 """
 
@@ -37,10 +37,10 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Protocol
 
 import numpy as np
 
+from gpu_backend.engine.clocks import Clock, WallClock
 from gpu_backend.engine.elastic import ElasticExecutor
 from gpu_backend.engine.inputs import BlockTableError, HostBatch, RequestMirror
 from gpu_backend.engine.prompts import PromptSpec
@@ -55,54 +55,6 @@ STEP_COLUMNS = ("step_id", "start_s", "num_prefill_tokens", "num_decode_tokens",
                 "prefill_chunks", "build_s", "enqueue_s", "device_s")
 # build_s: the host batch built (and the elastic mapping checked) inside measured_s;
 # enqueue_s / device_s: the runner's StepPhases (host enqueue time, device span; NaN unknown).
-
-
-class Clock(Protocol):
-    def now(self) -> float: ...
-    def advance(self, seconds: float) -> None: ...
-    def before(self, seconds: float) -> float: ...
-
-
-class VirtualClock:
-    """Advanced by measured durations only; idle gaps are skipped by `advance_to`."""
-
-    def __init__(self, start_s: float = 0.0) -> None:
-        self._now = start_s
-
-    def now(self) -> float:
-        return self._now
-
-    def advance(self, seconds: float) -> None:
-        self._now += seconds
-
-    def before(self, seconds: float) -> float:
-        """Now: only measured durations move this clock, so nothing happened since them."""
-        return self._now
-
-    def advance_to(self, when_s: float) -> None:
-        self._now = max(self._now, when_s)
-
-
-class WallClock:
-    """Seconds since construction (plus an offset); time passes on its own."""
-
-    def __init__(self, start_s: float = 0.0) -> None:
-        self._origin = time.perf_counter() - start_s
-
-    def now(self) -> float:
-        return time.perf_counter() - self._origin
-
-    def advance(self, seconds: float) -> None:
-        pass
-
-    def before(self, seconds: float) -> float:
-        """The time `seconds` ago."""
-        return self.now() - seconds
-
-    def advance_to(self, when_s: float) -> None:
-        delay = when_s - self.now()
-        if delay > 0:
-            time.sleep(delay)
 
 
 def step_phases(build_s: float, runner_phases: object) -> tuple[float, float, float]:

@@ -22,8 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
+from gpu_backend.engine.clocks import VirtualClock, WallClock
 from gpu_backend.engine.elastic import TRANSITION_COLUMNS
-from gpu_backend.engine.engine import STEP_COLUMNS, GpuEngine, VirtualClock, WallClock
+from gpu_backend.engine.engine import STEP_COLUMNS, GpuEngine
 from gpu_backend.engine.hostprobe import HostProbe
 from sim.core.engine_config import EngineConfig
 from sim.core.request import RequestState

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from gpu_backend.engine.engine import Clock, GpuEngine, WallClock
+from gpu_backend.engine.clocks import Clock, WallClock
+from gpu_backend.engine.engine import GpuEngine
 from gpu_backend.tp.group import TpGroup
 from sim.core.request import RequestState
 
