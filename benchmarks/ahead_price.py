@@ -28,14 +28,14 @@ sys.path.insert(0, str(ROOT))  # run from a plain checkout
 
 from gpu_backend.engine.calibrate import scheduler_output  # noqa: E402
 from gpu_backend.engine.shapes import StepShape  # noqa: E402
-from sim.core.calibration import parse_calibration  # noqa: E402
+from sim.core.calibration import parse_calibration, read_json  # noqa: E402
 from sim.core.calibration.profile_fit import grid_cost_args  # noqa: E402
 
 
 def ahead_errors(path: Path) -> dict | None:
     """The async price's errors against the grid's back-to-back periods; None where the
     calibration's profile timed none."""
-    data = json.loads(path.read_text())
+    data = read_json(path)
     timed = [m for m in data["measurements"] if m.get("ahead_s")]
     if not timed:
         return None
@@ -72,7 +72,11 @@ def main(argv: list[str] | None = None) -> int:
         if not path.is_file():
             print(f"error: {path}: no such calibration file", file=sys.stderr)
             return 2
-        found = ahead_errors(path)
+        try:
+            found = ahead_errors(path)
+        except ValueError as exc:  # not a calibration: the reader names the file and field
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         if found is None:
             print(f"{path.name}: its profile timed no step back to back (no ahead_s)")
             continue

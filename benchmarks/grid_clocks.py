@@ -17,7 +17,6 @@ the steps ran a second or more together (the counter moves in steps too coarse f
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -27,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gpu_backend.env import grid_clocks  # noqa: E402
+from sim.core.calibration import read_json  # noqa: E402
 
 STEPS_PER_POINT = 8  # time_step_ahead's launches at the profile's defaults (2 + 5 + 1)
 MIN_ENERGY_SPAN_S = 1.0  # the least time the steps ran together for their energy to be shown
@@ -94,9 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("profile", type=Path)
     args = parser.parse_args(argv)
     try:
-        data = json.loads(args.profile.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        print(f"error: {args.profile}: {exc}", file=sys.stderr)
+        data = read_json(args.profile)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     return report(data)
 

@@ -68,6 +68,7 @@ WAYS = ("async", "exposed", "exposed, cache emptied", "reclaimed, waiting",
         "reclaimed behind the step")
 PROMPT = 205  # the mixed step's new tokens by default: Azure conv's median prompt
 DECODES = 16
+RESERVE_MIB = 1024  # the reserve lent and taken back each round by default
 
 
 def device_allocs() -> int:
@@ -158,7 +159,7 @@ def main() -> None:
                         help="the mixed step's new prompt tokens (default: Azure conv's median)")
     parser.add_argument("--decodes", type=int, default=DECODES)
     parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--reserve-mib", type=int, default=1024,
+    parser.add_argument("--reserve-mib", type=int, default=RESERVE_MIB,
                         help="the elastic reserve lent and taken back each round, MiB")
     parser.add_argument("--handle-mib", type=int, default=512,
                         help="its handles' size, MiB (the engine's --vmm-handle-mib)")
@@ -214,7 +215,7 @@ def main() -> None:
            "handle_bytes": args.handle_mib * MIB, "medians": medians, "samples": samples}
     shape = [f"prompt-{args.prompt}"] if args.prompt != PROMPT else []
     shape += [f"decodes-{args.decodes}"] if args.decodes != DECODES else []
-    shape += [f"reserve-{args.reserve_mib}"] if args.reserve_mib != 1024 else []
+    shape += [f"reserve-{args.reserve_mib}"] if args.reserve_mib != RESERVE_MIB else []
     path = write_result(res, args.out, "reclaim_step", res["env"]["gpu"], spec.name, *shape)
     print(f"wrote {path}")
 

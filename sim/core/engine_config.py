@@ -145,7 +145,7 @@ class EngineConfig:
     # engine unmaps behind it and launches the prompt's step at once (ElasticAction.
     # needs_idle_device); an attach always waits (it hands torch's cache back). The unmap
     # still holds the device back about as long as it takes, so the simulator charges its
-    # whole time either way (sim.engine's _pause); running behind saves the drain. Replays
+    # whole time either way (sim.engine's _run_ahead); running behind saves the drain. Replays
     # recorded before this setting existed waited for every elastic action.
     detach_behind_step: bool = field(default=True, metadata=setting(
         "under async scheduling, take the reserve back while the step in flight still runs "

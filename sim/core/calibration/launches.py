@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from sim.core.calibration.schema import read_json_object
+from sim.core.split_shapes import TRITON_ATTENTION
 
 LAUNCH_KEYS = ("kind", "prefills", "num_decodes", "decode_context", "decode_groups",
                "measured_s")
@@ -40,11 +41,11 @@ def _shape(launch: Mapping) -> tuple:
             launch["decode_context"], json.dumps(launch["decode_groups"]))
 
 
-def add_attention_launches(data: dict, result: Mapping, source: str) -> tuple[dict, int]:
-    """`data` (a calibration) with the launches of `result` (a prefix_attention result read
-    from `source`) that it lacks appended to its attention measurements, and how many."""
-    backend = data.get("attention_backend", "triton")
-    if backend != "triton":
+def _check_source(data: Mapping, result: Mapping, source: str) -> Mapping:
+    """ValueError naming `source`'s field unless its launches time the kernel `data` prices
+    (the Triton one), on its model, GPU, torch and Triton; the result's `env`."""
+    backend = data.get("attention_backend", TRITON_ATTENTION)
+    if backend != TRITON_ATTENTION:
         raise ValueError(f"{source}: its launches time the Triton kernel, and this calibration "
                          f"prices the {backend} backend's attention: add them to the Triton "
                          "calibration its terms come from, then refit this one with "
@@ -66,6 +67,13 @@ def add_attention_launches(data: dict, result: Mapping, source: str) -> tuple[di
             raise ValueError(f"{source}: field 'env.{key}' is {env.get(key)!r}, the "
                              f"calibration's is {provenance.get(key)!r}: time the launches "
                              "with the versions that profiled it")
+    return env
+
+
+def add_attention_launches(data: dict, result: Mapping, source: str) -> tuple[dict, int]:
+    """`data` (a calibration) with the launches of `result` (a prefix_attention result read
+    from `source`) that it lacks appended to its attention measurements, and how many."""
+    env = _check_source(data, result, source)
     chunks = result.get("prompt_chunks") or {}
     launches = list(result.get("shapes") or [])
     launches += [launch for size in sorted(chunks, key=int) for launch in chunks[size]]
