@@ -11,7 +11,7 @@ import simpy
 
 from sim.core.catalog import get_gpu, get_model
 from sim.core.cost_model import CostArgs, CostModel, Efficiency, step_total_array, step_total_s
-from sim.core.elastic import H200_RELEASE, H200_REMAP, Policy
+from sim.core.elastic import Policy, VmmCostModel
 from sim.core.engine_config import EngineConfig, build_core
 from sim.core.step import SchedulerOutput
 from sim.engine import Fleet, Replica
@@ -138,8 +138,8 @@ def test_a_detach_behind_a_step_off_the_reserve_waits_for_no_drain():
     # the decode in flight ran the detach's time longer than with a detach that costs nothing
     detach_s = result.summary["detach_time_s"]
     assert 0 < detach_s < 0.01
-    default = H200_RELEASE if engine.reclaim == "release" else H200_REMAP
-    free = replace(default, detach_handle_s=0.0, detach_gib_s=0.0)
+    measured = VmmCostModel(reclaim=engine.reclaim).measured  # what the run priced
+    free = replace(measured, detach_handle_s=0.0, detach_gib_s=0.0)
     costless = timeline_array(simulate(RunSpec(engine, efficiency=hidden, vmm_costs=free),
                                        t).recorders[0])
     assert costless[second_prompt, 0] == pytest.approx(start[second_prompt] - detach_s, abs=1e-9)
