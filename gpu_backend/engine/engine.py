@@ -27,8 +27,8 @@ before the unmap, so what of the unmap outlasts the step in flight counts in the
 Unlike vLLM, which frees a finished request's blocks when its step's output arrives, the
 scheduler frees them as it closes the step, one step earlier.
 
-Time comes from a `Clock` (`clocks.py`): the wall clock (arrivals in real time) or a virtual clock that
-advances by each measured step and skips idle gaps (`--no-wait`).
+Time comes from a `Clock` (`clocks.py`): the wall clock (arrivals in real time) or a
+virtual clock that advances by each measured step and skips idle gaps (`--no-wait`).
 """
 
 from __future__ import annotations
