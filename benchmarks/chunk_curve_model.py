@@ -28,11 +28,12 @@ from sim.core.cost_model import CostModel  # noqa: E402
 from sim.core.split_shapes import ATTENTION_BACKENDS  # noqa: E402
 
 RESULT = Path("benchmarks/results/engine_nvidia-h200-llama-3-1-8b-attention-triton-split-auto.json")
-DECODE_CONTEXT = 1024  # engine_bench.DECODE_CONTEXT: the decode rows' context
+DECODE_CONTEXT = 1024  # engine_bench_cases.DECODE_CONTEXT: the decode rows' context
 
 
 def predicted_ttft(cost: CostModel, prompt: int, chunk: int, num_decodes: int) -> float:
-    """Sum of the step times of `prompt` prefilled `chunk` tokens a step (engine_bench.ttft)."""
+    """Sum of the step times of `prompt` prefilled `chunk` tokens a step
+    (engine_bench_cases.ttft)."""
     return sum(cost.step(scheduler_output(shape)).total_s
                for shape in prompt_shapes(prompt, chunk, num_decodes, DECODE_CONTEXT))
 
