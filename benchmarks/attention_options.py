@@ -89,8 +89,8 @@ import torch  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from attention_options_bench import Bench, ContextLost, measure_chunks, measure_mixed  # noqa: E402
-from attention_options_builders import Builder, Option, ours  # noqa: E402
+from attention_options_bench import Bench, ContextLost  # noqa: E402
+from attention_options_builders import Option  # noqa: E402
 from attention_options_cases import (  # noqa: E402
     FULL,
     LLAMA_8B,
@@ -99,7 +99,7 @@ from attention_options_cases import (  # noqa: E402
     Chunk,
     Decodes,
     Heads,
-    Prompt,
+    Sizes,
     attention_flops,
     best_options,
     causal_pairs,
@@ -109,16 +109,8 @@ from attention_options_cases import (  # noqa: E402
     chunk_starts,
     decode_error,
     launch_split,
-    make_decodes,
     make_prompt,
     reference_rows,
-    tile_name,
-)
-from attention_options_catalog import (  # noqa: E402
-    chunked_options,
-    lse_ops,
-    mixed_options,
-    one_pass_options,
 )
 from attention_options_report import (  # noqa: E402
     add_ratios,
@@ -126,11 +118,10 @@ from attention_options_report import (  # noqa: E402
     print_saved_report,
     sdpa_cudnn_ms,
 )
-from attention_options_split import LseOp, split, split_parts  # noqa: E402
+from attention_options_sections import run_all  # noqa: E402
+from attention_options_split import LseOp, split  # noqa: E402
 from attention_options_vendors import (  # noqa: E402
     FLASHINFER_BACKENDS,
-    cudnn_graph,
-    flashinfer_plan_ms,
     probe_cudnn,
     probe_flashinfer,
 )
@@ -146,103 +137,6 @@ __all__ = [  # what launch_timeline.py and the tests import from this script
 
 HARD_LIMIT_S = 330.0  # the process dumps its stacks and exits past this (results so far kept)
 FLASHINFER_BUILD_S = 420.0  # FlashInfer's JIT may build this long per backend (not in the above)
-
-
-# ----------------------------------------------------------------------------- sections
-
-def run_one_pass(bench: Bench, tokens_: int, tiles: bool) -> None:
-    prompt = make_prompt(bench.heads, tokens_)
-    chunk = Chunk(prompt, 0, tokens_)
-    base = {"section": "one_pass", "prompt": tokens_, "chunk": tokens_}
-    for option in one_pass_options(bench, tiles):
-        bench.attempt(base, option, lambda o=option: measure_chunks(bench, o, [chunk]))
-    release()
-
-
-def pick_lse_op(bench: Bench, prompt: int) -> LseOp:
-    """The fastest correct SDPA op with LSE on the one pass (SPLIT's square and prefix)."""
-    ops = {op.name: op for op in lse_ops(bench)}
-    timed = [r for r in bench.rows if r["section"] == "one_pass" and r["prompt"] == prompt
-             and r["option"] in ops and r.get("correct")]
-    if not timed:
-        return lse_ops(bench)[0]
-    return ops[min(timed, key=lambda r: r["ms"])["option"]]
-
-
-def run_chunked(bench: Bench, prompt_tokens: int) -> dict[str, Builder]:
-    """Every chunked option over each chunk size and the whole prompt as one chunk; the
-    tiles at the first chunk size. Returns the builders by name (for the mixed steps)."""
-    prompt = make_prompt(bench.heads, prompt_tokens)
-    sizes = list(bench.sizes.chunks) + [prompt_tokens]
-    options = chunked_options(bench, prompt_tokens)
-    tiles = [Option(f"ours {tile_name(t)}", ours(t), needs_cuda=False)
-             for t in bench.sizes.tiles]
-    runs = [(o, sizes) for o in options] + [(t, sizes[:1]) for t in tiles]
-    for option, option_sizes in runs:
-        for size in option_sizes:
-            chunks = [Chunk(prompt, p, n) for p, n in chunk_starts(prompt_tokens, size)]
-            base = {"section": "chunked", "prompt": prompt_tokens, "chunk": size}
-            bench.attempt(base, option,
-                          lambda o=option, c=chunks: measure_chunks(bench, o, c))
-    run_split_parts(bench, prompt, sizes[:-1])
-    release()
-    return {o.name: o.build for o in options}
-
-
-def run_split_parts(bench: Bench, prompt: Prompt, sizes: Sequence[int]) -> None:
-    """SPLIT's steps timed one by one, summed over the chunks of each size."""
-    op = bench.lse_op or lse_ops(bench)[0]
-    option = Option(f"split parts ({op.name}, gathered prefix)", split_parts,
-                    needs_cuda=op.kernel != "cpu")
-
-    def work(size: int) -> dict:
-        parts_ms: dict[str, float] = {}
-        for p, n in chunk_starts(prompt.keys.shape[0], size):
-            for name, fn in split_parts(op, Chunk(prompt, p, n)).items():
-                parts_ms[name] = parts_ms.get(name, 0.0) + bench.timer(fn)
-        return {"ms": sum(parts_ms.values()), "parts_ms": parts_ms}
-    for size in sizes:
-        base = {"section": "split_parts", "prompt": prompt.keys.shape[0], "chunk": size}
-        bench.attempt(base, option, lambda s=size: work(s))
-
-
-def run_mixed(bench: Bench, builders: dict[str, Builder]) -> None:
-    s = bench.sizes
-    for prefix in s.mixed_prefixes:
-        prompt = make_prompt(bench.heads, prefix + s.mixed_chunk,
-                             [s.decode_context] * s.num_decodes)
-        chunk = Chunk(prompt, prefix, s.mixed_chunk)
-        decodes = make_decodes(bench.heads, prompt, s.num_decodes, s.decode_context)
-        base = {"section": "mixed", "prompt": prefix + s.mixed_chunk, "chunk": s.mixed_chunk,
-                "prefix": prefix, "decodes": f"{s.num_decodes}x{s.decode_context}"}
-        for option in mixed_options(bench, builders):
-            bench.attempt(base, option,
-                          lambda o=option, c=chunk, d=decodes: measure_mixed(bench, o, c, d))
-        for backend in FLASHINFER_BACKENDS:
-            option = Option(f"flashinfer {backend} plan (host, once per step)", None,
-                            flashinfer=backend, note="host_ms: the plan of this mixed step")
-            bench.attempt(base, option, lambda c=chunk, d=decodes, b=backend:
-                          {"host_ms": flashinfer_plan_ms(c, d, b)})
-        release()
-
-
-def release() -> None:
-    """Free the finished section's tensors before the next allocates."""
-    cudnn_graph.cache_clear()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-def run_all(bench: Bench) -> None:
-    """The chunked prompt's one pass first (its rows pick SPLIT's op and the baseline),
-    then chunked, mixed, and the shorter prompts' one passes last."""
-    *shorter, prompt = bench.sizes.prompts
-    run_one_pass(bench, prompt, tiles=True)
-    bench.lse_op = pick_lse_op(bench, prompt)
-    builders = run_chunked(bench, prompt)
-    run_mixed(bench, builders)
-    for tokens_ in shorter:
-        run_one_pass(bench, tokens_, tiles=False)
 
 
 # ----------------------------------------------------------------------------- probes
@@ -263,7 +157,7 @@ def run_probe(flags: Sequence[str], what: str, timeout_s: float) -> dict:
 
 # ----------------------------------------------------------------------------- main
 
-def main(argv: Sequence[str] | None = None) -> None:
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON path (default benchmarks/results/attention_options_<gpu>"
@@ -283,7 +177,56 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--probe-cudnn", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--probe-flashinfer", choices=FLASHINFER_BACKENDS,
                         help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def run_env(smoke: bool) -> dict:
+    """The result's environment: the device and library versions, the command, the date."""
+    env = ({"gpu": "cpu-smoke", **versions()} if smoke else device_environment())
+    env["cudnn"] = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    env["command"] = "python benchmarks/attention_options.py " + " ".join(sys.argv[1:])
+    env["measured_on"] = datetime.date.today().isoformat()
+    return env
+
+
+def report_and_save(bench: Bench, sizes: Sizes) -> None:
+    """The rows' ratios and chunk penalties added, the report printed and the result saved
+    where the bench has a path."""
+    add_ratios(bench.rows)
+    res = bench.result()
+    res["chunk_penalties"] = chunk_penalties(bench.rows, sizes.prompts[-1],
+                                             sdpa_cudnn_ms(bench.rows, sizes.prompts[-1]))
+    print_report(res)
+    path = bench.save()
+    if path is not None:
+        path.write_text(json.dumps(res, indent=2))
+        print(f"wrote {path}")
+
+
+def run_benchmark(args: argparse.Namespace) -> None:
+    """Every section on the GPU (tiny shapes on the CPU with --smoke), the vendors' probes
+    first, under the hard time limit; the report printed and the result saved."""
+    heads, sizes = (TINY, SMOKE) if args.smoke else (LLAMA_8B, FULL)
+    flashinfer_probe = ({b: run_probe(["--probe-flashinfer", b], f"FlashInfer {b}",
+                                      args.flashinfer_build_s) for b in FLASHINFER_BACKENDS}
+                        if heads.device == "cuda" else {"ok": False, "error": "needs CUDA"})
+    faulthandler.dump_traceback_later(HARD_LIMIT_S * (4 if args.smoke else 1), exit=True)
+    torch.manual_seed(0)
+    bench = Bench(heads, sizes, args.out, run_env(args.smoke),
+                  only=tuple(part.strip() for part in args.only.split(",") if part.strip()))
+    bench.cudnn_probe = (run_probe(["--probe-cudnn"], "cuDNN frontend", 150.0) if bench.cuda
+                         else {"ok": False, "error": "needs CUDA"})
+    bench.flashinfer_probe = flashinfer_probe
+    try:
+        run_all(bench)
+    except ContextLost as error:
+        print(f"stopped: the CUDA context failed ({error}); rows so far are kept")
+    report_and_save(bench, sizes)
+    faulthandler.cancel_dump_traceback_later()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
     if args.report is not None:
         print_saved_report(args.report)
         return
@@ -295,35 +238,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     if not args.smoke and not torch.cuda.is_available():
         sys.exit("attention_options needs a CUDA GPU; --smoke runs tiny shapes on the CPU")
-    heads, sizes = (TINY, SMOKE) if args.smoke else (LLAMA_8B, FULL)
-    flashinfer_probe = ({b: run_probe(["--probe-flashinfer", b], f"FlashInfer {b}",
-                                      args.flashinfer_build_s) for b in FLASHINFER_BACKENDS}
-                        if heads.device == "cuda" else {"ok": False, "error": "needs CUDA"})
-    faulthandler.dump_traceback_later(HARD_LIMIT_S * (4 if args.smoke else 1), exit=True)
-    torch.manual_seed(0)
-    env = ({"gpu": "cpu-smoke", **versions()} if args.smoke else device_environment())
-    env["cudnn"] = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    env["command"] = "python benchmarks/attention_options.py " + " ".join(sys.argv[1:])
-    env["measured_on"] = datetime.date.today().isoformat()
-    bench = Bench(heads, sizes, args.out, env,
-                  only=tuple(part.strip() for part in args.only.split(",") if part.strip()))
-    bench.cudnn_probe = (run_probe(["--probe-cudnn"], "cuDNN frontend", 150.0) if bench.cuda
-                         else {"ok": False, "error": "needs CUDA"})
-    bench.flashinfer_probe = flashinfer_probe
-    try:
-        run_all(bench)
-    except ContextLost as error:
-        print(f"stopped: the CUDA context failed ({error}); rows so far are kept")
-    add_ratios(bench.rows)
-    res = bench.result()
-    res["chunk_penalties"] = chunk_penalties(bench.rows, sizes.prompts[-1],
-                                             sdpa_cudnn_ms(bench.rows, sizes.prompts[-1]))
-    print_report(res)
-    path = bench.save()
-    if path is not None:
-        path.write_text(json.dumps(res, indent=2))
-        print(f"wrote {path}")
-    faulthandler.cancel_dump_traceback_later()
+    run_benchmark(args)
 
 
 if __name__ == "__main__":

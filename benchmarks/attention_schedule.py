@@ -35,6 +35,7 @@ import argparse
 import heapq
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +47,7 @@ sys.path.insert(0, str(ROOT))
 from gpu_backend.engine.shapes import StepShape, scheduler_output  # noqa: E402
 from gpu_backend.kernels.attention import prefill_config  # noqa: E402
 from sim.core.calibration.attention_fit import fit_attention_terms  # noqa: E402
-from sim.core.catalog import get_gpu, get_model  # noqa: E402
+from sim.core.catalog import GpuSpec, ModelSpec, get_gpu, get_model  # noqa: E402
 from sim.core.cost_model import CostArgs, Efficiency  # noqa: E402
 from sim.core.launch_shapes import ATTENTION_TILE_ROWS, attention_num_splits  # noqa: E402
 from sim.core.step import SchedulerOutput  # noqa: E402
@@ -124,70 +125,115 @@ def summary(errors: np.ndarray) -> str:
             f"max {np.max(np.abs(errors)):6.1%}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("calibration", nargs="?", type=Path,
-                        default=ROOT / "calibration/h200/llama-3.1-8b.json")
-    parser.add_argument("--slots-per-sm", type=int, default=1,
-                        help="programs one SM runs at once (default 1)")
-    args = parser.parse_args(argv)
-    data = json.loads(args.calibration.read_text())
-    records = data.get("attention_measurements") or []
-    if not records or data.get("attention_backend", "triton") != "triton":
-        print(f"error: {args.calibration} has no attention launches timed alone on the Triton "
-              "kernel (profile with `python -m gpu_backend profile`)", file=sys.stderr)
-        return 2
+@dataclass(frozen=True)
+class TimedLaunches:
+    """A profile's attention launches timed alone: each as the kernel's programs and as the
+    cost model's step, with the seconds measured and what both fits price them with."""
+
+    model: ModelSpec
+    gpu: GpuSpec
+    shapes: list[tuple[list[tuple[int, int]], list[int]]]  # per launch: prefills, decode keys
+    programs: list[tuple[np.ndarray, int]]  # per launch: key blocks per program, key splits
+    outputs: list[SchedulerOutput]
+    measured: np.ndarray  # seconds, per launch
+    slots: int  # programs the GPU runs at once
+    key_block: int  # keys a program reads per block
+    cost_args: CostArgs
+
+
+def timed_launches(data: dict, records: list[dict], slots_per_sm: int) -> TimedLaunches:
     model, gpu = get_model(data["model"]), get_gpu(data["gpu_preset"])
     group = model.num_attention_heads // model.num_kv_heads
     shapes = [([tuple(p) for p in r["prefills"]],
                [int(c) for n, c in (r.get("decode_groups") or []) for _ in range(int(n))])
               for r in records]
     key_block = prefill_config(model.head_dim).block_n
-    launches = [launch_programs(p, d, model.num_kv_heads, group, gpu.num_sms, key_block)
+    programs = [launch_programs(p, d, model.num_kv_heads, group, gpu.num_sms, key_block)
                 for p, d in shapes]
     outputs = [scheduler_output_of(p, d) for p, d in shapes]
     measured = np.array([r["measured_s"] for r in records])
-    slots = gpu.num_sms * args.slots_per_sm
+    slots = gpu.num_sms * slots_per_sm
     # every launch timed alone ran as one launch: price them so
     cost_args = CostArgs(model, gpu, 1, "triton", 0)
+    return TimedLaunches(model, gpu, shapes, programs, outputs, measured, slots, key_block,
+                         cost_args)
 
-    def cost_model_errors(fit_on: np.ndarray, score_on: np.ndarray) -> np.ndarray:
-        eff, report = fit_attention_terms(cost_args, [outputs[i] for i in fit_on],
-                                          measured[fit_on], start=Efficiency())
-        cost = cost_args.cost_model(eff)
-        # the launch floor that fit takes beside its rates is not a cost-model term: every
-        # scored launch gets it as the fitted ones did
-        times = np.array([cost.step(outputs[i]).attention_s for i in score_on])
-        return (times + report["launch_floor_s"]) / measured[score_on] - 1.0
 
-    def schedule_errors(fit_on: np.ndarray, score_on: np.ndarray) -> np.ndarray:
-        params = fit_schedule([launches[i] for i in fit_on], measured[fit_on], slots,
-                              model.num_layers)
-        return (schedule_times(params, [launches[i] for i in score_on], slots, model.num_layers)
-                / measured[score_on] - 1.0)
+def cost_model_errors(t: TimedLaunches, fit_on: np.ndarray, score_on: np.ndarray) -> np.ndarray:
+    """The cost model's attention terms fitted on the launches `fit_on`, their relative error
+    on the launches `score_on`."""
+    eff, report = fit_attention_terms(t.cost_args, [t.outputs[i] for i in fit_on],
+                                      t.measured[fit_on], start=Efficiency())
+    cost = t.cost_args.cost_model(eff)
+    # the launch floor that fit takes beside its rates is not a cost-model term: every
+    # scored launch gets it as the fitted ones did
+    times = np.array([cost.step(t.outputs[i]).attention_s for i in score_on])
+    return (times + report["launch_floor_s"]) / t.measured[score_on] - 1.0
 
-    every = np.arange(len(records))
-    params = fit_schedule(launches, measured, slots, model.num_layers)
-    model_all, sched_all = cost_model_errors(every, every), schedule_errors(every, every)
-    print(f"{args.calibration}: {len(records)} attention launches timed alone "
-          f"({data['model']}, {gpu.name}, {slots} program slots)")
+
+def schedule_errors(t: TimedLaunches, fit_on: np.ndarray, score_on: np.ndarray) -> np.ndarray:
+    """The schedule fitted on the launches `fit_on`, its relative error on `score_on`."""
+    params = fit_schedule([t.programs[i] for i in fit_on], t.measured[fit_on], t.slots,
+                          t.model.num_layers)
+    return (schedule_times(params, [t.programs[i] for i in score_on], t.slots,
+                           t.model.num_layers) / t.measured[score_on] - 1.0)
+
+
+def print_fit(calibration: Path, data: dict, t: TimedLaunches, params: np.ndarray) -> None:
+    print(f"{calibration}: {len(t.shapes)} attention launches timed alone "
+          f"({data['model']}, {t.gpu.name}, {t.slots} program slots)")
     print(f"schedule fit per layer: program {params[0] * 1e6:.2f} us + {params[1] * 1e6:.2f} us "
-          f"per {key_block}-key block, launch floor {params[2] * 1e6:.2f} us, combine "
+          f"per {t.key_block}-key block, launch floor {params[2] * 1e6:.2f} us, combine "
           f"{params[3] * 1e6:.2f} us")
+
+
+def print_launches(t: TimedLaunches, model_all: np.ndarray, sched_all: np.ndarray) -> None:
+    """Each launch's shape, programs and measured time, and both fits' errors on it."""
     print(f"{'launch':<44} {'programs':>8} {'splits':>6} {'measured ms':>11} "
           f"{'cost model':>10} {'schedule':>9}")
-    for i, (prefills, decodes) in enumerate(shapes):
+    for i, (prefills, decodes) in enumerate(t.shapes):
         rows = f"{prefills}" + (f" + {len(decodes)} decodes of <= {max(decodes):,}"
                                 if decodes else "")
-        print(f"{rows:<44} {len(launches[i][0]):>8} {launches[i][1]:>6} "
-              f"{measured[i] * 1e3:>11.2f} {model_all[i]:>+10.1%} {sched_all[i]:>+9.1%}")
+        print(f"{rows:<44} {len(t.programs[i][0]):>8} {t.programs[i][1]:>6} "
+              f"{t.measured[i] * 1e3:>11.2f} {model_all[i]:>+10.1%} {sched_all[i]:>+9.1%}")
     print(f"fitted on every launch:  cost model {summary(model_all)};  schedule "
           f"{summary(sched_all)}")
+
+
+def print_held_out(t: TimedLaunches) -> None:
+    """Both fits on every other launch, scored on the rest, both ways."""
+    every = np.arange(len(t.shapes))
     halves = (every[0::2], every[1::2])
-    model_held = np.concatenate([cost_model_errors(halves[k], halves[1 - k]) for k in (0, 1)])
-    sched_held = np.concatenate([schedule_errors(halves[k], halves[1 - k]) for k in (0, 1)])
+    model_held = np.concatenate([cost_model_errors(t, halves[k], halves[1 - k]) for k in (0, 1)])
+    sched_held = np.concatenate([schedule_errors(t, halves[k], halves[1 - k]) for k in (0, 1)])
     print(f"held out (every other launch):  cost model {summary(model_held)};  schedule "
           f"{summary(sched_held)}")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("calibration", nargs="?", type=Path,
+                        default=ROOT / "calibration/h200/llama-3.1-8b.json")
+    parser.add_argument("--slots-per-sm", type=int, default=1,
+                        help="programs one SM runs at once (default 1)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    data = json.loads(args.calibration.read_text())
+    records = data.get("attention_measurements") or []
+    if not records or data.get("attention_backend", "triton") != "triton":
+        print(f"error: {args.calibration} has no attention launches timed alone on the Triton "
+              "kernel (profile with `python -m gpu_backend profile`)", file=sys.stderr)
+        return 2
+    t = timed_launches(data, records, args.slots_per_sm)
+    every = np.arange(len(records))
+    params = fit_schedule(t.programs, t.measured, t.slots, t.model.num_layers)
+    model_all, sched_all = cost_model_errors(t, every, every), schedule_errors(t, every, every)
+    print_fit(args.calibration, data, t, params)
+    print_launches(t, model_all, sched_all)
+    print_held_out(t)
     return 0
 
 

@@ -46,6 +46,7 @@ import argparse
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,13 +56,14 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import torch  # noqa: E402
 from engine_bench import DECODE_CONTEXT, prompt_batches  # noqa: E402
 
+from gpu_backend.engine.inputs import HostBatch  # noqa: E402
 from gpu_backend.engine.memory import dummy_store, kv_caches_of, kv_layout  # noqa: E402
 from gpu_backend.engine.runner import DecodeGraphs, ModelRunner  # noqa: E402
 from gpu_backend.engine.setup import load_model  # noqa: E402
 from gpu_backend.engine.shapes import decode_shape, host_batch  # noqa: E402
 from gpu_backend.env import device_environment, write_result  # noqa: E402
 from gpu_backend.vmm import MIB, ElasticKVPool  # noqa: E402
-from sim.core.catalog import get_gpu, get_model  # noqa: E402
+from sim.core.catalog import ModelSpec, get_gpu, get_model  # noqa: E402
 from sim.core.engine_config import EngineConfig  # noqa: E402
 
 WAYS = ("async", "exposed", "exposed, cache emptied", "reclaimed, waiting",
@@ -150,7 +152,19 @@ def summarize(samples: list[dict]) -> dict:
     return {key: statistics.median(s[key] for s in samples) for key in samples[0]}
 
 
-def main() -> None:
+@dataclass(frozen=True)
+class Rig:
+    """The model and its decode graph over a KV pool for the decodes and the prompt, the two
+    steps' host batches, and a release-mode elastic reserve of its own."""
+
+    spec: ModelSpec
+    runner: ModelRunner
+    decode: HostBatch
+    mixed: HostBatch
+    pool: ElasticKVPool
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="llama-3.1-8b")
     parser.add_argument("--gpu", default="h200")
@@ -164,9 +178,10 @@ def main() -> None:
     parser.add_argument("--handle-mib", type=int, default=512,
                         help="its handles' size, MiB (the engine's --vmm-handle-mib)")
     parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("reclaim_step needs a CUDA GPU")
+    return parser.parse_args()
+
+
+def build_rig(args: argparse.Namespace) -> Rig:
     spec, bs = get_model(args.model), args.block_size
     max_len = DECODE_CONTEXT + args.prompt + bs
     config = EngineConfig(spec, get_gpu(args.gpu), max_model_len=max_len, block_size=bs)
@@ -182,19 +197,29 @@ def main() -> None:
     # a reserve of its own beside the runner's KV (no table points into it), release mode
     pool = ElasticKVPool(kv_layout(spec, bs), 1, args.reserve_mib * MIB,
                          elastic_handle_bytes=args.handle_mib * MIB, reclaim="release")
+    return Rig(spec, runner, decode, mixed, pool)
 
+
+def time_ways(rig: Rig, rounds: int) -> dict[str, list[dict]]:
+    """Each way's samples over `rounds` rounds, after three warm-up rounds; the pool closed
+    at the end."""
     try:
         for way in WAYS * 3:  # warm-up: kernels compiled, torch's cache filled
-            time_once(runner, decode, mixed, way, pool)
+            time_once(rig.runner, rig.decode, rig.mixed, way, rig.pool)
         samples: dict[str, list[dict]] = {way: [] for way in WAYS}
-        for _ in range(args.rounds):  # the ways in turn, so drift touches each alike
+        for _ in range(rounds):  # the ways in turn, so drift touches each alike
             for way in WAYS:
-                samples[way].append(time_once(runner, decode, mixed, way, pool))
+                samples[way].append(time_once(rig.runner, rig.decode, rig.mixed, way, rig.pool))
     finally:
-        pool.close()
-    medians = {way: summarize(rows) for way, rows in samples.items()}
+        rig.pool.close()
+    return samples
+
+
+def print_medians(name: str, args: argparse.Namespace, medians: dict[str, dict]) -> None:
+    """Each way's medians beside its total's ratio to the async step, and how much longer
+    the decode step in flight ran with the detach behind it."""
     base = medians["async"]["step_s"]
-    print(f"{spec.name}, mixed step of {args.prompt} new tokens beside {args.decodes} decodes "
+    print(f"{name}, mixed step of {args.prompt} new tokens beside {args.decodes} decodes "
           f"of {DECODE_CONTEXT} keys, {args.rounds} rounds, medians:")
     print(f"{'':26s} {'step ms':>8s} {'total ms':>9s} {'x async':>8s} {'enqueue ms':>11s} "
           f"{'span ms':>8s} {'allocs':>7s} {'empty_cache ms':>15s} {'detach ms':>10s} "
@@ -209,14 +234,29 @@ def main() -> None:
     print(f"the decode step in flight with the detach behind it: {held * 1e3:+.3f} ms against "
           f"the async way's, {held / medians['reclaimed behind the step']['detach_s']:.2f} of "
           "the detach's median time")
-    res = {"env": device_environment(), "model": spec.name, "prompt_tokens": args.prompt,
+
+
+def save_result(name: str, args: argparse.Namespace, medians: dict, samples: dict) -> Path:
+    """The result, named by the shape's flags that differ from their defaults."""
+    res = {"env": device_environment(), "model": name, "prompt_tokens": args.prompt,
            "num_decodes": args.decodes, "decode_context": DECODE_CONTEXT,
            "rounds": args.rounds, "reserve_bytes": args.reserve_mib * MIB,
            "handle_bytes": args.handle_mib * MIB, "medians": medians, "samples": samples}
     shape = [f"prompt-{args.prompt}"] if args.prompt != PROMPT else []
     shape += [f"decodes-{args.decodes}"] if args.decodes != DECODES else []
     shape += [f"reserve-{args.reserve_mib}"] if args.reserve_mib != RESERVE_MIB else []
-    path = write_result(res, args.out, "reclaim_step", res["env"]["gpu"], spec.name, *shape)
+    return write_result(res, args.out, "reclaim_step", res["env"]["gpu"], name, *shape)
+
+
+def main() -> None:
+    args = parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("reclaim_step needs a CUDA GPU")
+    rig = build_rig(args)
+    samples = time_ways(rig, args.rounds)
+    medians = {way: summarize(rows) for way, rows in samples.items()}
+    print_medians(rig.spec.name, args, medians)
+    path = save_result(rig.spec.name, args, medians, samples)
     print(f"wrote {path}")
 
 
