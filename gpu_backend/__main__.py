@@ -20,25 +20,12 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from gpu_backend.cli_parsers import add_profile_parser, add_refit_parser, add_replay_parser
 from gpu_backend.engine.support import check_supported, missing_gpu
-from sim.core.config_flags import (
-    CommandParser,
-    add_engine_flags,
-    engine_config,
-    positive_float,
-    positive_int,
-)
+from sim.core.config_flags import CommandParser, engine_config
 from sim.core.elastic import Policy
 from sim.core.engine_config import EngineConfig
-from traces import TraceError, add_trace_arguments, trace_from_args
-
-# Engine settings the GPU engine decides itself (it captures its own decode graph sizes and
-# records them in config.json), or that a profile does not use.
-REPLAY_EXCLUDED = ("cuda_graph_sizes",)
-# a profile times each grid step on its own, synchronously: the simulator derives async
-# scheduling's pricing from it (Efficiency.host_gap_s)
-PROFILE_EXCLUDED = ("cuda_graph_sizes", "policy", "drain", "reclaim", "enable_prefix_caching",
-                    "hash_block_tokens", "async_scheduling")
+from traces import Trace, TraceError, trace_from_args
 
 
 class NoGpu(ValueError):
@@ -73,74 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser(prog="python -m gpu_backend",
                            description="Real-GPU paged-KV engine with an elastic reserve.")
     sub = parser.add_subparsers(dest="command", required=True)
-    rp = sub.add_parser("replay", help="replay a trace through the engine (one policy)")
-    add_trace_arguments(rp)
-    add_engine_flags(rp, exclude=REPLAY_EXCLUDED)
-    g = rp.add_argument_group("replay")
-    g.add_argument("--no-wait", action="store_true",
-                   help="virtual clock: advance by measured step times, skip idle gaps "
-                        "(needed with --tensor-parallel-size above 1)")
-    g.add_argument("--no-graphs", action="store_true", help="run decode steps eagerly")
-    g.add_argument("--torch-cap", default="auto", choices=["auto", "on", "off"],
-                   help="cap torch's allocator at the unlent reserve (default: auto, overcommit "
-                        "only)")
-    g.add_argument("--torch-cap-headroom-gib", type=positive_float, default=None,
-                   metavar="GIB",
-                   help="what a capped torch may hold above the reserve, for allocator "
-                        "rounding and fragmentation (default: 0.25). Emulating a smaller card "
-                        "with --gpu-memory-utilization, give the memory that card has beyond "
-                        "its own utilization budget, less its non-torch memory")
-    g.add_argument("--max-kv-blocks", type=positive_int, default=None,
-                   help="cap the base KV pool (memory pressure on a large GPU; default: none)")
-    g.add_argument("--out", type=Path, default=None,
-                   help="write summary.json, config.json, steps.csv and the run's CSVs here")
-    pp = sub.add_parser("profile", help="measure step times and fit the cost model")
-    add_engine_flags(pp, exclude=PROFILE_EXCLUDED)
-    g = pp.add_argument_group("profile")
-    g.add_argument("--seed", type=int, default=0, help="seed of the random weights (default: 0)")
-    g.add_argument("--quick", action="store_true", help="a small grid (tests, smoke runs)")
-    g.add_argument("--passes", type=positive_int, default=2,
-                   help="time the grid this many times, every other pass in reverse order, and "
-                        "keep each point's median (a drift of the host's speed cancels; "
-                        "default: 2)")
-    g.add_argument("--replay-setup", action="store_true",
-                   help="time the grid as a replay runs its steps: graphs of the replay's "
-                        "capture sizes, tables --max-model-len wide, a pool over 60%% of free "
-                        "memory with blocks scattered")
-    g.add_argument("--no-attention-profile", action="store_true",
-                   help="skip timing each prefill launch's attention on its own (the "
-                        "attention's terms are then fitted on the whole steps)")
-    g.add_argument("--no-sample-clocks", action="store_true",
-                   help="do not read the SM clock, power and energy while each grid step is "
-                        "launched back to back (NVML every 5 ms; recorded per step as "
-                        "ahead_sm_clock_mhz, ahead_power_w, ahead_power_capped_share, "
-                        "ahead_energy_j)")
-    g.add_argument("--out", type=Path, default=None,
-                   help="calibration JSON to write (default: calibration_<model>.json)")
-    fp = sub.add_parser("refit", help="fit a calibration's stored measurements again (no GPU)")
-    fp.add_argument("calibration", type=Path)
-    fp.add_argument("--out", type=Path, default=None, help="default: overwrite the input")
-    fp.add_argument("--merge", type=Path, nargs="+", default=[], metavar="CALIBRATION",
-                    help="profiles of the same grid taken at other times: each point's timings "
-                         "become the median over all of them before the fit")
-    held = fp.add_mutually_exclusive_group()
-    held.add_argument("--program-from", type=Path, default=None, metavar="CALIBRATION",
-                      help="hold attention_program (one attention program's speed) at this "
-                           "calibration's (same GPU, a model of the same head_dim): for a "
-                           "grid without the chunk-beside-long-decode-rows steps that tell it")
-    held.add_argument("--attention-from", type=Path, default=None, metavar="CALIBRATION",
-                      help="hold every term of the Triton kernel's attention at this "
-                           "calibration's (same GPU and model, profiled on the triton backend): "
-                           "for a profile on the split or auto backend, whose grid runs that "
-                           "kernel on a few short launches only")
-    fp.add_argument("--add-launches", type=Path, nargs="+", default=[], metavar="RESULT",
-                    help="attention launches timed alone by benchmarks/prefix_attention.py "
-                         "(same model, GPU, torch and Triton): those of shapes the calibration "
-                         "lacks join its attention measurements before the fit, and the "
-                         "calibration records the file (added_attention_launches)")
-    fp.add_argument("--copy-bandwidth", type=float, default=None, metavar="BYTES_S",
-                    help="measured device-to-device copy bandwidth that pins weight streaming "
-                         "(default: the calibration's own copy_bandwidth_bytes_s, if any)")
+    add_replay_parser(sub)
+    add_profile_parser(sub)
+    add_refit_parser(sub)
     return parser
 
 
@@ -201,51 +123,74 @@ def read_json(path: Path) -> dict:
 
 
 def run_replay(args: argparse.Namespace) -> int:
+    # the engine's modules load torch and Triton: a host without them is told so first
     from gpu_backend.engine.hostprobe import HostProbe
-    from gpu_backend.engine.replay import (
-        engine_summary,
-        print_headline,
-        ran_config,
-        replay,
-        replay_fields,
-        wall_clock_compiles,
-        write_outputs,
-    )
+    from gpu_backend.engine.replay import replay
     from gpu_backend.engine.setup import build_gpu_engine
 
     trace = trace_from_args(args)
     config = gpu_config(args)
     piecewise, cap = piecewise_of(config)
     if config.tensor_parallel_size > 1:
-        if piecewise:
-            raise ValueError("--piecewise-graphs runs on one GPU only: drop it or --tp")
-        if config.attention_backend != "triton":
-            raise ValueError(f"--attention-backend {config.attention_backend} runs on one GPU "
-                             "only: drop it or --tp")
-        from gpu_backend.tp.launch import run_tp_replay
-
-        return run_tp_replay(args, config)
+        return _run_tp_replay(args, config, piecewise)
     setup_start = time.perf_counter()
-    setup = build_gpu_engine(config, seed=args.seed, use_graphs=not args.no_graphs,
-                             torch_cap=args.torch_cap, max_kv_blocks=args.max_kv_blocks,
-                             **headroom_of(args),
-                             piecewise=piecewise, piecewise_max_tokens=cap,
-                             attention_backend=config.attention_backend)
+    setup = build_gpu_engine(config, **_engine_options(args, config, piecewise, cap))
     setup_s = time.perf_counter() - setup_start
-    engine = setup.engine
-    print(f"setup {setup_s:.1f} s: KV {engine.core.plan.num_kv_blocks} blocks "
-          f"(+{engine.core.layout.num_elastic_blocks} elastic), reserve "
-          f"{engine.core.plan.activation_reserve_bytes / 2**30:.2f} GiB", flush=True)
+    _print_setup(setup.engine, setup_s)
     import torch
 
     torch.cuda.reset_peak_memory_stats()  # the replay's peak, not the setup's profiling
     wall_start = time.perf_counter()
     probe = HostProbe() if args.no_wait else None
-    replay(engine, trace.requests(), wait=not args.no_wait, progress=print_progress,
+    replay(setup.engine, trace.requests(), wait=not args.no_wait, progress=print_progress,
            host_probe=probe)
     measured = measured_fields(setup, probe, setup_s, time.perf_counter() - wall_start,
                                "wall" if not args.no_wait else "virtual")
     measured["attention_backend"] = config.attention_backend
+    _report_replay(args, config, trace, setup.engine, measured)
+    return 0
+
+
+def _run_tp_replay(args: argparse.Namespace, config: EngineConfig, piecewise: bool) -> int:
+    """The replay on tensor_parallel_size GPUs, refused for the single-GPU options."""
+    if piecewise:
+        raise ValueError("--piecewise-graphs runs on one GPU only: drop it or --tp")
+    if config.attention_backend != "triton":
+        raise ValueError(f"--attention-backend {config.attention_backend} runs on one GPU "
+                         "only: drop it or --tp")
+    from gpu_backend.tp.launch import run_tp_replay
+
+    return run_tp_replay(args, config)
+
+
+def _engine_options(args: argparse.Namespace, config: EngineConfig, piecewise: bool,
+                    cap: int | None) -> dict:
+    """build_gpu_engine's keywords besides the configuration, from the replay's flags."""
+    return dict(seed=args.seed, use_graphs=not args.no_graphs,
+                torch_cap=args.torch_cap, max_kv_blocks=args.max_kv_blocks,
+                **headroom_of(args),
+                piecewise=piecewise, piecewise_max_tokens=cap,
+                attention_backend=config.attention_backend)
+
+
+def _print_setup(engine, setup_s: float) -> None:
+    print(f"setup {setup_s:.1f} s: KV {engine.core.plan.num_kv_blocks} blocks "
+          f"(+{engine.core.layout.num_elastic_blocks} elastic), reserve "
+          f"{engine.core.plan.activation_reserve_bytes / 2**30:.2f} GiB", flush=True)
+
+
+def _report_replay(args: argparse.Namespace, config: EngineConfig, trace: Trace, engine,
+                   measured: dict) -> None:
+    """The replay's summary: its headline printed, then its files written under --out."""
+    from gpu_backend.engine.replay import (
+        engine_summary,
+        print_headline,
+        ran_config,
+        replay_fields,
+        wall_clock_compiles,
+        write_outputs,
+    )
+
     summary = engine_summary(engine, measured)
     summary.update(replay_fields(args, config))
     print_headline(summary)
@@ -255,7 +200,6 @@ def run_replay(args: argparse.Namespace) -> int:
     if args.out is not None:
         write_outputs(args.out, engine, summary, trace.source, len(trace),
                       config=ran_config(config, measured))
-    return 0
 
 
 def headroom_of(args: argparse.Namespace) -> dict:

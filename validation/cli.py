@@ -60,7 +60,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser(prog="python -m validation", description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
+    for add_command in (_add_compare_parser, _add_run_parser, _add_fit_parser,
+                        _add_fake_gpu_parser, _add_table_parser, _add_rebuild_parser,
+                        _add_remeasure_parser, _add_adopt_parser):
+        add_command(commands)
+    return parser
 
+
+def _add_compare_parser(commands: argparse._SubParsersAction) -> None:
     compare = commands.add_parser("compare", help="simulate GPU runs' configs; write the report")
     compare.add_argument("--gpu-dir", type=Path, required=True,
                          help="folder of GPU replay outputs, one subfolder per run")
@@ -72,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_gpu_override(compare)
     _add_compare_arguments(compare)
 
+
+def _add_run_parser(commands: argparse._SubParsersAction) -> None:
     run = commands.add_parser("run", help="GPU replays + simulations + report (GPU machine)")
     _add_slice_arguments(run, required=True)
     add_engine_flags(run, multi=RUN_AXES, exclude=("cuda_graph_sizes",),
@@ -94,6 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "OUT/calibration.json and compare with that calibration")
     _add_compare_arguments(run)
 
+
+def _add_fit_parser(commands: argparse._SubParsersAction) -> None:
     fit = commands.add_parser("fit", help="fit cost-model efficiencies to measured step times")
     fit.add_argument("--gpu-dir", type=Path, required=True,
                      help="folder of GPU replay outputs to fit on, one subfolder per run")
@@ -109,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--out", type=Path, required=True, help="calibration JSON to write")
     _add_gpu_override(fit)
 
+
+def _add_fake_gpu_parser(commands: argparse._SubParsersAction) -> None:
     fake = commands.add_parser("fake-gpu", help="GPU-style run folders from the simulator "
                                                 "(perturbed efficiencies), for dry runs")
     _add_slice_arguments(fake, required=True)
@@ -120,9 +133,13 @@ def build_parser() -> argparse.ArgumentParser:
     fake.add_argument("--out", type=Path, required=True,
                       help="folder for the GPU-style run folders, one per configuration")
 
+
+def _add_table_parser(commands: argparse._SubParsersAction) -> None:
     tab = commands.add_parser("table", help="several reports' targets side by side, and pooled")
     tab.add_argument("reports", type=Path, nargs="+", help="report folders (or report.json files)")
 
+
+def _add_rebuild_parser(commands: argparse._SubParsersAction) -> None:
     rebuild = commands.add_parser("rebuild", help="rebuild the committed reports and results "
                                                   "tables from validation/evidence/")
     rebuild.add_argument("slices", nargs="*", help="slice folder names (default: every slice)")
@@ -130,6 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="write nothing; exit 1 naming each file its regeneration changes")
     rebuild.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
 
+
+def _add_remeasure_parser(commands: argparse._SubParsersAction) -> None:
     again = commands.add_parser("remeasure", help="measure evidence slices again on a GPU, "
                                                   "each by its slice.json's command")
     again.add_argument("slices", nargs="*", help="slice folder names under validation/evidence/")
@@ -149,6 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     again.add_argument("--dry-run", action="store_true",
                        help="print the commands, each with its expected time; run none")
 
+
+def _add_adopt_parser(commands: argparse._SubParsersAction) -> None:
     adopt = commands.add_parser("adopt", help="put GPU replays measured again into an evidence "
                                               "slice, then rebuild it")
     adopt.add_argument("source", type=Path,
@@ -159,7 +180,6 @@ def build_parser() -> argparse.ArgumentParser:
     adopt.add_argument("--repeat", action="store_true",
                        help="add them as a new repeats/repeat-<k>/ instead of replacing the "
                             "compared replays (and their repeats)")
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
