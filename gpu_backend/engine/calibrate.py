@@ -137,12 +137,7 @@ def profile_engine(config: EngineConfig, grid: list[StepShape], seed: int = 0,
     model, m = measure_memory(config, device, seed, use_graphs=True,
                               piecewise_tokens=piecewise_tokens,
                               attention_backend=attention_backend)
-    block_bytes = config.block_size * config.model.kv_bytes_per_token()
-    free, _ = torch.cuda.mem_get_info(device)
-    want = max(max(blocks_needed(s, config.block_size) for s in grid) + 1, min_blocks)
-    if replay_setup:
-        want = max(want, int(REPLAY_POOL_SHARE * free // block_bytes))
-    num_blocks = int(min(want, REPLAY_POOL_SHARE * free // block_bytes))
+    num_blocks = _pool_blocks(config, grid, device, min_blocks, replay_setup)
     store = dummy_store(config.model, num_blocks, config.block_size, device)
     caches = kv_caches_of(store, config.model.num_layers)
     sizes = sorted({len(s.decodes) for s in grid if s.kind == "decode"})
@@ -155,19 +150,40 @@ def profile_engine(config: EngineConfig, grid: list[StepShape], seed: int = 0,
     if pieces is not None:
         pieces.capture()
     runner = ModelRunner(model, caches, device, graphs, pieces)
-    setup = {"replay_setup": replay_setup, "graph_sizes": list(sizes), "table_tokens": table_len,
-             "block_size": config.block_size,
-             "pool_blocks": num_blocks,
-             # a step that outgrows the pool: each row's blocks at random (shapes.pool_tables)
-             "blocks": ("scattered" if replay_setup else "side by side")
-             + "; rows at random where a step outgrows the pool",
-             "piecewise_sizes": list(pieces.sizes) if pieces is not None else None,
-             "piecewise_capture_s": pieces.capture_s if pieces is not None else None,
-             "attention_backend": attention_backend,
-             # a mixed step's decode rows ran apart from this many keys (0: one launch)
-             "mixed_split_min_keys": config.mixed_split_min_keys}
+    setup = _setup_record(config, replay_setup, sizes, table_len, num_blocks, pieces,
+                          attention_backend)
     return ProfileEngine(config, runner, graphs, m, num_blocks, device, setup,
                          seed if replay_setup else None)
+
+
+def _pool_blocks(config: EngineConfig, grid: list[StepShape], device, min_blocks: int,
+                 replay_setup: bool) -> int:
+    """The profile's KV pool in blocks: the grid's largest step and `min_blocks`, or a
+    replay's share of free memory (`replay_setup`), never more than that share."""
+    import torch
+
+    block_bytes = config.block_size * config.model.kv_bytes_per_token()
+    free, _ = torch.cuda.mem_get_info(device)
+    want = max(max(blocks_needed(s, config.block_size) for s in grid) + 1, min_blocks)
+    if replay_setup:
+        want = max(want, int(REPLAY_POOL_SHARE * free // block_bytes))
+    return int(min(want, REPLAY_POOL_SHARE * free // block_bytes))
+
+
+def _setup_record(config: EngineConfig, replay_setup: bool, sizes: list[int], table_len: int,
+                  num_blocks: int, pieces, attention_backend: str) -> dict:
+    """The calibration's "setup": how the profile laid its pool, graphs and attention."""
+    return {"replay_setup": replay_setup, "graph_sizes": list(sizes), "table_tokens": table_len,
+            "block_size": config.block_size,
+            "pool_blocks": num_blocks,
+            # a step that outgrows the pool: each row's blocks at random (shapes.pool_tables)
+            "blocks": ("scattered" if replay_setup else "side by side")
+            + "; rows at random where a step outgrows the pool",
+            "piecewise_sizes": list(pieces.sizes) if pieces is not None else None,
+            "piecewise_capture_s": pieces.capture_s if pieces is not None else None,
+            "attention_backend": attention_backend,
+            # a mixed step's decode rows ran apart from this many keys (0: one launch)
+            "mixed_split_min_keys": config.mixed_split_min_keys}
 
 
 def calibrate(config: EngineConfig, *, seed: int = 0, quick: bool = False,

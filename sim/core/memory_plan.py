@@ -149,15 +149,9 @@ def _gib(num_bytes: float) -> str:
 
 def plan_memory(cfg: MemoryConfig, profile: ActivationProfile | None = None) -> MemoryPlan:
     """Size the KV pool the way vLLM's worker does; raise ValueError if nothing is left."""
-    tp, model, gpu = cfg.tensor_parallel_size, cfg.model, cfg.gpu
-    total = gpu.memory_bytes
-    if total * cfg.gpu_memory_utilization > total - CUDA_CONTEXT_BYTES:
-        highest = 1 - CUDA_CONTEXT_BYTES / total
-        raise ValueError(
-            f"gpu_memory_utilization {cfg.gpu_memory_utilization} leaves no room for "
-            f"the ~{_gib(CUDA_CONTEXT_BYTES)} CUDA context; use <= {highest:.3f}"
-        )
-    usable = int(total * cfg.gpu_memory_utilization)
+    tp, model = cfg.tensor_parallel_size, cfg.model
+    total = cfg.gpu.memory_bytes
+    usable = _usable_bytes(cfg)
     weights = model.weight_bytes(tp)
     reserve = activation_bytes(
         model,
@@ -166,33 +160,20 @@ def plan_memory(cfg: MemoryConfig, profile: ActivationProfile | None = None) -> 
         num_sample_rows=cfg.num_sample_rows,
         profile=profile,
     )
-    if profile is not None and profile.non_torch_bytes is not None:
-        non_torch = profile.non_torch_bytes
-        if profile.graph_tokens is not None:  # piecewise graphs up to another size
-            grown = profile.bytes_per_token * (cfg.piecewise_max_tokens - profile.graph_tokens)
-            non_torch = max(0, non_torch + round(grown))
-    else:
-        non_torch = non_torch_bytes(tp)
+    non_torch = _planned_non_torch_bytes(cfg, profile)
     kv_pool = usable - weights - reserve - non_torch
     kv_per_token = model.kv_bytes_per_token(tp)
     block_bytes = cfg.block_size * kv_per_token
     if kv_pool < block_bytes:
         raise ValueError(
-            f"{model.name} at TP {tp} does not fit on {gpu.name}: weights {_gib(weights)} + "
+            f"{model.name} at TP {tp} does not fit on {cfg.gpu.name}: weights {_gib(weights)} + "
             f"activation reserve {_gib(reserve)} + non-torch {_gib(non_torch)} + one KV block "
             f"exceed the usable {_gib(usable)} by {_gib(block_bytes - kv_pool)}; raise "
             f"--tensor-parallel-size, lower --max-num-batched-tokens or --max-num-seqs, or "
             f"raise --gpu-memory-utilization"
         )
     num_blocks = kv_pool // block_bytes
-    capacity_tokens = num_blocks * cfg.block_size
-    max_len = cfg.effective_max_model_len
-    if capacity_tokens < max_len:
-        raise ValueError(
-            f"the KV pool holds {capacity_tokens} tokens per GPU, fewer than max_model_len "
-            f"{max_len} (vLLM refuses to start); lower --max-model-len or raise "
-            f"--tensor-parallel-size"
-        )
+    _check_holds_max_len(cfg, num_blocks * cfg.block_size)
     handles = reserve // cfg.vmm_handle_bytes
     decode_peak = activation_bytes(
         model, cfg.max_num_seqs, tp=tp, num_sample_rows=cfg.max_num_seqs, profile=profile
@@ -208,7 +189,7 @@ def plan_memory(cfg: MemoryConfig, profile: ActivationProfile | None = None) -> 
         kv_bytes_per_token=kv_per_token,
         block_bytes=block_bytes,
         num_kv_blocks=num_blocks,
-        kv_capacity_tokens=capacity_tokens,
+        kv_capacity_tokens=num_blocks * cfg.block_size,
         reserve_handles=handles,
         reserve_blocks=handles * cfg.vmm_handle_bytes // block_bytes,
         reserve_share=reserve / kv_pool,
@@ -217,6 +198,40 @@ def plan_memory(cfg: MemoryConfig, profile: ActivationProfile | None = None) -> 
         lendable_blocks=lendable_handles * cfg.vmm_handle_bytes // block_bytes,
         cuda_context_bytes=CUDA_CONTEXT_BYTES,
     )
+
+
+def _usable_bytes(cfg: MemoryConfig) -> int:
+    """The GPU memory vLLM may use (gpu_memory_utilization of the total), once the CUDA
+    context is known to fit beside it."""
+    total = cfg.gpu.memory_bytes
+    if total * cfg.gpu_memory_utilization > total - CUDA_CONTEXT_BYTES:
+        highest = 1 - CUDA_CONTEXT_BYTES / total
+        raise ValueError(
+            f"gpu_memory_utilization {cfg.gpu_memory_utilization} leaves no room for "
+            f"the ~{_gib(CUDA_CONTEXT_BYTES)} CUDA context; use <= {highest:.3f}"
+        )
+    return int(total * cfg.gpu_memory_utilization)
+
+
+def _planned_non_torch_bytes(cfg: MemoryConfig, profile: ActivationProfile | None) -> int:
+    """Memory outside torch's allocator: the profile's measurement where it has one (its
+    piecewise graphs' share grown or shrunk to the configured size), else the default."""
+    if profile is None or profile.non_torch_bytes is None:
+        return non_torch_bytes(cfg.tensor_parallel_size)
+    if profile.graph_tokens is None:
+        return profile.non_torch_bytes
+    grown = profile.bytes_per_token * (cfg.piecewise_max_tokens - profile.graph_tokens)
+    return max(0, profile.non_torch_bytes + round(grown))
+
+
+def _check_holds_max_len(cfg: MemoryConfig, capacity_tokens: int) -> None:
+    max_len = cfg.effective_max_model_len
+    if capacity_tokens < max_len:
+        raise ValueError(
+            f"the KV pool holds {capacity_tokens} tokens per GPU, fewer than max_model_len "
+            f"{max_len} (vLLM refuses to start); lower --max-model-len or raise "
+            f"--tensor-parallel-size"
+        )
 
 
 def plan_summary(plan: MemoryPlan) -> str:
