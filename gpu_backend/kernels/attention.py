@@ -187,6 +187,41 @@ def _check_args(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tenso
                       seq_lens=seq_lens, query_start_loc=query_start_loc)
 
 
+def _split_layout(q: Tensor, seq_lens: Tensor, num_kv_heads: int, cfg: TileConfig,
+                  max_query_len: int, max_seq_len: int | None, num_splits: int | None,
+                  plan: DecodePlan | None, min_split_keys: int, num_tiles: int,
+                  ) -> tuple[DecodePlan | None, int, int, int]:
+    """How a launch splits its keys: a decode step's split plan (made here unless given, and
+    then checked against this call), or an even split of every tile. Returns the plan (None
+    for an even split), the tiles and splits to launch, and the rows of partial results."""
+    num_tokens, num_heads, _ = q.shape
+    num_seqs = seq_lens.shape[0]
+    if uses_split_plan(max_query_len, num_splits):
+        if plan is None:
+            plan = plan_decode_splits(seq_lens, num_kv_heads, cfg.block_n, min_split_keys)
+        elif (plan.num_kv_heads, plan.block_n, plan.num_seqs) != (
+                num_kv_heads, cfg.block_n, num_seqs):
+            raise ValueError(f"decode plan for {plan.num_seqs} sequences, "
+                             f"{plan.num_kv_heads} KV heads, block_n {plan.block_n} does not fit "
+                             f"this call ({num_seqs}, {num_kv_heads}, {cfg.block_n})")
+        return plan, plan.launch_size, 1, plan.launch_size * num_heads
+    if num_splits is None:
+        num_splits = choose_num_splits(num_tiles * num_kv_heads, max_seq_len, q.device)
+    if not 1 <= num_splits <= MAX_NUM_SPLITS:
+        raise ValueError(f"num_splits {num_splits}: use 1..{MAX_NUM_SPLITS}")
+    return None, num_tiles, num_splits, num_tokens * num_heads * num_splits
+
+
+def _check_timeline(timeline: Tensor, grid: tuple[int, int, int], q: Tensor) -> None:
+    """A launch's timeline holds three int64 values for each of its programs, on q's device."""
+    if timeline.dtype != torch.int64 or not timeline.is_contiguous():
+        raise ValueError(f"timeline must be a contiguous int64 tensor, not {timeline.dtype}")
+    if timeline.numel() < 3 * grid[0] * grid[1] * grid[2]:
+        raise ValueError(f"timeline holds {timeline.numel()} values; this launch of "
+                         f"{grid[0] * grid[1] * grid[2]} programs needs 3 per program")
+    check_same_device(q=q, timeline=timeline)
+
+
 def paged_attention(
     q: Tensor,
     k_cache: Tensor,
@@ -237,23 +272,9 @@ def paged_attention(
     one_tile_per_seq = max_query_len <= block_q
     num_tiles = num_seqs if one_tile_per_seq else num_tokens // block_q + num_seqs
     head_dim_pad = triton.next_power_of_2(head_dim)
-    if uses_split_plan(max_query_len, num_splits):
-        if plan is None:
-            plan = plan_decode_splits(seq_lens, num_kv_heads, cfg.block_n, min_split_keys)
-        elif (plan.num_kv_heads, plan.block_n, plan.num_seqs) != (
-                num_kv_heads, cfg.block_n, num_seqs):
-            raise ValueError(f"decode plan for {plan.num_seqs} sequences, "
-                             f"{plan.num_kv_heads} KV heads, block_n {plan.block_n} does not fit "
-                             f"this call ({num_seqs}, {num_kv_heads}, {cfg.block_n})")
-        num_tiles, num_splits = plan.launch_size, 1
-        rows = plan.launch_size * num_heads
-    else:
-        if num_splits is None:
-            num_splits = choose_num_splits(num_tiles * num_kv_heads, max_seq_len, q.device)
-        if not 1 <= num_splits <= MAX_NUM_SPLITS:
-            raise ValueError(f"num_splits {num_splits}: use 1..{MAX_NUM_SPLITS}")
-        rows = num_tokens * num_heads * num_splits
-        plan = None
+    plan, num_tiles, num_splits, rows = _split_layout(
+        q, seq_lens, num_kv_heads, cfg, max_query_len, max_seq_len, num_splits, plan,
+        min_split_keys, num_tiles)
     if plan is not None or num_splits > 1:
         part_acc = torch.empty(rows, head_dim_pad, dtype=torch.float32, device=q.device)
         part_ml = torch.empty(rows, 2, dtype=torch.float32, device=q.device)
@@ -267,12 +288,7 @@ def paged_attention(
             else (num_tiles * num_kv_heads, 1, num_splits) if heads_inner
             else (num_tiles, num_kv_heads, num_splits))
     if timeline is not None:
-        if timeline.dtype != torch.int64 or not timeline.is_contiguous():
-            raise ValueError(f"timeline must be a contiguous int64 tensor, not {timeline.dtype}")
-        if timeline.numel() < 3 * grid[0] * grid[1] * grid[2]:
-            raise ValueError(f"timeline holds {timeline.numel()} values; this launch of "
-                             f"{grid[0] * grid[1] * grid[2]} programs needs 3 per program")
-        check_same_device(q=q, timeline=timeline)
+        _check_timeline(timeline, grid, q)
     paged_attention_kernel[grid](
         q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc,
         part_acc, part_ml, *buffers, timeline if timeline is not None else seq_lens,
