@@ -53,6 +53,7 @@ from gpu_backend.engine.transitions import measure_transitions
 from gpu_backend.env import ClockSampler, per_step_clocks, versions
 from sim.core.calibration import (
     EngineKind,
+    Provenance,
     invoked_command,
     parse_calibration,
     profile_provenance,
@@ -198,8 +199,6 @@ def calibrate(config: EngineConfig, *, seed: int = 0, quick: bool = False,
     energy while each step runs back to back (`per_step_clocks`; NaN when False).
     `command`: what the provenance records as the measuring command (default: this
     process's command line)."""
-    import torch
-
     from gpu_backend.env import copy_bandwidth_bytes_s
 
     measured_on = datetime.now(timezone.utc).date().isoformat()
@@ -211,27 +210,43 @@ def calibrate(config: EngineConfig, *, seed: int = 0, quick: bool = False,
                                   sample_clocks)
     result = fit_timed(engine, grid, timed, records, copy_bandwidth_bytes_s())
     found = versions()
-    provenance = profile_provenance(
-        model=config.model.name, gpu_preset=config.gpu.name,
-        gpu_name=torch.cuda.get_device_name(engine.device),
-        engine=EngineKind.of_run(engine.setup["piecewise_sizes"] or (), config.chunk_tokens),
-        measured_on=measured_on, command=command or invoked_command(), versions=found)
-    m = engine.memory
+    provenance = _provenance(config, engine, measured_on, command, found)
     return {
         "gpu": provenance.gpu_name, "gpu_preset": config.gpu.name, "model": config.model.name,
         "versions": found, "provenance": provenance.to_dict(), **result,
-        "attention_backend": attention_backend,
-        "activation": {"bytes_per_token": m.profile.bytes_per_token,
-                       "fixed_bytes": m.profile.fixed_bytes,
-                       "non_torch_bytes": m.profile.non_torch_bytes},
-        "activation_peaks": {str(k): v for k, v in m.activation_peaks.items()},
-        "weights_bytes": m.weights_bytes, "graph_capture_s": engine.graphs.capture_s,
+        "attention_backend": attention_backend, **_memory_record(engine.memory),
+        "graph_capture_s": engine.graphs.capture_s,
         "setup": engine.setup, "passes": passes,
         # the piecewise graphs' token sizes the eager steps ran at (None: fully eager)
         "piecewise_sizes": engine.setup["piecewise_sizes"],
         "vmm": measure_transitions(engine.runner, engine.config, engine.device,
                                    engine.num_blocks),
     }
+
+
+def _provenance(config: EngineConfig, engine: ProfileEngine, measured_on: str,
+                command: str | None, found: dict) -> Provenance:
+    """The profile's provenance (sim.core.calibration.profile_provenance): the model, GPU and
+    engine it timed, when, by which command (default: this process's command line) and with
+    which `found` versions."""
+    import torch
+
+    return profile_provenance(
+        model=config.model.name, gpu_preset=config.gpu.name,
+        gpu_name=torch.cuda.get_device_name(engine.device),
+        engine=EngineKind.of_run(engine.setup["piecewise_sizes"] or (), config.chunk_tokens),
+        measured_on=measured_on, command=command or invoked_command(), versions=found)
+
+
+def _memory_record(memory) -> dict:
+    """The calibration's part of `memory` (setup.measure_memory's MemoryMeasurement): the
+    activation profile, the activation peaks by token count and the weights' bytes."""
+    profile = memory.profile
+    return {"activation": {"bytes_per_token": profile.bytes_per_token,
+                           "fixed_bytes": profile.fixed_bytes,
+                           "non_torch_bytes": profile.non_torch_bytes},
+            "activation_peaks": {str(k): v for k, v in memory.activation_peaks.items()},
+            "weights_bytes": memory.weights_bytes}
 
 
 def time_profile(engine: ProfileEngine, grid: list[StepShape], warmup: int, repeat: int,

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy as np
 
 from gpu_backend.engine.prompts import PromptError, PromptSpec, prompt_token_ids
-from sim.core.step import SchedulerOutput
+from sim.core.step import ScheduledRequest, SchedulerOutput
 
 if TYPE_CHECKING:
     from gpu_backend.batch import HostLens
@@ -59,6 +59,20 @@ def leading_decodes(query_lens: np.ndarray) -> int:
     """How many rows of one new token lead the batch (all of them: a decode-only step)."""
     others = np.flatnonzero(query_lens != 1)
     return int(others[0]) if others.size else len(query_lens)
+
+
+def token_layout(lens: np.ndarray, starts: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Where each row's new tokens sit in a step, from each row's new tokens (`lens`) and
+    computed tokens (`starts`), both [S] int64: query_start_loc ([S+1] int32), each token's
+    row ([T]) and each token's position in its sequence ([T] int64)."""
+    query_start_loc = np.zeros(len(lens) + 1, dtype=np.int32)
+    np.cumsum(lens, out=query_start_loc[1:], dtype=np.int32)
+    row_of_token = np.repeat(np.arange(len(lens)), lens)  # [T]
+    # token t of row r sits at starts[r] + (t - query_start_loc[r])
+    positions = (np.arange(int(lens.sum()), dtype=np.int64)
+                 + (starts - query_start_loc[:-1])[row_of_token])  # [T]
+    return query_start_loc, row_of_token, positions
 
 
 @dataclass
@@ -305,30 +319,8 @@ class RequestMirror:
         items = decode_rows_first(out.scheduled, lambda s: s.num_new_tokens)
         lens = np.array([s.num_new_tokens for s in items], dtype=np.int64)  # [S]
         starts = np.array([s.num_computed_tokens for s in items], dtype=np.int64)  # [S]
-        query_start_loc = np.zeros(len(items) + 1, dtype=np.int32)
-        np.cumsum(lens, out=query_start_loc[1:], dtype=np.int32)
-        row_of_token = np.repeat(np.arange(len(items)), lens)  # [T]
-        # token t of row r sits at starts[r] + (t - query_start_loc[r])
-        positions = (np.arange(int(lens.sum()), dtype=np.int64)
-                     + (starts - query_start_loc[:-1])[row_of_token])  # [T]
-        flat: list[int] = []
-        pending_rows: list[int] = []
-        pending_sources: list[int] = []
-        for s in items:
-            tokens = self.tokens[s.request_id]
-            end = s.num_computed_tokens + s.num_new_tokens
-            flat += tokens[s.num_computed_tokens:end]
-            if end > len(tokens):  # its last id is the launched step's sample
-                source = self._in_flight.get(s.request_id)
-                if source is None or end != len(tokens) + 1:
-                    raise RuntimeError(
-                        f"request {s.request_id}: step {out.step_id} reads tokens up to "
-                        f"{end} but {len(tokens)} are known and the launched step samples "
-                        f"{'one more' if source is not None else 'none'} for it")
-                pending_rows.append(len(flat))
-                pending_sources.append(source)
-                flat.append(0)  # filled on the device from the launched step's ids
-        input_ids = np.array(flat, dtype=np.int64)  # [T]
+        query_start_loc, row_of_token, positions = token_layout(lens, starts)
+        input_ids, pending_rows, pending_sources = self._input_ids(items, out.step_id)
         tables = self._table_array([s.request_id for s in items])  # [S, max_blocks]
         block_ids = tables[row_of_token, positions // self.block_size]
         slot_mapping = block_ids.astype(np.int64) * self.block_size + positions % self.block_size
@@ -343,9 +335,33 @@ class RequestMirror:
             max_query_len=int(lens.max()) if len(items) else 0,
             max_seq_len=int(seq_lens.max()) if len(items) else 0,
             num_decodes=leading_decodes(lens),
-            pending_rows=np.array(pending_rows, dtype=np.int64),
-            pending_sources=np.array(pending_sources, dtype=np.int64),
+            pending_rows=pending_rows, pending_sources=pending_sources,
         )
+
+    def _input_ids(self, items: Sequence[ScheduledRequest], step_id: int
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The step's token ids in row order ([T] int64), and where a row's last id is the
+        launched step's sample (async scheduling): its token row, left 0 here, and that id's
+        row in the launched step's sampled ids (each [P] int64)."""
+        flat: list[int] = []
+        pending_rows: list[int] = []
+        pending_sources: list[int] = []
+        for s in items:
+            tokens = self.tokens[s.request_id]
+            end = s.num_computed_tokens + s.num_new_tokens
+            flat += tokens[s.num_computed_tokens:end]
+            if end > len(tokens):  # its last id is the launched step's sample
+                source = self._in_flight.get(s.request_id)
+                if source is None or end != len(tokens) + 1:
+                    raise RuntimeError(
+                        f"request {s.request_id}: step {step_id} reads tokens up to "
+                        f"{end} but {len(tokens)} are known and the launched step samples "
+                        f"{'one more' if source is not None else 'none'} for it")
+                pending_rows.append(len(flat))
+                pending_sources.append(source)
+                flat.append(0)  # filled on the device from the launched step's ids
+        return (np.array(flat, dtype=np.int64), np.array(pending_rows, dtype=np.int64),
+                np.array(pending_sources, dtype=np.int64))
 
     def _table_array(self, request_ids: list[int]) -> np.ndarray:
         """[S, longest table] int32 device ids; rows padded with the scratch block."""

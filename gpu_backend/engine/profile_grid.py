@@ -60,65 +60,120 @@ def limit_shapes(grid: Sequence[StepShape], max_step_tokens: int | None,
 
 
 def base_grid(quick: bool = False) -> list[StepShape]:
+    """The grid of the module docstring, its groups of steps in this order (`quick`: the
+    small grid of quick_grid)."""
     if quick:
-        return [prefill_shape(64), prefill_shape(512), decode_shape(4, 256),
-                decode_shape(16, 1024), mixed_shape(128, 0, 4, 512)]
+        return quick_grid()
+    return (prompt_steps() + uniform_decode_steps() + long_context_decode_steps()
+            + graph_size_decode_steps() + skewed_decode_steps() + spread_decode_steps()
+            + mixed_steps() + launch_bound_steps() + split_attention_steps()
+            + long_row_mixed_steps() + replay_row_mixed_steps() + many_prompt_steps())
+
+
+def quick_grid() -> list[StepShape]:
+    """Two prefills, two decode batches and a mixed step: the small grid of the profile's
+    `--quick` (tests, smoke runs)."""
+    return [prefill_shape(64), prefill_shape(512), decode_shape(4, 256),
+            decode_shape(16, 1024), mixed_shape(128, 0, 4, 512)]
+
+
+def prompt_steps() -> list[StepShape]:
+    """Single prompts of 16..16,384 tokens, then chunks of 512 and 2,048 tokens over prefixes
+    of 6,144..16,384: a prefill's cost by its new tokens, and by the prefix its chunk attends
+    over."""
     grid = [prefill_shape(n) for n in (16, 64, 256, 1024, 2048, 4096, 8192, 16384)]
-    grid += [prefill_shape(512, 8192), prefill_shape(2048, 6144), prefill_shape(512, 16384)]
-    grid += [decode_shape(b, c) for b in (1, 8, 32, 64, 128, 256) for c in (256, 1024, 4096, 8192)]
-    # Long contexts per sequence (Mooncake-like): the replays showed them slower than the
-    # shorter grid points predict.
-    grid += [decode_shape(b, 16384) for b in (4, 16, 32)]
-    # The replays' other graph sizes (capture_sizes: a decode batch runs padded to the next
-    # one up): is a step's cost linear in the batch between the sizes above?
-    grid += [decode_shape(b, c) for b in (2, 4, 16, 48, 96, 192) for c in (1024, 4096)]
-    # One or two long sequences among short ones: a decode step should cost its total keys,
-    # not its longest sequence (the attention kernel's split plan; see kernels/attention.py).
-    grid += [skewed_decode_shape(32, 512, 16384), skewed_decode_shape(64, 1024, 16384, 2),
-             skewed_decode_shape(20, 256, 12000, 4), skewed_decode_shape(128, 512, 8192)]
-    # Contexts spread as a trace's are (no single outlier): replays' decode steps of 17-48
-    # such sequences ran 3-17% over the uniform points' fit on the GPU alone, and
-    # benchmarks/decode_gap.py timed 40 of 200-2,000 keys above 48 uniform of 1,024.
-    grid += [spread_decode_shape(24, 200, 2000, seed=1), spread_decode_shape(40, 200, 2000, seed=3),
-             spread_decode_shape(24, 2000, 24000, seed=5)]
-    grid += [mixed_shape(2048, 0, 64, 1024), mixed_shape(512, 2048, 32, 2048),
-             mixed_shape(1024, 0, 128, 512)]
-    # Short, launch-bound eager steps with many sequences, as replays have them (a few short
-    # prompts, or a small chunk beside a decode batch): what the per-sequence terms fit on.
-    grid += [StepShape("prefill", ((128, 0),) * 4), mixed_shape(128, 0, 32, 1024),
-             mixed_shape(64, 512, 8, 2048)]
-    # Eager steps whose attention splits its keys (sim.core.cost_model.attention_num_splits) beside
-    # ones that do not, for every GQA shape: a split launches a combine kernel per layer
-    # (split_launch_s), which a fit holds at 0 unless 3 or more grid steps split. A chunk of
-    # about a thousand tokens beside a dozen decodes: the Azure-conv replays' usual mixed step.
-    grid += [prefill_shape(128, 2048), mixed_shape(256, 0, 4, 2048),
-             mixed_shape(1024, 0, 16, 1500), mixed_shape(384, 0, 12, 1200)]
-    # A chunk beside long decode rows (Mooncake at chunk 2,048): each decode row is one
-    # program of the mixed launch, unsplit, so the step lasts at least its longest row's
-    # program (Efficiency.attention_program); the replays ran 13 ms over the total work's
-    # price on such steps. Short chunks and long rows, one or several, and a long prefix;
-    # the same rows beside 4,096 and 8,192-token chunks, whose work should hide the row (each
-    # step the scheduler's token budget: the chunk less the decode rows).
+    return grid + [prefill_shape(512, 8192), prefill_shape(2048, 6144), prefill_shape(512, 16384)]
+
+
+def uniform_decode_steps() -> list[StepShape]:
+    """Decode batches of 1..256 sequences x contexts of 256..8,192 keys, each sequence alike: a
+    decode step's cost by its batch and by the keys each sequence reads."""
+    return [decode_shape(b, c) for b in (1, 8, 32, 64, 128, 256) for c in (256, 1024, 4096, 8192)]
+
+
+def long_context_decode_steps() -> list[StepShape]:
+    """Long contexts per sequence (Mooncake-like): the replays showed them slower than the
+    shorter grid points predict."""
+    return [decode_shape(b, 16384) for b in (4, 16, 32)]
+
+
+def graph_size_decode_steps() -> list[StepShape]:
+    """The replays' other graph sizes (capture_sizes: a decode batch runs padded to the next
+    one up): is a step's cost linear in the batch between the sizes of uniform_decode_steps?"""
+    return [decode_shape(b, c) for b in (2, 4, 16, 48, 96, 192) for c in (1024, 4096)]
+
+
+def skewed_decode_steps() -> list[StepShape]:
+    """One or two long sequences among short ones: a decode step should cost its total keys,
+    not its longest sequence (the attention kernel's split plan; see kernels/attention.py)."""
+    return [skewed_decode_shape(32, 512, 16384), skewed_decode_shape(64, 1024, 16384, 2),
+            skewed_decode_shape(20, 256, 12000, 4), skewed_decode_shape(128, 512, 8192)]
+
+
+def spread_decode_steps() -> list[StepShape]:
+    """Contexts spread as a trace's are (no single outlier): replays' decode steps of 17-48
+    such sequences ran 3-17% over the uniform points' fit on the GPU alone, and
+    benchmarks/decode_gap.py timed 40 of 200-2,000 keys above 48 uniform of 1,024."""
+    return [spread_decode_shape(24, 200, 2000, seed=1), spread_decode_shape(40, 200, 2000, seed=3),
+            spread_decode_shape(24, 2000, 24000, seed=5)]
+
+
+def mixed_steps() -> list[StepShape]:
+    """A chunk beside a decode batch (one of them over a prefix): what a step that runs both
+    costs, beside the prefill-only and decode-only steps."""
+    return [mixed_shape(2048, 0, 64, 1024), mixed_shape(512, 2048, 32, 2048),
+            mixed_shape(1024, 0, 128, 512)]
+
+
+def launch_bound_steps() -> list[StepShape]:
+    """Short, launch-bound eager steps with many sequences, as replays have them (a few short
+    prompts, or a small chunk beside a decode batch): what the per-sequence terms fit on."""
+    return [StepShape("prefill", ((128, 0),) * 4), mixed_shape(128, 0, 32, 1024),
+            mixed_shape(64, 512, 8, 2048)]
+
+
+def split_attention_steps() -> list[StepShape]:
+    """Eager steps whose attention splits its keys (sim.core.cost_model.attention_num_splits)
+    beside ones that do not, for every GQA shape: a split launches a combine kernel per layer
+    (split_launch_s), which a fit holds at 0 unless 3 or more grid steps split. A chunk of
+    about a thousand tokens beside a dozen decodes: the Azure-conv replays' usual mixed step."""
+    return [prefill_shape(128, 2048), mixed_shape(256, 0, 4, 2048),
+            mixed_shape(1024, 0, 16, 1500), mixed_shape(384, 0, 12, 1200)]
+
+
+def long_row_mixed_steps() -> list[StepShape]:
+    """A chunk beside long decode rows (Mooncake at chunk 2,048): each decode row is one
+    program of the mixed launch, unsplit, so the step lasts at least its longest row's
+    program (Efficiency.attention_program); the replays ran 13 ms over the total work's
+    price on such steps. Short chunks and long rows, one or several, and a long prefix;
+    the same rows beside 4,096 and 8,192-token chunks, whose work should hide the row (each
+    step the scheduler's token budget: the chunk less the decode rows)."""
     mooncake_rows = (8000,) * 15 + (30000,)
-    grid += [StepShape("mixed", ((n - len(mooncake_rows), 0),), mooncake_rows)
-             for n in (2048, 4096, 8192)]
-    grid += [StepShape("mixed", ((512, 0),), (2000,) * 20 + (28000,)),
-             mixed_shape(2048, 4096, 8, 24000), mixed_shape(1024, 0, 4, 30000),
-             mixed_shape(2048, 16384, 16, 12000)]
-    # Several long rows among shorter ones, as the Mooncake replays' mixed steps have them (18
-    # rows, 218k keys, five of ~27k): timed alone those steps ran 1.3-1.7x their longest
-    # program where the one-long-row points above fit it (benchmarks/replay_attention.py),
-    # so the grid needs them to tell how the long programs share the SMs.
+    grid = [StepShape("mixed", ((n - len(mooncake_rows), 0),), mooncake_rows)
+            for n in (2048, 4096, 8192)]
+    return grid + [StepShape("mixed", ((512, 0),), (2000,) * 20 + (28000,)),
+                   mixed_shape(2048, 4096, 8, 24000), mixed_shape(1024, 0, 4, 30000),
+                   mixed_shape(2048, 16384, 16, 12000)]
+
+
+def replay_row_mixed_steps() -> list[StepShape]:
+    """Several long rows among shorter ones, as the Mooncake replays' mixed steps have them (18
+    rows, 218k keys, five of ~27k): timed alone those steps ran 1.3-1.7x their longest
+    program where the one-long-row points of long_row_mixed_steps fit it
+    (benchmarks/replay_attention.py), so the grid needs them to tell how the long programs
+    share the SMs."""
     replay_rows = (27000,) * 5 + (12000,) * 6 + (4000,) * 7
-    grid += [StepShape("mixed", ((2048 - len(replay_rows), 6000),), replay_rows),
-             StepShape("mixed", ((8192 - len(replay_rows), 0),), replay_rows)]
-    # Many short prompts in one step, as a burst of arrivals fills the token budget (the
-    # study's 40 prompts of 1,024 tokens, Mooncake's 40 requests at once): the linear layers at
-    # a large token count with little attention. The single prompts above grow both together,
-    # so without these the fit can trade the linear rate against the attention's, and it priced
-    # the study's first step (32 such prompts) 11-12% short.
-    grid += [StepShape("prefill", ((1024, 0),) * 8), StepShape("prefill", ((1024, 0),) * 16)]
-    return grid
+    return [StepShape("mixed", ((2048 - len(replay_rows), 6000),), replay_rows),
+            StepShape("mixed", ((8192 - len(replay_rows), 0),), replay_rows)]
+
+
+def many_prompt_steps() -> list[StepShape]:
+    """Many short prompts in one step, as a burst of arrivals fills the token budget (the
+    study's 40 prompts of 1,024 tokens, Mooncake's 40 requests at once): the linear layers at
+    a large token count with little attention. The single prompts of prompt_steps grow both
+    together, so without these the fit can trade the linear rate against the attention's,
+    and it priced the study's first step (32 such prompts) 11-12% short."""
+    return [StepShape("prefill", ((1024, 0),) * 8), StepShape("prefill", ((1024, 0),) * 16)]
 
 
 def grid_max_len(grid: Sequence[StepShape], block_size: int, cap: int | None = None) -> int:

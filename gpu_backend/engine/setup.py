@@ -209,6 +209,24 @@ def build_gpu_engine(config: EngineConfig, *, device: torch.device | None = None
     config = config.with_(gpu=replace(config.gpu, memory_bytes=m.total_bytes))
     core = build_core(config, profile=m.profile, plan=measured_plan(config, m, max_kv_blocks))
     store = make_store(core, device)
+    graphs, pieces = capture_graphs(model, store, core, device, use_graphs, piecewise_tokens)
+    torch.cuda.empty_cache()
+    budget = None
+    if torch_cap == "on" or (torch_cap == "auto" and config.policy is Policy.OVERCOMMIT):
+        budget = torch_budget(core, m, device, attention_backend, torch_cap_headroom_bytes)
+    engine = assemble_engine(core, model, store, device, graphs, budget, seed, pieces)
+    if budget is not None:
+        budget.set_mapped(engine.elastic.mapped_bytes)
+    return EngineSetup(engine, m, store, graphs, budget, pieces)
+
+
+def capture_graphs(model, store, core: EngineCore, device: torch.device, use_graphs: bool,
+                   piecewise_tokens: int | None
+                   ) -> tuple[DecodeGraphs | None, PiecewiseGraphs | None]:
+    """The engine's CUDA graphs over `store`'s caches, captured: the decode graphs at
+    capture_sizes(max_num_seqs) with `use_graphs`, then the piecewise graphs up to
+    `piecewise_tokens` when given (None for each one not captured)."""
+    config = core.config
     graphs = None
     if use_graphs:
         graphs = DecodeGraphs(model, kv_caches_of(store, config.model.num_layers),
@@ -220,18 +238,18 @@ def build_gpu_engine(config: EngineConfig, *, device: torch.device | None = None
         pieces = PiecewiseGraphs(model, kv_caches_of(store, config.model.num_layers),
                                  piecewise_tokens, device)
         pieces.capture()
-    torch.cuda.empty_cache()
-    budget = None
-    if torch_cap == "on" or (torch_cap == "auto" and config.policy is Policy.OVERCOMMIT):
-        # the reserve counts the attention backend's workspaces, which torch already holds
-        held = attention_workspace_bytes(attention_backend, device)
-        budget = TorchBudget(device, torch.cuda.memory_reserved(device),
-                             core.plan.activation_reserve_bytes - held, m.total_bytes,
-                             torch_cap_headroom_bytes)
-    engine = assemble_engine(core, model, store, device, graphs, budget, seed, pieces)
-    if budget is not None:
-        budget.set_mapped(engine.elastic.mapped_bytes)
-    return EngineSetup(engine, m, store, graphs, budget, pieces)
+    return graphs, pieces
+
+
+def torch_budget(core: EngineCore, measurement: MemoryMeasurement, device: torch.device,
+                 attention_backend: str, headroom_bytes: int) -> TorchBudget:
+    """The cap on torch's allocator: what torch holds at the end of setup, the plan's
+    activation reserve less the attention backend's workspaces (the reserve counts them, and
+    torch already holds them) and `headroom_bytes` of slack."""
+    held = attention_workspace_bytes(attention_backend, device)
+    return TorchBudget(device, torch.cuda.memory_reserved(device),
+                       core.plan.activation_reserve_bytes - held, measurement.total_bytes,
+                       headroom_bytes)
 
 
 def make_store(core: EngineCore, device: torch.device):

@@ -34,9 +34,6 @@ def measure_transitions(runner, config: EngineConfig, device, num_pool_blocks: i
     each attach hands back (`freed_bytes`) vary. `transition_costs` fits the fixed, per-handle
     and per-cached-GiB costs the simulator's VmmCosts take.
     """
-    import torch
-
-    from gpu_backend.engine.elastic import ElasticExecutor
     from gpu_backend.engine.memory import kv_layout
     from gpu_backend.vmm import ElasticKVPool
 
@@ -45,29 +42,50 @@ def measure_transitions(runner, config: EngineConfig, device, num_pool_blocks: i
     layout = kv_layout(config.model, config.block_size)
     # the fewest base blocks that end on the 2 MiB granule (the elastic part starts there)
     num_base = GRANULE_BYTES // math.gcd(layout.block_bytes, GRANULE_BYTES)
-
-    def before(tokens: int) -> Callable[[], None]:
-        if tokens == 0:
-            return lambda: None
-        batch = host_batch(prefill_shape(tokens), config.block_size, num_pool_blocks)
-        return partial(runner.execute, batch)
-
     points = []
-    plan = [(handles, largest) for handles in TRANSITION_HANDLES]
-    plan += [(2, tokens) for tokens in TRANSITION_PREFILLS if tokens < largest]
-    for handles, tokens in plan:
+    for handles, tokens in transition_plan(largest):
         with ElasticKVPool(layout, num_base, handles * handle, elastic_handle_bytes=handle,
                            reclaim="release", device_ordinal=device.index or 0) as pool:
-            executor = ElasticExecutor(pool, Policy.ELASTIC, block_id_offset=0,
-                                       num_core_base_blocks=num_base,
-                                       sync=lambda: torch.cuda.synchronize(device),
-                                       empty_cache=torch.cuda.empty_cache,
-                                       reserved_bytes=lambda: torch.cuda.memory_reserved(device))
+            executor = release_executor(pool, num_base, device)
+            before = prefill_step(runner, config, num_pool_blocks, tokens)
             points.append({"handles": handles, "prefill_tokens": tokens,
-                           **cycle_transitions(executor, before(tokens),
-                                               pool.plan.num_elastic_blocks, cycles)})
+                           **cycle_transitions(executor, before, pool.plan.num_elastic_blocks,
+                                               cycles)})
     return {"handle_bytes": handle, "reclaim": "release", "points": points,
             "costs": transition_costs(points)}
+
+
+def transition_plan(largest_prefill: int) -> list[tuple[int, int]]:
+    """(handles, prefill tokens) of each point: 1, 2 and 4 handles after the largest prefill,
+    then 2 handles after each smaller one of TRANSITION_PREFILLS (0: none)."""
+    plan = [(handles, largest_prefill) for handles in TRANSITION_HANDLES]
+    plan += [(2, tokens) for tokens in TRANSITION_PREFILLS if tokens < largest_prefill]
+    return plan
+
+
+def release_executor(pool, num_base_blocks: int, device):
+    """An `ElasticExecutor` (elastic policy) over `pool`, as the engine runs one in release
+    mode: it syncs the device, and each attach first empties torch's cache and records the
+    reserved bytes that freed."""
+    import torch
+
+    from gpu_backend.engine.elastic import ElasticExecutor
+
+    return ElasticExecutor(pool, Policy.ELASTIC, block_id_offset=0,
+                           num_core_base_blocks=num_base_blocks,
+                           sync=lambda: torch.cuda.synchronize(device),
+                           empty_cache=torch.cuda.empty_cache,
+                           reserved_bytes=lambda: torch.cuda.memory_reserved(device))
+
+
+def prefill_step(runner, config: EngineConfig, num_pool_blocks: int,
+                 tokens: int) -> Callable[[], None]:
+    """A prefill of `tokens` tokens on `runner`, to run before an attach (0: nothing), so that
+    its activations sit in torch's cache."""
+    if tokens == 0:
+        return lambda: None
+    batch = host_batch(prefill_shape(tokens), config.block_size, num_pool_blocks)
+    return partial(runner.execute, batch)
 
 
 def cycle_transitions(executor, before_attach, num_elastic_blocks: int,
