@@ -154,16 +154,32 @@ def run(args: argparse.Namespace) -> int:
     replay_flags(args.replay_args)
     configs = engine_configs(args)
     if args.profile:
-        if args.calibration is not None:
-            raise ValueError("--profile writes the calibration the report uses: drop "
-                             "--calibration, or --profile to use the one you have")
-        args.calibration = args.out / "calibration.json"
-        largest = max(configs, key=lambda c: c.chunk_tokens).with_(policy=Policy.STATIC)
-        profile = _write_config(largest, args.out / "configs" / "profile.json")
-        code = _run_gpu(_profile_command(profile, args.calibration), "profile", "replayed")
+        code = _profile_first(args, configs)
         if code != 0:
             return code
     rounds = [args.out / "gpu"] + [args.out / f"gpu_repeat{i}" for i in range(2, args.repeats + 1)]
+    code = _replay_rounds(args, configs, rounds)
+    if code != 0:
+        return code
+    return _compare_rounds(args, rounds)
+
+
+def _profile_first(args: argparse.Namespace, configs: list[EngineConfig]) -> int:
+    """Profile the configurations' largest chunk (static policy) into OUT/calibration.json,
+    which becomes `args.calibration`, the one the report uses; the profile's exit code."""
+    if args.calibration is not None:
+        raise ValueError("--profile writes the calibration the report uses: drop "
+                         "--calibration, or --profile to use the one you have")
+    args.calibration = args.out / "calibration.json"
+    largest = max(configs, key=lambda c: c.chunk_tokens).with_(policy=Policy.STATIC)
+    profile = _write_config(largest, args.out / "configs" / "profile.json")
+    return _run_gpu(_profile_command(profile, args.calibration), "profile", "replayed")
+
+
+def _replay_rounds(args: argparse.Namespace, configs: list[EngineConfig],
+                   rounds: list[Path]) -> int:
+    """Replay every configuration into each round's folder, in order; 0, or the exit code of
+    the first replay that failed (nothing after it runs)."""
     for gpu_dir in rounds:
         for config in configs:
             name = slug(run_label(config))
@@ -172,6 +188,13 @@ def run(args: argparse.Namespace) -> int:
                             "compared")
             if code != 0:
                 return code
+    return 0
+
+
+def _compare_rounds(args: argparse.Namespace, rounds: list[Path]) -> int:
+    """Compare the first round of replays with the simulator, the others as its repeats (the
+    report into OUT/report); with --gpu-only (exit 0) or without simpy (exit 3), print the
+    command that does instead."""
     gpu_dir = rounds[0]
     repeat_flags = "".join(f" --repeat-dir {d}" for d in rounds[1:])
     compare_hint = (f"python -m validation compare --gpu-dir {gpu_dir} --out {args.out}/report"

@@ -138,51 +138,78 @@ def open_csv(path: Path) -> TextIO:
 
 
 def read_steps_csv(path: Path) -> StepTable:
+    """The steps of a steps.csv (its columns: the module docstring); an empty table where the
+    file has no rows. Raises ValueError naming the file where a required column is missing."""
     with open_csv(path) as f:
         rows = list(csv.DictReader(f))
-    header = set(rows[0]) if rows else set()
-    missing = [c for c in REQUIRED_COLUMNS if c not in header]
-    duration = next((c for c in DURATION_COLUMNS if c in header), None)
-    if rows and (missing or duration is None):
-        raise ValueError(f"{path}: missing columns {missing or list(DURATION_COLUMNS[:1])}; "
-                         f"has {sorted(header)}")
-
-    def ints(name: str) -> np.ndarray:
-        return np.array([int(float(r[name])) for r in rows], dtype=np.int64)
-
     if not rows:
         empty = np.zeros(0, dtype=np.int64)
         return StepTable(empty, empty, empty, empty, empty, np.zeros(0), np.zeros(0))
-    prefill, decode = ints("num_prefill_tokens"), ints("num_decode_tokens")
+    header = set(rows[0])
+    duration = _duration_column(path, header)
+    prefill, decode = _ints(rows, "num_prefill_tokens"), _ints(rows, "num_decode_tokens")
     exact = "prefill_chunks" in header
-    if exact:
-        chunk_lists = [parse_chunks(r["prefill_chunks"] or "") for r in rows]
-    else:  # one chunk per step with a prefill, no prefix
-        chunk_lists = [[(int(n), 0)] if n else [] for n in prefill]
-    pairs = np.array([chunk_pairs(c) for c in chunk_lists])
-    num_chunks = np.array([len(c) for c in chunk_lists], dtype=np.int64)
-    decode_ctx = ints("decode_context_tokens")
+    chunk_lists = _chunk_lists(rows, prefill, exact)
+    decode_ctx = _ints(rows, "decode_context_tokens")
     if "max_decode_context" in header:
-        longest_decode = ints("max_decode_context")
+        longest_decode = _ints(rows, "max_decode_context")
     else:  # the mean decode row: a lower bound of the longest
         longest_decode = -(-decode_ctx // np.maximum(decode, 1))
-    if {"max_query_len", "max_seq_len"} <= header:  # written by write_steps_csv
-        max_query, max_seq = ints("max_query_len"), ints("max_seq_len")
-    else:  # the GPU engine's columns: the longest chunk and the longest row after the step
-        max_query = np.array([max((c for c, _ in chunks), default=0)
-                              for chunks in chunk_lists], dtype=np.int64)
-        max_query = np.where(decode > 0, np.maximum(max_query, 1), max_query)
-        max_seq = np.maximum(np.array([max((c + p for c, p in chunks), default=0)
-                                       for chunks in chunk_lists], dtype=np.int64),
-                             longest_decode)
-    rows_sampled = ints("num_sampled_rows") if "num_sampled_rows" in header else decode + num_chunks
+    max_query, max_seq = _step_extents(rows, header, chunk_lists, decode, longest_decode)
+    if "num_sampled_rows" in header:
+        rows_sampled = _ints(rows, "num_sampled_rows")
+    else:  # one row per decode token and per prefill chunk
+        rows_sampled = decode + np.array([len(c) for c in chunk_lists], dtype=np.int64)
     extra = {c: np.array([float(r[c]) for r in rows]) for c in OPTIONAL_COLUMNS if c in header}
     recorded = np.empty(len(chunk_lists), dtype=object)
     recorded[:] = [tuple(chunks) for chunks in chunk_lists]
-    return StepTable(prefill, decode, decode_ctx, ints("num_seqs"),
+    pairs = np.array([chunk_pairs(c) for c in chunk_lists])
+    return StepTable(prefill, decode, decode_ctx, _ints(rows, "num_seqs"),
                      rows_sampled, pairs.astype(np.float64),
                      np.array([float(r[duration]) for r in rows]), exact, extra,
                      max_query, max_seq, recorded if exact else None)
+
+
+def _duration_column(path: Path, header: set[str]) -> str:
+    """The first of DURATION_COLUMNS in `header`; ValueError naming `path` where it has none
+    or lacks one of REQUIRED_COLUMNS."""
+    missing = [c for c in REQUIRED_COLUMNS if c not in header]
+    duration = next((c for c in DURATION_COLUMNS if c in header), None)
+    if missing or duration is None:
+        raise ValueError(f"{path}: missing columns {missing or list(DURATION_COLUMNS[:1])}; "
+                         f"has {sorted(header)}")
+    return duration
+
+
+def _ints(rows: list[dict[str, str]], name: str) -> np.ndarray:
+    """Column `name` of `rows` as int64 (a value written as a float is truncated)."""
+    return np.array([int(float(r[name])) for r in rows], dtype=np.int64)
+
+
+def _chunk_lists(rows: list[dict[str, str]], prefill: np.ndarray,
+                 exact: bool) -> list[list[tuple[int, int]]]:
+    """Each step's prefill chunks, (new tokens, prefix tokens): the recorded prefill_chunks
+    where `exact`, else one chunk of the step's prefill tokens, no prefix."""
+    if exact:
+        return [parse_chunks(r["prefill_chunks"] or "") for r in rows]
+    return [[(int(n), 0)] if n else [] for n in prefill]
+
+
+def _step_extents(rows: list[dict[str, str]], header: set[str],
+                  chunk_lists: list[list[tuple[int, int]]], decode: np.ndarray,
+                  longest_decode: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each step's longest query and longest sequence after it (int64 [S]): the columns
+    write_steps_csv records, else from the GPU engine's columns, the longest chunk (at least
+    1 where the step decodes) and the longest row after the step."""
+    if {"max_query_len", "max_seq_len"} <= header:
+        return _ints(rows, "max_query_len"), _ints(rows, "max_seq_len")
+    max_query = np.array([max((c for c, _ in chunks), default=0)
+                          for chunks in chunk_lists], dtype=np.int64)
+    max_query = np.where(decode > 0, np.maximum(max_query, 1), max_query)
+    max_seq = np.maximum(np.array([max((c + p for c, p in chunks), default=0)
+                                   for chunks in chunk_lists], dtype=np.int64),
+                         longest_decode)
+    return max_query, max_seq
 
 
 def write_steps_csv(path: Path, table: StepTable, chunks: list[str] | None = None) -> None:

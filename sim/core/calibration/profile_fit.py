@@ -54,13 +54,8 @@ def fit_profile(cost_args: CostArgs, outputs: Sequence[SchedulerOutput], measure
     `memory` is fitted like the rest. `outgrew`: the steps `outgrew_pool` leaves out (none
     where None).
     """
-    start = start or Efficiency()
-    fixed: tuple[str, ...] = tuple(hold)
-    if copy_bandwidth_bytes_s is not None:
-        gpu = cost_args[1]
-        start = replace(start, memory=min(1.0, copy_bandwidth_bytes_s
-                                          / gpu.memory_bandwidth_bytes_s))
-        fixed = (*fixed, "memory")
+    start, fixed = pinned_memory(cost_args, start or Efficiency(), tuple(hold),
+                                 copy_bandwidth_bytes_s)
     beyond = beyond_roofline(cost_args, outputs, measured_s, token_graph_sizes)
     outgrew = np.zeros(len(outputs), dtype=bool) if outgrew is None else outgrew & ~beyond
     left = beyond | outgrew
@@ -78,13 +73,34 @@ def fit_profile(cost_args: CostArgs, outputs: Sequence[SchedulerOutput], measure
         lambda eff: num_program_bound(times(eff), times(replace(eff, attention_program=None))),
         (*fixed, *held), x_scale="jac")
     after = times(fitted) / kept_s - 1.0
-    return fitted, {
+    per_point = times(fitted, outputs) / measured_s - 1.0  # the steps left out included
+    return fitted, fit_report(before, after, per_point, beyond, outgrew)
+
+
+def pinned_memory(cost_args: CostArgs, start: Efficiency, fixed: tuple[str, ...],
+                  copy_bandwidth_bytes_s: float | None) -> tuple[Efficiency, tuple[str, ...]]:
+    """`start` and the terms `fixed`, with `memory` held at the copy bandwidth over the GPU
+    preset's (at most 1) where the profile measured one (module docstring); unchanged
+    without it."""
+    if copy_bandwidth_bytes_s is None:
+        return start, fixed
+    gpu = cost_args[1]
+    start = replace(start, memory=min(1.0, copy_bandwidth_bytes_s
+                                      / gpu.memory_bandwidth_bytes_s))
+    return start, (*fixed, "memory")
+
+
+def fit_report(before: np.ndarray, after: np.ndarray, per_point: np.ndarray,
+               beyond: np.ndarray, outgrew: np.ndarray) -> dict:
+    """`fit_profile`'s error report: the relative errors of the steps fitted at the start
+    (`before`) and after the fit (`after`), every grid point's after the fit (`per_point`, the
+    ones left out included) and the positions of the steps left out (bool masks)."""
+    return {
         "median_abs_rel": float(np.median(np.abs(after))),
         "max_abs_rel": float(np.max(np.abs(after))),
         "default_median_abs_rel": float(np.median(np.abs(before))),
         "default_max_abs_rel": float(np.max(np.abs(before))),
-        # every grid point's error after the fit, the ones left out included
-        "per_point_rel": [float(r) for r in times(fitted, outputs) / measured_s - 1.0],
+        "per_point_rel": [float(r) for r in per_point],
         "beyond_roofline": [int(i) for i in np.flatnonzero(beyond)],
         "outgrew_pool": [int(i) for i in np.flatnonzero(outgrew)],
     }
