@@ -37,9 +37,10 @@ from gpu_backend.kernels import paged_attention  # noqa: E402
 from gpu_backend.kernels.attention import plan_decode_splits  # noqa: E402
 from sim.core.calibration import load_efficiency  # noqa: E402
 from sim.core.cost_model import CostModel, padded_batch  # noqa: E402
+from validation.csv_rows import open_csv  # noqa: E402
 from validation.decode_rows import decode_rows, rebuilt_share  # noqa: E402
 from validation.runs import engine_config, load_run  # noqa: E402
-from validation.step_table import open_csv, parse_chunks  # noqa: E402
+from validation.step_table import parse_chunks  # noqa: E402
 
 DTYPE = torch.bfloat16
 WAVES = (2, 8)  # the plan's programs per SM beside the default (DECODE_TARGET_WAVES, 4)

@@ -3,13 +3,13 @@ the requests and the elastic transitions, each plain or gzip-compressed, as colu
 
 from __future__ import annotations
 
-import csv
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from validation.step_table import StepTable, open_csv
+from validation.csv_rows import read_csv_rows
+from validation.step_table import StepTable
 
 
 def first_file(folder: Path, pattern: str) -> Path | None:
@@ -19,28 +19,26 @@ def first_file(folder: Path, pattern: str) -> Path | None:
 
 
 def read_numeric_csv(path: Path | None) -> dict[str, np.ndarray] | None:
+    """Every column of the CSV at `path` as float64 (ValueError naming the file, line and
+    field of a value that is not a number)."""
     if path is None:
         return None
-    with open_csv(path) as f:
-        data = np.genfromtxt(f, delimiter=",", names=True, ndmin=1)
-    return {name: np.atleast_1d(data[name]).astype(np.float64) for name in data.dtype.names}
+    table = read_csv_rows(path)
+    return {name: np.array(table.column(name), dtype=np.float64) for name in table.header}
 
 
 def read_csv_columns(path: Path | None) -> dict[str, np.ndarray] | None:
+    """The columns of the CSV at `path`, float64 where they hold numbers and text where they
+    hold none (CsvRows.is_numeric: a number column with a text value is an error naming it);
+    None where the file has no rows."""
     if path is None:
         return None
-    with open_csv(path) as f:
-        rows = list(csv.DictReader(f))
-    if not rows:
+    table = read_csv_rows(path)
+    if not table.rows:
         return None
-    columns: dict[str, np.ndarray] = {}
-    for name in rows[0]:
-        values = [r[name] for r in rows]
-        try:
-            columns[name] = np.array([float(v) for v in values])
-        except ValueError:
-            columns[name] = np.array(values)
-    return columns
+    return {name: (np.array(table.column(name), dtype=np.float64) if table.is_numeric(name)
+                   else np.array(table.column(name, str)))
+            for name in table.header}
 
 
 def with_timeline(steps: StepTable, timeline: dict[str, np.ndarray] | None) -> StepTable:

@@ -20,13 +20,13 @@ steps.csv columns read (GPU engine; extra columns are ignored):
 from __future__ import annotations
 
 import csv
-import gzip
 import json
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import TextIO
 
 import numpy as np
+
+from validation.csv_rows import CsvRows, read_csv_rows
 
 REQUIRED_COLUMNS = ("num_prefill_tokens", "num_decode_tokens", "decode_context_tokens",
                     "num_seqs")
@@ -129,44 +129,36 @@ def format_chunks(chunks: list[tuple[int, int]]) -> str:
     return ";".join(f"{c}:{p}" for c, p in chunks)
 
 
-def open_csv(path: Path) -> TextIO:
-    """A CSV for reading, gzip-compressed when its name ends in .gz (the committed replays
-    under validation/evidence are kept compressed: `gzip -n` of the engine's CSVs)."""
-    if path.suffix == ".gz":
-        return gzip.open(path, "rt", newline="")
-    return path.open(newline="")
-
-
 def read_steps_csv(path: Path) -> StepTable:
     """The steps of a steps.csv (its columns: the module docstring); an empty table where the
-    file has no rows. Raises ValueError naming the file where a required column is missing."""
-    with open_csv(path) as f:
-        rows = list(csv.DictReader(f))
-    if not rows:
+    file has no rows. Raises ValueError naming the file where a required column is missing,
+    and its line and field where a value is not what the column holds."""
+    table = read_csv_rows(path)
+    if not table.rows:
         empty = np.zeros(0, dtype=np.int64)
         return StepTable(empty, empty, empty, empty, empty, np.zeros(0), np.zeros(0))
-    header = set(rows[0])
+    header = set(table.header)
     duration = _duration_column(path, header)
-    prefill, decode = _ints(rows, "num_prefill_tokens"), _ints(rows, "num_decode_tokens")
+    prefill, decode = _ints(table, "num_prefill_tokens"), _ints(table, "num_decode_tokens")
     exact = "prefill_chunks" in header
-    chunk_lists = _chunk_lists(rows, prefill, exact)
-    decode_ctx = _ints(rows, "decode_context_tokens")
+    chunk_lists = _chunk_lists(table, prefill, exact)
+    decode_ctx = _ints(table, "decode_context_tokens")
     if "max_decode_context" in header:
-        longest_decode = _ints(rows, "max_decode_context")
+        longest_decode = _ints(table, "max_decode_context")
     else:  # the mean decode row: a lower bound of the longest
         longest_decode = -(-decode_ctx // np.maximum(decode, 1))
-    max_query, max_seq = _step_extents(rows, header, chunk_lists, decode, longest_decode)
+    max_query, max_seq = _step_extents(table, header, chunk_lists, decode, longest_decode)
     if "num_sampled_rows" in header:
-        rows_sampled = _ints(rows, "num_sampled_rows")
+        rows_sampled = _ints(table, "num_sampled_rows")
     else:  # one row per decode token and per prefill chunk
         rows_sampled = decode + np.array([len(c) for c in chunk_lists], dtype=np.int64)
-    extra = {c: np.array([float(r[c]) for r in rows]) for c in OPTIONAL_COLUMNS if c in header}
+    extra = {c: np.array(table.column(c)) for c in OPTIONAL_COLUMNS if c in header}
     recorded = np.empty(len(chunk_lists), dtype=object)
     recorded[:] = [tuple(chunks) for chunks in chunk_lists]
     pairs = np.array([chunk_pairs(c) for c in chunk_lists])
-    return StepTable(prefill, decode, decode_ctx, _ints(rows, "num_seqs"),
+    return StepTable(prefill, decode, decode_ctx, _ints(table, "num_seqs"),
                      rows_sampled, pairs.astype(np.float64),
-                     np.array([float(r[duration]) for r in rows]), exact, extra,
+                     np.array(table.column(duration)), exact, extra,
                      max_query, max_seq, recorded if exact else None)
 
 
@@ -181,28 +173,30 @@ def _duration_column(path: Path, header: set[str]) -> str:
     return duration
 
 
-def _ints(rows: list[dict[str, str]], name: str) -> np.ndarray:
-    """Column `name` of `rows` as int64 (a value written as a float is truncated)."""
-    return np.array([int(float(r[name])) for r in rows], dtype=np.int64)
+def _ints(table: CsvRows, name: str) -> np.ndarray:
+    """Column `name` as int64 (a value written as a float is truncated)."""
+    return np.array(table.column(name, lambda text: int(float(text)), "an integer"),
+                    dtype=np.int64)
 
 
-def _chunk_lists(rows: list[dict[str, str]], prefill: np.ndarray,
+def _chunk_lists(table: CsvRows, prefill: np.ndarray,
                  exact: bool) -> list[list[tuple[int, int]]]:
     """Each step's prefill chunks, (new tokens, prefix tokens): the recorded prefill_chunks
     where `exact`, else one chunk of the step's prefill tokens, no prefix."""
     if exact:
-        return [parse_chunks(r["prefill_chunks"] or "") for r in rows]
+        return table.column("prefill_chunks", parse_chunks,
+                            "a list of new:prefix token counts (\"512:0;512:512\")")
     return [[(int(n), 0)] if n else [] for n in prefill]
 
 
-def _step_extents(rows: list[dict[str, str]], header: set[str],
+def _step_extents(table: CsvRows, header: set[str],
                   chunk_lists: list[list[tuple[int, int]]], decode: np.ndarray,
                   longest_decode: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each step's longest query and longest sequence after it (int64 [S]): the columns
     write_steps_csv records, else from the GPU engine's columns, the longest chunk (at least
     1 where the step decodes) and the longest row after the step."""
     if {"max_query_len", "max_seq_len"} <= header:
-        return _ints(rows, "max_query_len"), _ints(rows, "max_seq_len")
+        return _ints(table, "max_query_len"), _ints(table, "max_seq_len")
     max_query = np.array([max((c for c, _ in chunks), default=0)
                           for chunks in chunk_lists], dtype=np.int64)
     max_query = np.where(decode > 0, np.maximum(max_query, 1), max_query)
