@@ -21,7 +21,6 @@ validation.run_csvs reads its CSVs other than steps.csv.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +41,7 @@ from validation.run_config import (
 from validation.run_csvs import first_file, read_csv_columns, read_numeric_csv, with_timeline
 from validation.slices import REPO_ROOT, TraceSlice, trace_slice
 from validation.step_table import StepTable, read_steps_csv
+from validation.summary_check import check_summary, read_summary_json
 
 # The run folders' readers, and (from validation.run_config and validation.slices) the
 # configuration and trace slice a run implies, all importable from here.
@@ -114,17 +114,19 @@ def find_runs(gpu_dir: Path) -> list[Path]:
 def load_summary(folder: Path) -> RunSummary:
     """A run folder's summary.json (one run), checked as load_run checks it; its CSVs are not
     read (a repeat's, kept as summary.json alone: validation/evidence/README.md)."""
-    data = json.loads((folder / "summary.json").read_text())
+    path = folder / "summary.json"
+    data = read_summary_json(path)
     summary = dict(data)
     if isinstance(data.get("runs"), list):
         if len(data["runs"]) != 1:
-            raise ValueError(f"{folder}/summary.json holds {len(data['runs'])} runs; "
+            raise ValueError(f"{path} holds {len(data['runs'])} runs; "
                              "validation expects one run per folder")
         summary = {**{k: v for k, v in data.items() if k != "runs"}, **data["runs"][0]}
     if "chunk" not in summary:
-        raise ValueError(f"{folder}/summary.json has no 'chunk': the run's config is missing")
+        raise ValueError(f"{path} has no 'chunk': the run's config is missing")
+    check_summary(summary, path)
     for key in MEASURED_SIZES:
-        measured_sizes(summary, key, folder / "summary.json")  # malformed: named with its path
+        measured_sizes(summary, key, path)  # malformed: named with its path
     config_path = folder / CONFIG_FILE
     if config_path.is_file():  # checked here, so that a bad one is named with its path
         config = EngineConfig.from_json(config_path.read_text(), source=config_path,

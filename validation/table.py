@@ -31,11 +31,11 @@ def read_report(folder: Path) -> dict:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"{path}: cannot read a validation report: {exc}") from None
-    if not isinstance(data.get("runs"), list) or not data["runs"]:
+    if not isinstance(data, dict) or not isinstance(data.get("runs"), list) or not data["runs"]:
         raise ValueError(f"{path}: no \"runs\" in this report; write it with "
                          "`python -m validation compare`")
     for i, run in enumerate(data["runs"]):
-        if not isinstance(run.get("metrics"), dict):
+        if not isinstance(run, dict) or not isinstance(run.get("metrics"), dict):
             raise ValueError(f"{path}: run {i} has no \"metrics\" object")
     return data
 

@@ -1,10 +1,11 @@
-"""A replay folder's CSVs with a bad row: each is refused with its file, line and field named,
-on the Python API and on the command line (exit 2, no traceback), never read as NaN or
-text."""
+"""A replay folder with a bad value: its CSVs' rows are refused with the file, line and field
+named (never read as NaN or text), its summary.json's fields with the file and field, on the
+Python API and on the command line (exit 2, no traceback)."""
 
 from __future__ import annotations
 
 import gzip
+import json
 import shutil
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from validation.run_csvs import read_csv_columns, read_numeric_csv
 from validation.runs import TraceSlice, find_runs, load_run
 from validation.step_table import read_steps_csv
 from validation.synthetic import write_gpu_style_run
+from validation.table import read_report
 
 
 @pytest.fixture(scope="module")
@@ -129,3 +131,60 @@ def test_the_command_line_names_the_bad_value_and_exits_2(replay, tmp_path, caps
     assert code == 2
     assert f"{path}, line 5, field measured_s: 'n/a' is not a number" in err
     assert "Traceback" not in err
+
+
+def edited_summary(replay: Path, tmp_path: Path, edit) -> Path:
+    """A copy of the replay whose summary.json's one run is changed by `edit`; returns the
+    summary's path."""
+    folder = tmp_path / "run"
+    shutil.copytree(replay, folder)
+    path = folder / "summary.json"
+    data = json.loads(path.read_text())
+    edit(data["runs"][0])
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda run: run.update(chunk="big"), "field chunk is 'big'; it must be the run's "
+                                          "max_num_batched_tokens, a positive integer"),
+    (lambda run: run.update(chunk=0), "field chunk is 0"),
+    (lambda run: run.update(policy="magic"), "field policy: unknown policy 'magic'"),
+    (lambda run: run.update(model="llama-9"), "field model: unknown model 'llama-9'"),
+    (lambda run: run["ttft_s"].update(p50="x"), "field ttft_s.p50 is 'x'; it must be a number"),
+    (lambda run: run.update(tpot_s=[0.1]), "field tpot_s is [0.1]; it must be an object"),
+    (lambda run: run.update(throughput_tok_s=True), "field throughput_tok_s is True"),
+    (lambda run: run.update(measured=3), "field measured must be an object"),
+])
+def test_a_bad_summary_field_is_named_before_any_simulation(replay, tmp_path, capsys, edit,
+                                                            message):
+    path = edited_summary(replay, tmp_path, edit)
+    with pytest.raises(ValueError) as err:
+        load_run(path.parent)
+    assert str(err.value).startswith(f"{path}: {message}")
+    code = main(["compare", "--gpu-dir", str(path.parent), "--calibration", "none",
+                 "--out", str(tmp_path / "report"), "--no-plots"])
+    out, err_text = capsys.readouterr()
+    assert code == 2 and f"{path}: {message}" in err_text
+    assert "simulating" not in out and "Traceback" not in err_text
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"runs": [', "not JSON at line 1, column 11"),
+    ("[1, 2]", "holds a JSON list, not the summary object"),
+    ('{"runs": 5}', "field runs must be a list of run objects"),
+])
+def test_a_summary_that_is_not_a_run_object_is_named(replay, tmp_path, text, message):
+    folder = tmp_path / "run"
+    shutil.copytree(replay, folder)
+    (folder / "summary.json").write_text(text)
+    with pytest.raises(ValueError, match=message):
+        load_run(folder)
+
+
+def test_a_report_that_is_not_an_object_is_named(tmp_path):
+    path = tmp_path / "report.json"
+    for text in ("[1]", '{"runs": [3]}'):
+        path.write_text(text)
+        with pytest.raises(ValueError, match=r"report\.json: (no \"runs\"|run 0 has no)"):
+            read_report(path)

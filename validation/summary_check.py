@@ -1,0 +1,59 @@
+"""A GPU run's summary.json read and checked where it is loaded: what validation reads from it
+(the run's chunk and policy, the model a replay without config.json ran, every compared
+metric) must have the right type, so that a malformed value is an error naming the file and
+field before any simulation runs, not a bare conversion error after it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sim.core.catalog import get_model
+from sim.core.elastic import Policy
+from validation.compare import METRICS
+
+
+def read_summary_json(path: Path) -> dict:
+    """The JSON object in `path`; ValueError naming the file (and the line and column where
+    it is not JSON) otherwise."""
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not JSON at line {exc.lineno}, column {exc.colno} "
+                         f"({exc.msg}); write it again with the replay") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: cannot be read ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: holds a JSON {type(data).__name__}, not the summary object "
+                         f"gpu_backend replay writes")
+    runs = data.get("runs")
+    if runs is not None and not (isinstance(runs, list)
+                                 and all(isinstance(r, dict) for r in runs)):
+        raise ValueError(f"{path}: field runs must be a list of run objects")
+    return data
+
+
+def check_summary(summary: dict, path: Path) -> None:
+    """ValueError naming `path` and the field where the one run's `summary` (its runs entry
+    merged with the top level) has a value validation cannot read."""
+    chunk = summary.get("chunk")
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk <= 0:
+        raise ValueError(f"{path}: field chunk is {chunk!r}; it must be the run's "
+                         f"max_num_batched_tokens, a positive integer")
+    for name, parse in (("policy", Policy.parse), ("model", get_model)):
+        if summary.get(name) is not None:
+            try:
+                parse(str(summary[name]))
+            except (KeyError, ValueError) as exc:
+                raise ValueError(f"{path}: field {name}: {exc}") from None
+    for _, key, sub, _ in METRICS:
+        value = summary.get(key)
+        if sub is not None and value is not None:
+            if not isinstance(value, dict):
+                raise ValueError(f"{path}: field {key} is {value!r}; it must be an object of "
+                                 f"percentiles ({sub}, ...)")
+            key, value = f"{key}.{sub}", value.get(sub)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise ValueError(f"{path}: field {key} is {value!r}; it must be a number")
+    if summary.get("measured") is not None and not isinstance(summary["measured"], dict):
+        raise ValueError(f"{path}: field measured must be an object")
