@@ -1,14 +1,15 @@
 """A GPU run's summary.json read and checked where it is loaded: what validation reads from it
-(the run's chunk and policy, the model a replay without config.json ran, every compared
-metric) must have the right type, so that a malformed value is an error naming the file and
-field before any simulation runs, not a bare conversion error after it."""
+(the run's chunk and policy, every compared metric) must have the right type, so that a
+malformed value is an error naming the file and field before any simulation runs, not a bare
+conversion error after it. The model and the rest of the configuration are checked where
+they are read: config.json by EngineConfig.from_json, an older replay's summary columns by
+validation.run_config.legacy_config."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from sim.core.catalog import get_model
 from sim.core.elastic import Policy
 from validation.compare import METRICS
 
@@ -40,12 +41,11 @@ def check_summary(summary: dict, path: Path) -> None:
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk <= 0:
         raise ValueError(f"{path}: field chunk is {chunk!r}; it must be the run's "
                          f"max_num_batched_tokens, a positive integer")
-    for name, parse in (("policy", Policy.parse), ("model", get_model)):
-        if summary.get(name) is not None:
-            try:
-                parse(str(summary[name]))
-            except (KeyError, ValueError) as exc:
-                raise ValueError(f"{path}: field {name}: {exc}") from None
+    if summary.get("policy") is not None:  # the run's label, whatever config.json holds
+        try:
+            Policy.parse(str(summary["policy"]))
+        except ValueError as exc:
+            raise ValueError(f"{path}: field policy: {exc}") from None
     for _, key, sub, _ in METRICS:
         value = summary.get(key)
         if sub is not None and value is not None:
