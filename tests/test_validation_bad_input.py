@@ -181,6 +181,20 @@ def test_a_summary_that_is_not_a_run_object_is_named(replay, tmp_path, text, mes
         load_run(folder)
 
 
+@pytest.mark.parametrize("summary, message", [
+    ({"chunk": 2048}, "it has no 'model'"),
+    ({"chunk": 2048, "model": "llama-9"}, "unknown model 'llama-9'"),
+])
+def test_a_replay_without_config_json_names_what_its_columns_lack(tmp_path, summary, message):
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    (tmp_path / "steps.csv").write_text("num_prefill_tokens,num_decode_tokens,"
+                                        "decode_context_tokens,num_seqs,measured_s\n")
+    with pytest.raises(ValueError, match=rf"summary\.json: no config\.json beside it, and its "
+                                         rf"columns do not give the run's engine "
+                                         rf"configuration: {message}"):
+        load_run(tmp_path)
+
+
 def test_a_report_that_is_not_an_object_is_named(tmp_path):
     path = tmp_path / "report.json"
     for text in ("[1]", '{"runs": [3]}'):

@@ -136,7 +136,18 @@ def load_summary(folder: Path) -> RunSummary:
 
 
 def load_run(folder: Path) -> GpuRun:
+    """A run folder in full (load_summary's checks, and a replay from before config.json must
+    give its engine configuration from its summary's columns, since its simulation needs
+    it), with its steps, timeline, requests and transitions."""
     run = load_summary(folder)
+    if ENGINE_CONFIG_KEY not in run.summary:
+        try:
+            legacy_config(run.summary)
+        except (KeyError, TypeError, ValueError) as exc:
+            detail = f"it has no {exc.args[0]!r}" if isinstance(exc, KeyError) else str(exc)
+            raise ValueError(f"{folder / 'summary.json'}: no {CONFIG_FILE} beside it, and its "
+                             f"columns do not give the run's engine configuration: "
+                             f"{detail}") from None
     steps_path = first_file(folder, "steps.csv")
     if steps_path is None:
         raise ValueError(f"{folder}: no steps.csv (per-step measured times)")
