@@ -3,7 +3,8 @@ measured per metric and run, and the gains a user decides on."""
 
 from __future__ import annotations
 
-from validation.compare import METRICS, format_target_value
+from validation.compare import format_target_value
+from validation.metrics import METRICS
 from validation.pipeline import RunComparison, Validation
 from validation.repeats import errors_against_median, median_deviation
 from validation.report_format import abs_pct, number, recorded, signed_pct

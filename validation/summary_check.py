@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from sim.core.elastic import Policy
-from validation.compare import METRICS
+from validation.metrics import METRICS
 
 
 def read_summary_json(path: Path) -> dict:
