@@ -184,6 +184,8 @@ def test_a_summary_that_is_not_a_run_object_is_named(replay, tmp_path, text, mes
 @pytest.mark.parametrize("summary, message", [
     ({"chunk": 2048}, "it has no 'model'"),
     ({"chunk": 2048, "model": "llama-9"}, "unknown model 'llama-9'"),
+    ({"chunk": 2048, "model": "llama-3.1-8b", "max_model_len": "long"},
+     "field max_model_len is 'long', not an integer"),
 ])
 def test_a_replay_without_config_json_names_what_its_columns_lack(tmp_path, summary, message):
     (tmp_path / "summary.json").write_text(json.dumps(summary))

@@ -35,20 +35,27 @@ LEGACY_DEFAULTS = {"max_model_len": 32768, "enable_prefix_caching": False, "drai
 def legacy_config(summary: dict) -> EngineConfig:
     """The configuration of a replay without config.json, from its summary's columns (the
     graph sizes from what it measured), with LEGACY_DEFAULTS where a column is missing."""
-    def get(key: str):
+    def get(key: str, convert=str):
         value = summary.get(key)
-        return LEGACY_DEFAULTS.get(key) if value is None else value
+        value = LEGACY_DEFAULTS.get(key) if value is None else value
+        if value is None:
+            raise ValueError(f"it has no {key!r}")
+        try:
+            return convert(value)
+        except (TypeError, ValueError):
+            kind = {int: "an integer", float: "a number"}.get(convert, convert.__name__)
+            raise ValueError(f"field {key} is {value!r}, not {kind}") from None
 
     return EngineConfig(
-        model=get_model(str(summary["model"])), gpu=_gpu(str(get("gpu"))),
-        tensor_parallel_size=int(get("tensor_parallel_size")),
-        max_num_batched_tokens=int(summary["chunk"]), max_num_seqs=get("max_num_seqs"),
-        gpu_memory_utilization=float(get("gpu_memory_utilization")),
-        max_model_len=int(get("max_model_len")), block_size=int(get("block_size")),
-        policy=Policy.parse(str(get("policy"))), drain=DrainStrategy.parse(str(get("drain"))),
-        vmm_handle_bytes=int(get("vmm_handle_bytes")),
+        model=get_model(get("model")), gpu=_gpu(get("gpu")),
+        tensor_parallel_size=get("tensor_parallel_size", int),
+        max_num_batched_tokens=get("chunk", int), max_num_seqs=summary.get("max_num_seqs"),
+        gpu_memory_utilization=get("gpu_memory_utilization", float),
+        max_model_len=get("max_model_len", int), block_size=get("block_size", int),
+        policy=Policy.parse(get("policy")), drain=DrainStrategy.parse(get("drain")),
+        vmm_handle_bytes=get("vmm_handle_bytes", int),
         reclaim=str(summary.get("reclaim") or _default_reclaim(summary)),
-        enable_prefix_caching=bool(get("enable_prefix_caching")),
+        enable_prefix_caching=get("enable_prefix_caching", bool),
         cuda_graph_sizes=measured_sizes(summary, "graph_sizes"),
         piecewise_graph_sizes=measured_sizes(summary, "piecewise_sizes"),
         # what the engine ran before config.json, whatever the defaults are now

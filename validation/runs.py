@@ -143,11 +143,10 @@ def load_run(folder: Path) -> GpuRun:
     if ENGINE_CONFIG_KEY not in run.summary:
         try:
             legacy_config(run.summary)
-        except (KeyError, TypeError, ValueError) as exc:
-            detail = f"it has no {exc.args[0]!r}" if isinstance(exc, KeyError) else str(exc)
+        except ValueError as exc:
             raise ValueError(f"{folder / 'summary.json'}: no {CONFIG_FILE} beside it, and its "
                              f"columns do not give the run's engine configuration: "
-                             f"{detail}") from None
+                             f"{exc}") from None
     steps_path = first_file(folder, "steps.csv")
     if steps_path is None:
         raise ValueError(f"{folder}: no steps.csv (per-step measured times)")
