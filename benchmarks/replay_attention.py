@@ -20,7 +20,6 @@ Usage: python benchmarks/replay_attention.py RUN_DIR [RUN_DIR ...] [--calibratio
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 from pathlib import Path
 
@@ -37,10 +36,9 @@ from gpu_backend.kernels import paged_attention  # noqa: E402
 from gpu_backend.kernels.attention import plan_decode_splits  # noqa: E402
 from sim.core.calibration import load_efficiency  # noqa: E402
 from sim.core.cost_model import CostModel, padded_batch  # noqa: E402
-from validation.csv_rows import open_csv  # noqa: E402
 from validation.decode_rows import decode_rows, rebuilt_share  # noqa: E402
 from validation.runs import engine_config, load_run  # noqa: E402
-from validation.step_table import parse_chunks  # noqa: E402
+from validation.step_table import StepTable  # noqa: E402
 
 DTYPE = torch.bfloat16
 WAVES = (2, 8)  # the plan's programs per SM beside the default (DECODE_TARGET_WAVES, 4)
@@ -123,7 +121,6 @@ def bench_run(folder: Path, calibration: Path | None, decode_steps: int,
     if run.requests is None:
         raise ValueError(f"{folder}: no requests CSV; the decode rows cannot be rebuilt")
     rows = decode_rows(steps, run.requests)
-    chunks_text = _chunk_column(folder)
     rebuilt = np.array([r is not None for r in rows])
     decode_only = np.nonzero(rebuilt & (steps.num_prefill_tokens == 0)
                              & (steps.num_decode_tokens > 0))[0]
@@ -135,7 +132,7 @@ def bench_run(folder: Path, calibration: Path | None, decode_steps: int,
         for i in picked:
             lengths = rows[i]
             assert lengths is not None  # picked among the rebuilt
-            chunks = _chunks(run, i, chunks_text)
+            chunks = _chunks(steps, i)
             timed = (time_decode(lengths, heads, kv_heads, head_dim,
                                  padded_batch(len(lengths), config.cuda_graph_sizes))
                      if kind == "decode"
@@ -152,24 +149,14 @@ def bench_run(folder: Path, calibration: Path | None, decode_steps: int,
             "rebuilt_share": rebuilt_share(rows, steps), "cases": cases}
 
 
-def _chunk_column(folder: Path) -> list[str] | None:
-    """steps.csv's prefill_chunks column ("new:prefix;..." per step), None without it."""
-    path = next(iter(sorted(folder.glob("steps.csv*"))))
-    with open_csv(path) as f:
-        reader = csv.DictReader(f)
-        if "prefill_chunks" not in (reader.fieldnames or ()):
-            return None
-        return [row["prefill_chunks"] for row in reader]
-
-
-def _chunks(run, i: int, chunks_text: list[str] | None) -> list[tuple[int, int]]:
-    """Step i's prefill chunks (new tokens, prefix); one chunk without a prefix when the
-    replay did not record them."""
-    if not run.steps.num_prefill_tokens[i]:
+def _chunks(steps: StepTable, i: int) -> list[tuple[int, int]]:
+    """Step i's prefill chunks (new tokens, prefix) as steps.csv recorded them; one chunk
+    without a prefix when the replay did not record them."""
+    if not steps.num_prefill_tokens[i]:
         return []
-    if chunks_text is None:
-        return [(int(run.steps.num_prefill_tokens[i]), 0)]
-    return parse_chunks(chunks_text[i])
+    if steps.prefill_chunks is None:
+        return [(int(steps.num_prefill_tokens[i]), 0)]
+    return list(steps.prefill_chunks[i])
 
 
 def print_report(res: dict) -> None:
