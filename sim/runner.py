@@ -12,7 +12,8 @@ from sim.core.cost_model import CostModel, Efficiency
 from sim.core.elastic import VmmCosts
 from sim.core.engine_config import EngineConfig, EngineCore, build_core
 from sim.core.memory_plan import ActivationProfile
-from sim.engine import Fleet, Replica, TraceRequests
+from sim.engine import Replica
+from sim.fleet import Fleet, TraceRequests
 from sim.recording.metrics import ReplicaRecorder, Slo, summarize
 from sim.recording.outputs import config_fields, run_label
 from traces import Trace
@@ -64,17 +65,18 @@ def simulate(spec: RunSpec, trace: Trace, progress: ProgressFn | None = None,
     vmm = spec.engine.vmm_cost(spec.vmm_costs)
     cores = [build_core(spec.engine, spec.profile, vmm) for _ in range(spec.num_replicas)]
     cost = CostModel.for_engine(spec.engine, spec.efficiency)
-    for replica_id, core in enumerate(cores):
-        replica = Replica(env, replica_id, core, cost, fleet)
-        replica.recorder = recorder(replica_id, core.config.block_size)
-        fleet.replicas.append(replica)
+    replicas = [Replica(env, replica_id, core, cost, fleet)
+                for replica_id, core in enumerate(cores)]
+    for replica in replicas:
+        replica.recorder = recorder(replica.replica_id, replica.core.config.block_size)
+    fleet.replicas.extend(replicas)
     env.process(fleet.arrivals(env))
-    for replica in fleet.replicas:
+    for replica in replicas:
         env.process(replica.run(env))
     if progress is not None:
         env.process(fleet.monitor(env, progress, PROGRESS_EVERY_S))
     env.run(until=fleet.done)
-    recorders = [r.recorder for r in fleet.replicas]
+    recorders = [r.recorder for r in replicas]
     summary = summarize(recorders, spec.slo)
     summary.update(config_fields(cores[0], spec.num_replicas))
     wall_s = time.perf_counter() - wall_start

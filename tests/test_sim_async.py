@@ -14,7 +14,8 @@ from sim.core.cost_model import CostArgs, CostModel, Efficiency, step_total_arra
 from sim.core.elastic import Policy, VmmCostModel
 from sim.core.engine_config import EngineConfig, build_core
 from sim.core.step import SchedulerOutput
-from sim.engine import Fleet, Replica
+from sim.engine import Replica
+from sim.fleet import Fleet
 from sim.recording.metrics import timeline_array
 from sim.runner import RunSpec, simulate
 from traces import Trace

@@ -17,7 +17,8 @@ from sim.core.cost_model import CostModel
 from sim.core.elastic import Policy
 from sim.core.engine_config import EngineConfig, build_core
 from sim.core.request import RequestStatus
-from sim.engine import Fleet, Replica
+from sim.engine import Replica
+from sim.fleet import Fleet
 from sim.recording.metrics import TIMELINE_COLUMNS, ReplicaRecorder, timeline_array
 from sim.runner import RunSpec, simulate
 from traces import Trace, load_trace
@@ -211,14 +212,14 @@ def run_fleet(spec: RunSpec, trace: Trace, replica_cls: type[Replica]) -> list[R
     env = simpy.Environment()
     fleet = Fleet(env, trace.requests(), spec.router)
     cost = CostModel.for_engine(spec.engine)
-    for replica_id in range(spec.num_replicas):
-        core = build_core(spec.engine)
-        fleet.replicas.append(replica_cls(env, replica_id, core, cost, fleet))
+    replicas = [replica_cls(env, replica_id, build_core(spec.engine), cost, fleet)
+                for replica_id in range(spec.num_replicas)]
+    fleet.replicas.extend(replicas)
     env.process(fleet.arrivals(env))
-    for replica in fleet.replicas:
+    for replica in replicas:
         env.process(replica.run(env))
     env.run()  # ends when no event is left: every replica idle, every request arrived
-    return [r.recorder for r in fleet.replicas]
+    return [r.recorder for r in replicas]
 
 
 @pytest.mark.parametrize("policy,asynchronous", [(Policy.STATIC, False), (Policy.ELASTIC, False),

@@ -209,7 +209,7 @@ class Case:
     options: EngineOptions = field(default_factory=EngineOptions)
     slo: Slo = field(default_factory=Slo)
     num_replicas: int = 1
-    router: str = "round-robin"  # how the fleet spreads requests (sim.engine.Fleet)
+    router: str = "round-robin"  # how the fleet spreads requests (sim.fleet.Fleet)
     efficiency: Efficiency | None = None
     profile: ActivationProfile | None = None
     vmm_costs: VmmCosts | None = None  # a calibration's measured elastic transition costs
