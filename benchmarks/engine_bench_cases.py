@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gpu_backend.engine.calibrate import backend_launch_ms
+from gpu_backend.engine.calibrate_timing import backend_launch_ms
 from gpu_backend.engine.kv_store import PlainKVStore
 from gpu_backend.engine.memory import (
     dummy_store,
@@ -27,11 +27,12 @@ from gpu_backend.engine.runner import DecodeGraphs, ModelRunner
 from gpu_backend.engine.setup import load_model
 from gpu_backend.engine.shapes import decode_shape, host_batch, prefill_shape, prompt_shapes
 from gpu_backend.env import ClockSampler, copy_bandwidth_bytes_s
-from gpu_backend.kernels.split_attention import SplitShapes, warm_plans
+from gpu_backend.kernels.split_attention import warm_plans
 from gpu_backend.model import set_attention_backend, set_fused
 from sim.core.catalog import ModelSpec, get_gpu
 from sim.core.elastic import MIB
 from sim.core.engine_config import EngineConfig
+from sim.core.split_shapes import SplitShapes
 
 DECODE_BATCH, DECODE_CONTEXT = 64, 1024
 DECODE_RUN = 20  # decode steps launched ahead in a row, per timing

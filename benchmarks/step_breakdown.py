@@ -50,10 +50,11 @@ from gpu_backend.engine.runner import DecodeGraphs, ModelRunner  # noqa: E402
 from gpu_backend.engine.setup import load_model  # noqa: E402
 from gpu_backend.engine.shapes import decode_shape, host_batch  # noqa: E402
 from gpu_backend.env import copy_bandwidth_bytes_s, device_environment, write_result  # noqa: E402
-from gpu_backend.kernels.split_attention import SplitShapes, warm_plans  # noqa: E402
+from gpu_backend.kernels.split_attention import warm_plans  # noqa: E402
 from gpu_backend.layers import SPLIT_BACKENDS  # noqa: E402
 from sim.core.catalog import ModelSpec, get_gpu, get_model  # noqa: E402
 from sim.core.engine_config import EngineConfig  # noqa: E402
+from sim.core.split_shapes import SplitShapes  # noqa: E402
 
 PROMPT = 16384
 CHUNKS = (2048, 8192, 16384)

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from gpu_backend.kernels.attention import DecodePlan
 from gpu_backend.kernels.flashinfer_attention import PrefillPlan
-from gpu_backend.kernels.split_attention import SplitPlan
+from gpu_backend.kernels.split_plan import SplitPlan
 
 
 @dataclass(frozen=True)

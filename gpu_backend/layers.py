@@ -50,13 +50,9 @@ from gpu_backend.kernels.attention import (
     uses_split_plan,
 )
 from gpu_backend.kernels.flashinfer_attention import flashinfer_prefill, page_lists
-from gpu_backend.kernels.split_attention import (
-    SPLIT_MIN_QUERY,
-    SplitShapes,
-    plan_split,
-    prepare_plan,
-    split_attention,
-)
+from gpu_backend.kernels.split_attention import prepare_plan, split_attention
+from gpu_backend.kernels.split_plan import plan_split
+from sim.core.split_shapes import SPLIT_MIN_QUERY, SplitShapes
 
 AttentionBackend = Literal["triton", "split", "auto", "flashinfer", "torch"]
 ATTENTION_BACKENDS = ("triton", "split", "auto", "flashinfer", "torch")

@@ -132,7 +132,7 @@ def test_every_step_meets_only_the_enumerated_shapes():
     """39 shapes for 8,192 batched tokens and 32,768 of context; random chunks and prefixes
     within those limits plan only shapes among them, padded by at most the ladders' steps,
     their segments tiling the prefix up to the absorbed tail."""
-    from gpu_backend.kernels.split_attention import plan_split
+    from gpu_backend.kernels.split_plan import plan_split
     from sim.core.split_shapes import SdpaShape, SplitShapes
 
     shapes = SplitShapes()
@@ -187,12 +187,9 @@ def test_torch_merge_with_an_empty_side():
 
 
 def test_plan_split_lists_prefill_rows_with_their_prefixes():
-    from gpu_backend.kernels.split_attention import (
-        PrefillSeq,
-        SplitShapes,
-        plan_split,
-        prepare_plan,
-    )
+    from gpu_backend.kernels.split_attention import prepare_plan
+    from gpu_backend.kernels.split_plan import PrefillSeq, plan_split
+    from sim.core.split_shapes import SplitShapes
 
     qsl = np.array([0, 1, 2, 42, 42, 59])  # rows: 2 decodes, a 40-token chunk, empty, 17
     seq_lens = np.array([100, 8, 40, 5, 117], dtype=np.int32)
@@ -218,7 +215,8 @@ def test_plan_split_lists_prefill_rows_with_their_prefixes():
 
 
 def test_plan_split_sends_short_rows_to_the_paged_kernel_in_runs():
-    from gpu_backend.kernels.split_attention import plan_split, prepare_plan
+    from gpu_backend.kernels.split_attention import prepare_plan
+    from gpu_backend.kernels.split_plan import plan_split
 
     # rows: 1 decode; 5 (short), 30 (split), 3 and 7 (short, side by side), 26 (split)
     qsl = np.array([0, 1, 6, 36, 39, 46, 72])
@@ -236,7 +234,8 @@ def test_plan_split_sends_short_rows_to_the_paged_kernel_in_runs():
 
 
 def test_plan_split_refuses_what_it_cannot_run():
-    from gpu_backend.kernels.split_attention import SplitBuffers, SplitShapes, plan_split
+    from gpu_backend.kernels.split_plan import SplitBuffers, plan_split
+    from sim.core.split_shapes import SplitShapes
 
     with pytest.raises(ValueError, match="decode rows"):
         plan_split(np.array([0, 1, 5]), np.array([9, 5]), 2)  # row 1 has 4 new tokens
@@ -390,7 +389,8 @@ class _SdpaShapes(TorchDispatchMode):
 
 def _run_split_case(name: str) -> dict:
     from gpu_backend.kernels import store_kvcache
-    from gpu_backend.kernels.split_attention import plan_split, prepare_plan, split_attention
+    from gpu_backend.kernels.split_attention import prepare_plan, split_attention
+    from gpu_backend.kernels.split_plan import plan_split
     from tests.kernel_cases import rel_error
 
     *_, num_decodes, _, with_buffers, min_query = SPLIT_CASES[name]
@@ -640,9 +640,9 @@ def _run_profile_step_case() -> dict:
 
 
 def _run_profile_launch_case() -> dict:
-    """The profile's attention timing (calibrate.backend_launch_ms) on a mixed step: each
+    """The profile's attention timing (calibrate_timing.backend_launch_ms) on a mixed step: each
     backend's timed call computes the attention triton's does over the same K/V and q."""
-    from gpu_backend.engine.calibrate import backend_launch_ms
+    from gpu_backend.engine.calibrate_timing import backend_launch_ms
     from gpu_backend.engine.shapes import StepShape
 
     outs = {}

@@ -360,7 +360,8 @@ def test_split_attention_cudnn_bf16(batch: str, shape: str, min_query_len: int) 
     """Every batch through SPLIT's padded cuDNN calls (the pool's unused slots are NaN) and,
     on auto, its rows under 1,024 new tokens through the Triton kernel: the float32 paged
     reference to bf16 rounding."""
-    from gpu_backend.kernels.split_attention import plan_split, prepare_plan, split_attention
+    from gpu_backend.kernels.split_attention import prepare_plan, split_attention
+    from gpu_backend.kernels.split_plan import plan_split
 
     pb, num_decodes = _split_problem(batch, shape)
     plan = plan_split(pb.query_start_loc.cpu().numpy(), pb.seq_lens.cpu().numpy(), num_decodes,
@@ -379,13 +380,9 @@ def test_split_plans_are_built_up_front() -> None:
 
     import numpy as np
 
-    from gpu_backend.kernels.split_attention import (
-        SplitShapes,
-        plan_split,
-        prepare_plan,
-        split_attention,
-        warm_plans,
-    )
+    from gpu_backend.kernels.split_attention import prepare_plan, split_attention, warm_plans
+    from gpu_backend.kernels.split_plan import plan_split
+    from sim.core.split_shapes import SplitShapes
 
     heads, kv_heads, head_dim = SHAPES["gqa4_d128"]
     shapes = SplitShapes()
@@ -502,9 +499,9 @@ def test_split_memory_profile_covers_longer_prefixes_and_mixed_steps() -> None:
     from gpu_backend.engine.runner import InputCopier
     from gpu_backend.engine.setup import load_model
     from gpu_backend.engine.shapes import blocks_needed, host_batch, mixed_shape
-    from gpu_backend.kernels.split_attention import SEGMENT_TOKENS, SplitShapes
     from sim.core.catalog import get_gpu, get_model
     from sim.core.engine_config import EngineConfig
+    from sim.core.split_shapes import SEGMENT_TOKENS, SplitShapes
 
     spec, device, tokens, bs = get_model("qwen2.5-0.5b"), torch.device("cuda"), 2048, 16
     config = EngineConfig(spec, get_gpu("h200"), max_model_len=32768, block_size=bs)

@@ -13,8 +13,9 @@
     replay.py     trace replay and the simulator-compatible outputs
     shapes.py     synthetic steps for calibration and benchmarks
     profile_grid.py  the steps a calibration times, and why each is there
-    calibrate.py  times the grid and writes the calibration (`python -m gpu_backend profile`;
-                  its format and fits: sim.core.calibration)
+    calibrate.py  builds the profiled engine and writes the calibration (`python -m
+                  gpu_backend profile`; its format and fits: sim.core.calibration)
+    calibrate_timing.py  the grid timed on that engine and the cost model fitted to it
     attention_profile.py  the grid's attention launches timed alone
     transitions.py  the elastic transitions timed for the calibration
 """

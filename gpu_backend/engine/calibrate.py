@@ -15,42 +15,24 @@ while they ran (`ahead_sm_clock_mhz`, `ahead_power_w`, `ahead_power_capped_share
 every grid step with prefill tokens is timed on its own too (`attention_profile`), and the
 engine's elastic transitions (`transitions.measure_transitions`).
 
-The timing needs torch and stays here; the file format, its checks, the fits and the
-provenance every profile records live in `sim.core.calibration`.
+This module builds the engine a profile times (`profile_engine`) and assembles the
+calibration; the timing of the grid and the fit to it are `calibrate_timing`'s. Both need
+torch; the file format, its checks, the fits and the provenance every profile records live
+in `sim.core.calibration`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import nullcontext
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from datetime import datetime, timezone
-from functools import partial
 from pathlib import Path
 
-import numpy as np
-
-from gpu_backend.engine.attention_profile import (
-    PagedLayer,
-    attention_inputs,
-    attention_records,
-    attention_shapes,
-    device_ms,
-    time_attention,
-)
-from gpu_backend.engine.hostprobe import probe
-from gpu_backend.engine.hostprobe import summarize as summarize_probes
+from gpu_backend.engine.attention_profile import attention_inputs
+from gpu_backend.engine.calibrate_timing import ProfileEngine, fit_timed, time_profile
 from gpu_backend.engine.profile_grid import default_grid, grid_max_len
-from gpu_backend.engine.shapes import (
-    StepShape,
-    blocks_needed,
-    engine_step,
-    scatter_tables,
-    scheduler_output,
-)
-from gpu_backend.engine.step_timing import measure_grid, time_step, time_step_ahead
+from gpu_backend.engine.shapes import StepShape, blocks_needed, scheduler_output
 from gpu_backend.engine.transitions import measure_transitions
-from gpu_backend.env import ClockSampler, per_step_clocks, versions
+from gpu_backend.env import versions
 from sim.core.calibration import (
     EngineKind,
     Provenance,
@@ -59,40 +41,13 @@ from sim.core.calibration import (
     profile_provenance,
     save_calibration,
 )
-from sim.core.calibration.attention_fit import attention_start
 from sim.core.calibration.merge import merge_profiles
-from sim.core.calibration.profile_fit import (
-    fit_profile,
-    outgrew_pool,
-    refit_profile,
-    with_host_gap,
-)
-from sim.core.cost_model import CostArgs, Efficiency, piecewise_sizes_for
+from sim.core.calibration.profile_fit import refit_profile
+from sim.core.cost_model import piecewise_sizes_for
 from sim.core.engine_config import EngineConfig
 
 # `python -m gpu_backend refit --merge` merges through this module
 __all__ = ["calibrate", "merge_profiles", "refit_calibration", "write_calibration"]
-
-
-@dataclass
-class ProfileEngine:
-    """The engine a profile times: model, a dummy KV pool and decode graphs for a grid."""
-    config: EngineConfig  # max_num_batched_tokens and max_model_len fitted to the grid
-    runner: object  # gpu_backend.engine.runner.ModelRunner
-    graphs: object  # its DecodeGraphs
-    memory: object  # setup.measure_memory's result (activation profile, weights)
-    num_blocks: int
-    device: object  # torch.device
-    setup: dict  # how the graphs and the pool were set up (written into the calibration)
-    scatter_seed: int | None = None  # replay setup: tables scattered over the pool (seeded)
-
-    def step(self, shape: StepShape):
-        """The engine's RequestMirror and SchedulerOutput of `shape` on this pool."""
-        mirror, out = engine_step(shape, self.config.block_size, self.num_blocks,
-                                  self.config.model.vocab_size)
-        if self.scatter_seed is not None:
-            scatter_tables(mirror, self.num_blocks, self.scatter_seed)
-        return mirror, out
 
 
 REPLAY_POOL_SHARE = 0.6  # of free memory, for the replay setup's pool
@@ -117,13 +72,36 @@ def profile_engine(config: EngineConfig, grid: list[StepShape], seed: int = 0,
     """
     import torch
 
-    from gpu_backend.engine.graphs import capture_sizes
     from gpu_backend.engine.memory import dummy_store, kv_caches_of
-    from gpu_backend.engine.piecewise import PiecewiseGraphs
-    from gpu_backend.engine.runner import DecodeGraphs, ModelRunner
+    from gpu_backend.engine.runner import ModelRunner
     from gpu_backend.engine.setup import measure_memory
 
     device = torch.device("cuda", torch.cuda.current_device())
+    config, table_len, piecewise_tokens = _fitted_config(config, grid, replay_setup, piecewise,
+                                                         piecewise_max_tokens)
+    # the piecewise graphs' memory counted as a replay counts it (the calibration's
+    # activation profile is what the simulator plans the KV pool with)
+    model, m = measure_memory(config, device, seed, use_graphs=True,
+                              piecewise_tokens=piecewise_tokens,
+                              attention_backend=attention_backend)
+    num_blocks = _pool_blocks(config, grid, device, min_blocks, replay_setup)
+    store = dummy_store(config.model, num_blocks, config.block_size, device)
+    caches = kv_caches_of(store, config.model.num_layers)
+    graphs, pieces, sizes = _capture_graphs(model, caches, config, grid, table_len, device,
+                                            replay_setup, piecewise_tokens)
+    runner = ModelRunner(model, caches, device, graphs, pieces)
+    setup = _setup_record(config, replay_setup, sizes, table_len, num_blocks, pieces,
+                          attention_backend)
+    return ProfileEngine(config, runner, graphs, m, num_blocks, device, setup,
+                         seed if replay_setup else None)
+
+
+def _fitted_config(config: EngineConfig, grid: list[StepShape], replay_setup: bool,
+                   piecewise: bool, piecewise_max_tokens: int | None
+                   ) -> tuple[EngineConfig, int, int | None]:
+    """`config` with max_num_batched_tokens and max_model_len fitted to `grid`; the decode
+    graphs' table width in tokens (at least `config`'s effective max_model_len with
+    `replay_setup`); the largest piecewise graph's tokens (None without `piecewise`)."""
     max_prefill = max(s.num_tokens for s in grid if s.kind == "prefill")
     # the replay's piecewise graphs: up to its chunk (before the grid's own token budget
     # replaces it), or to the cap
@@ -133,14 +111,20 @@ def profile_engine(config: EngineConfig, grid: list[StepShape], seed: int = 0,
     table_len = max(max_len, config.memory_config().effective_max_model_len) \
         if replay_setup else max_len
     config = config.with_(max_num_batched_tokens=max_prefill, max_model_len=max_len)
-    # the piecewise graphs' memory counted as a replay counts it (the calibration's
-    # activation profile is what the simulator plans the KV pool with)
-    model, m = measure_memory(config, device, seed, use_graphs=True,
-                              piecewise_tokens=piecewise_tokens,
-                              attention_backend=attention_backend)
-    num_blocks = _pool_blocks(config, grid, device, min_blocks, replay_setup)
-    store = dummy_store(config.model, num_blocks, config.block_size, device)
-    caches = kv_caches_of(store, config.model.num_layers)
+    return config, table_len, piecewise_tokens
+
+
+def _capture_graphs(model, caches, config: EngineConfig, grid: list[StepShape],
+                    table_len: int, device, replay_setup: bool,
+                    piecewise_tokens: int | None) -> tuple[object, object, list[int]]:
+    """The profile's decode graphs, captured: one per decode batch size of `grid` (and of
+    capture_sizes(max_num_seqs) with `replay_setup`), tables `table_len` tokens wide; the
+    piecewise graphs up to `piecewise_tokens`, captured (None when it is None); the decode
+    graphs' sizes."""
+    from gpu_backend.engine.graphs import capture_sizes
+    from gpu_backend.engine.piecewise import PiecewiseGraphs
+    from gpu_backend.engine.runner import DecodeGraphs
+
     sizes = sorted({len(s.decodes) for s in grid if s.kind == "decode"})
     if replay_setup:
         sizes = sorted(set(capture_sizes(config.num_seqs)) | set(sizes))
@@ -150,11 +134,7 @@ def profile_engine(config: EngineConfig, grid: list[StepShape], seed: int = 0,
               if piecewise_tokens is not None else None)
     if pieces is not None:
         pieces.capture()
-    runner = ModelRunner(model, caches, device, graphs, pieces)
-    setup = _setup_record(config, replay_setup, sizes, table_len, num_blocks, pieces,
-                          attention_backend)
-    return ProfileEngine(config, runner, graphs, m, num_blocks, device, setup,
-                         seed if replay_setup else None)
+    return graphs, pieces, sizes
 
 
 def _pool_blocks(config: EngineConfig, grid: list[StepShape], device, min_blocks: int,
@@ -247,109 +227,6 @@ def _memory_record(memory) -> dict:
                            "non_torch_bytes": profile.non_torch_bytes},
             "activation_peaks": {str(k): v for k, v in memory.activation_peaks.items()},
             "weights_bytes": memory.weights_bytes}
-
-
-def time_profile(engine: ProfileEngine, grid: list[StepShape], warmup: int, repeat: int,
-                 passes: int, attention: bool, sample_clocks: bool = True
-                 ) -> tuple[list[dict], list[dict]]:
-    """The grid's steps timed on `engine` (time_step's medians and the host's speed beside
-    each point), and with `attention` each prefill launch's attention alone (its records)."""
-    def measure(shape: StepShape) -> dict[str, float]:
-        mirror, out = engine.step(shape)
-        host = probe()  # the host's speed next to this point (hostprobe)
-        build = partial(mirror.build, out, engine.num_blocks)  # blocks laid over the pool
-        alone = time_step(engine.runner, build, warmup, repeat)
-        sampler = ClockSampler() if sample_clocks else None
-        with sampler or nullcontext():  # the stream's clock and power (time_step_ahead)
-            ahead = time_step_ahead(engine.runner, build, warmup, repeat)
-        return {**alone, **ahead,
-                **per_step_clocks(sampler.summary() if sampler else {}, warmup + repeat + 1),
-                "host_probe_s": host}
-
-    timed = measure_grid(grid, measure, passes)
-    records: list[dict] = []  # the attention of every step with prefill tokens, on its own
-    if attention:
-        launches = attention_shapes(grid)
-        backend = engine.setup["attention_backend"]
-        records = attention_records(launches, measure_grid(
-            launches, lambda shape: time_backend_attention(shape, engine.config.model, backend),
-            passes))
-    return timed, records
-
-
-SPLIT_QUEUE_CYCLES = 8_000_000  # ~4 ms of GPU sleep: SPLIT enqueues a few launches per sequence
-
-
-def backend_launch_ms(shape: StepShape, backend: str, num_heads: int, num_kv_heads: int,
-                      head_dim: int, reps: int = 20, device: str = "cuda", dtype=None,
-                      timer: Callable[..., float] = device_ms) -> float:
-    """Device milliseconds of one layer's attention of `shape` as `backend` (one of
-    gpu_backend.layers.ATTENTION_BACKENDS) runs it: PagedAttention's per-step plan made once,
-    then its attend timed (decode rows first, then the chunks). `device`, `dtype` and
-    `timer` other than the defaults: the CPU check of this path under Triton's interpreter."""
-    import torch
-
-    from gpu_backend.batch import ForwardBatch, HostLens
-    from gpu_backend.layers import PagedAttention
-
-    seq = [int(n) for n in shape.decodes] + [new + prefix for new, prefix in shape.prefills]
-    new_tokens = [1] * len(shape.decodes) + [new for new, _ in shape.prefills]
-    layer = PagedLayer(seq, num_kv_heads, head_dim, dtype, device=device)
-    q = torch.randn(sum(new_tokens), num_heads, head_dim, device=device, dtype=layer.k.dtype)
-    qsl = np.concatenate(([0], np.cumsum(new_tokens))).astype(np.int32)
-    lens = np.array(seq, dtype=np.int32)
-    empty = torch.zeros(0, dtype=torch.int64, device=device)
-    batch = ForwardBatch(
-        input_ids=empty, positions=empty, slot_mapping=empty, block_tables=layer.tables,
-        seq_lens=torch.as_tensor(lens, device=device),
-        query_start_loc=torch.as_tensor(qsl, device=device), logits_indices=empty,
-        max_query_len=max(new_tokens), max_seq_len=max(seq), num_decodes=len(shape.decodes),
-        host_lens=HostLens(qsl, lens))
-    attn = PagedAttention(num_heads, num_kv_heads, head_dim, backend)  # type: ignore[arg-type]
-    prepared = attn.prepare(batch, layer.k)
-    many_launches = attn.runs_split(prepared) and device == "cuda"
-    kwargs = {"queue_cycles": SPLIT_QUEUE_CYCLES} if many_launches else {}
-    return timer(lambda: attn.attend(q, layer.k, layer.v, prepared), reps=reps, **kwargs)
-
-
-def time_backend_attention(shape: StepShape, model, backend: str,
-                           reps: int = 20) -> dict[str, float]:
-    """`{"measured_s": ...}`: the attention of `shape` on `backend` over all of `model`'s
-    layers (attention_profile.time_attention's launch on triton)."""
-    if backend == "triton":
-        return time_attention(shape, model, reps)
-    ms = backend_launch_ms(shape, backend, model.num_attention_heads, model.num_kv_heads,
-                           model.head_dim, reps)
-    return {"measured_s": 1e-3 * ms * model.num_layers}
-
-
-def fit_timed(engine: ProfileEngine, grid: list[StepShape], timed: list[dict],
-              records: list[dict], bandwidth_bytes_s: float) -> dict:
-    """The calibration's fitted part: efficiency, the grid's records with their prices, the
-    fits' errors (sim.core.calibration.profile_fit)."""
-    token_sizes = engine.setup["piecewise_sizes"] or ()
-    outputs = [scheduler_output(shape) for shape in grid]
-    cost_args = CostArgs(engine.config.model, engine.config.gpu, 1,
-                         engine.setup["attention_backend"],
-                         engine.setup["mixed_split_min_keys"])
-    attention = attention_inputs({"attention_measurements": records})
-    if attention is not None:
-        attention = ([scheduler_output(s) for s in attention[0]], attention[1])
-    start, hold, attention_error = attention_start(cost_args, attention, Efficiency(), ())
-    efficiency, fit_error = fit_profile(
-        cost_args, outputs, np.array([t["measured_s"] for t in timed]), start=start,
-        copy_bandwidth_bytes_s=bandwidth_bytes_s, token_graph_sizes=token_sizes, hold=hold,
-        outgrew=outgrew_pool(engine.setup, outputs))
-    efficiency = with_host_gap(efficiency, timed)
-    cost = cost_args.cost_model(efficiency, token_sizes)
-    measurements = [{**shape.describe(), **timing, "predicted_s": cost.step(out).total_s}
-                    for shape, timing, out in zip(grid, timed, outputs)]
-    return {"efficiency": asdict(efficiency),
-            "host_probe": summarize_probes([t["host_probe_s"] for t in timed]),
-            "copy_bandwidth_bytes_s": bandwidth_bytes_s, "measurements": measurements,
-            "fit_error": fit_error, "attention_measurements": records,
-            "attention_fit_error": attention_error}
-
 
 
 def refit_calibration(data: dict, copy_bandwidth_bytes_s: float | None = None,
