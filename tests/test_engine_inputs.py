@@ -218,7 +218,7 @@ def test_scattered_tables_stay_distinct_and_usable():
 
 
 def test_block_tables_grow_track_their_largest_id_and_remap():
-    from gpu_backend.engine.inputs import BlockTables
+    from gpu_backend.engine.block_tables import BlockTables
 
     tables = BlockTables()
     tables[7] = (4, 2)

@@ -1,6 +1,7 @@
 """The real-GPU serving engine: the shared core's decisions executed on a paged KV cache.
 
     inputs.py     executor-side block tables and token ids -> host arrays of one forward
+    block_tables.py  each request's block ids as a growing array, with its largest id
     graphs.py     CUDA-graph capture sizes and padding of decode-only batches
     runner.py     one pinned host->device copy, eager forward or graph replay, sampled ids
     device_clock.py  when a step ended on the device, on the host's clock; its phases
