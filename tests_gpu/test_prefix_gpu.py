@@ -91,10 +91,12 @@ class LogitsTap:
 
 def run(requests, caching: bool, policy=Policy.STATIC, drain=DrainStrategy.PREEMPT,
         max_kv_blocks=400, use_graphs=False, kv_blocks: dict[int, int] | None = None):
+    # synchronous steps: the tap keys each sampled row by the tokens the mirror holds when
+    # the step runs, which under async scheduling still lack the pending ones
     config = EngineConfig(MODEL, get_gpu("h200"), max_num_batched_tokens=512, max_num_seqs=16,
                           max_model_len=1024, block_size=16, policy=policy, drain=drain,
                           vmm_handle_bytes=2 * 2**20, enable_prefix_caching=caching,
-                          hash_block_tokens=HASH)
+                          hash_block_tokens=HASH, async_scheduling=False)
     setup = build_gpu_engine(config, seed=0, max_kv_blocks=max_kv_blocks, use_graphs=use_graphs)
     engine = setup.engine
     engine.mirror.keep_outputs = True
