@@ -19,6 +19,7 @@ _CHUNK = 1 << 14  # trace rows turned into Python numbers at a time
 ProgressFn = Callable[[float, int], None]
 """progress(simulated_s, num_finished)."""
 
+
 class Replica(Protocol):
     """What the fleet asks of a replica (sim.engine.Replica): routing reads its load, the
     end of the run its unfinished work."""

@@ -13,15 +13,12 @@ from sim.core.elastic import VmmCosts
 from sim.core.engine_config import EngineConfig, EngineCore, build_core
 from sim.core.memory_plan import ActivationProfile
 from sim.engine import Replica
-from sim.fleet import Fleet, TraceRequests
+from sim.fleet import Fleet, ProgressFn, TraceRequests
 from sim.recording.metrics import ReplicaRecorder, Slo, summarize
 from sim.recording.outputs import config_fields, run_label
 from traces import Trace
 
-ProgressFn = Callable[[float, int], None]
-"""progress(simulated_s, num_finished) called every PROGRESS_EVERY_S of simulated time."""
-
-PROGRESS_EVERY_S = 5.0
+PROGRESS_EVERY_S = 5.0  # simulated seconds between two progress(simulated_s, num_finished) calls
 
 
 @dataclass(frozen=True)

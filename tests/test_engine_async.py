@@ -42,8 +42,11 @@ def model():
 
 
 def run(model, policy=Policy.STATIC, *, asynchronous: bool, num_kv_blocks=48,
-        requests=REQUESTS, drain=DrainStrategy.PREEMPT, graphs=False, piecewise=False):
-    core = toy_core(toy_config(policy, drain, async_scheduling=asynchronous), num_kv_blocks)
+        requests=REQUESTS, drain=DrainStrategy.PREEMPT, graphs=False, piecewise=False,
+        **config_changes):
+    """`requests` replayed on the tiny CPU model; `config_changes`: toy_config's others."""
+    config = toy_config(policy, drain, async_scheduling=asynchronous, **config_changes)
+    core = toy_core(config, num_kv_blocks)
     store = plain_store(core, "cpu", torch.float32)
     caches = kv_caches_of(store, TINY.num_layers)
     decode_graphs = pieces = None

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_engine_async import run as run_async_engine
 from test_engine_helpers import TickTimer, tiny_cpu_model, toy_config, toy_core
-from test_engine_smoke import CpuDecodeGraphs
 
 from gpu_backend.engine.clocks import VirtualClock
-from gpu_backend.engine.memory import kv_caches_of
 from gpu_backend.engine.replay import engine_summary, replay
 from gpu_backend.engine.setup import assemble_engine, plain_store
 from sim.core.elastic import DrainStrategy, Policy
@@ -179,33 +178,16 @@ def test_preemption_and_drains_keep_shared_blocks(model, crowd_reference, policy
     assert engine.mirror.outputs == crowd_reference
 
 
-def run_async(model, requests, caching: bool, graphs: bool = False):
-    """`requests` replayed under async scheduling (vLLM's default): each step launched before
-    the one in flight is collected, decode rows taking their input ids on the device."""
-    config = toy_config(enable_prefix_caching=caching, hash_block_tokens=HASH,
-                        async_scheduling=True)
-    core = toy_core(config, 200)
-    store = plain_store(core, "cpu", torch.float32)
-    decode_graphs = None
-    if graphs:
-        decode_graphs = CpuDecodeGraphs(model, kv_caches_of(store, config.model.num_layers),
-                                        8, 256, 16, torch.device("cpu"))
-        decode_graphs.capture()
-    engine = assemble_engine(core, model, store, torch.device("cpu"), decode_graphs, seed=3)
-    engine.mirror.keep_outputs = True
-    engine.timer = TickTimer(0.5)  # a step reads the timer twice under async scheduling
-    replay(engine, requests, wait=False)
-    pool = core.scheduler.pool
-    pool.check_invariants()
-    assert pool.num_used_blocks == 0
-    return engine
-
-
 @pytest.mark.parametrize("graphs", [False, True])
 def test_async_scheduling_keeps_the_hits_and_the_synchronous_tokens(model, graphs):
     reference, _ = run(model, SHARED, caching=False)
-    off = run_async(model, SHARED, caching=False, graphs=graphs)
-    on = run_async(model, SHARED, caching=True, graphs=graphs)
+    off, on = (run_async_engine(model, asynchronous=True, num_kv_blocks=200, requests=SHARED,
+                                graphs=graphs, enable_prefix_caching=caching,
+                                hash_block_tokens=HASH)
+               for caching in (False, True))
+    for engine in (off, on):
+        engine.scheduler.pool.check_invariants()
+        assert engine.scheduler.pool.num_used_blocks == 0
     assert off.mirror.outputs == reference.mirror.outputs
     assert on.mirror.outputs == reference.mirror.outputs
     cached = {r.request_id: r.num_cached_tokens for r in on.recorder.requests}

@@ -130,9 +130,9 @@ def _capture_graphs(model, caches, config: EngineConfig, grid: list[StepShape],
         sizes = sorted(set(capture_sizes(config.num_seqs)) | set(sizes))
     graphs = DecodeGraphs(model, caches, sizes[-1], table_len, config.block_size, device, sizes)
     graphs.capture()
-    pieces = (PiecewiseGraphs(model, caches, piecewise_tokens, device)
-              if piecewise_tokens is not None else None)
-    if pieces is not None:
+    pieces = None
+    if piecewise_tokens is not None:
+        pieces = PiecewiseGraphs(model, caches, piecewise_tokens, device)
         pieces.capture()
     return graphs, pieces, sizes
 
