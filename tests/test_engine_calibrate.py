@@ -297,6 +297,35 @@ def test_refit_recovers_efficiencies_from_stored_measurements():
         assert abs(result["efficiency"][name] - getattr(true, name)) <= 0.03 * getattr(true, name)
 
 
+def test_refit_fits_the_transition_costs_again_from_their_points():
+    """A refit fits the elastic transitions' costs to their stored points by today's rule: a
+    cache slope fitted before over a 2 MiB spread of freed bytes goes (transition_costs)."""
+    from dataclasses import asdict
+
+    from gpu_backend.engine.calibrate import refit_calibration
+    from gpu_backend.engine.profile_grid import default_grid
+    from gpu_backend.engine.shapes import scheduler_output
+    from sim.core.calibration.profile_fit import transition_costs
+    from sim.core.catalog import get_gpu, get_model
+    from sim.core.cost_model import CostModel, Efficiency
+
+    cost = CostModel(get_model("llama-3.1-8b"), get_gpu("h200"), 1, Efficiency())
+    measurements = [{**shape.describe(), "measured_s": cost.step(scheduler_output(shape)).total_s}
+                    for shape in default_grid()]
+    mib = 2**20
+    points = [{"handles": n, "freed_bytes": freed, "attach_s": 1e-3 + (0.4e-3 if freed else 0),
+               "detach_s": 5e-4} for n, freed in ((1, 2 * mib), (2, 2 * mib), (2, 0))]
+    stale = {**transition_costs(points), "attach_cache_gib_s": 0.2}
+    data = {"model": "llama-3.1-8b", "gpu_preset": "h200-141gb", "measurements": measurements,
+            "efficiency": asdict(Efficiency()),
+            "vmm": {"handle_bytes": 512 * mib, "reclaim": "release", "points": points,
+                    "costs": stale}}
+    vmm = refit_calibration(data)["vmm"]
+    assert vmm["points"] == points and vmm["handle_bytes"] == 512 * mib
+    assert vmm["costs"]["attach_cache_gib_s"] == 0.0
+    assert vmm["costs"]["attach_fixed_s"] > 1e-3  # the 0.4 ms went to the other terms
+
+
 def test_step_shape_records_round_trip_skewed_batches_and_read_old_files():
     """A calibration stores each grid step as a record; a skewed decode batch (one long
     sequence among short ones) must come back with every row's context, and records written

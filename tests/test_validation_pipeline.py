@@ -360,6 +360,25 @@ def test_transition_costs_fit_the_cached_bytes_an_attach_hands_back():
         0.3e-3 + 0.4e-3 + 0.36e-3)
 
 
+def test_transition_costs_fit_no_cache_slope_over_a_spread_of_a_few_mib():
+    """A piecewise engine's attaches free a few MiB at most: the attach after the largest
+    prefill ran 0.4 ms slower here by chance. Fitted as a slope over 2 MiB that would be 205 ms
+    per GiB, which the simulator prices on every GiB of activations an attach hands back."""
+    from sim.core.calibration.profile_fit import transition_costs
+
+    mib = 2**20
+    points = [{"handles": n, "freed_bytes": freed, "detach_s": 4e-4 + n * 45e-6,
+               "attach_s": 1e-3 + n * 0.2e-3 + (0.4e-3 if freed else 0.0)}
+              for n, freed in ((1, 2 * mib), (2, 2 * mib), (4, 2 * mib), (2, 0), (2, 0))]
+    costs = transition_costs(points)
+    assert costs["attach_cache_gib_s"] == 0.0
+    # the 0.4 ms lands on the fixed and per-handle terms, as a least-squares line over them
+    model = VmmCostModel(handle_bytes=512 * 2**20, costs=VmmCosts(**costs))
+    assert model.attach_s(2 * 512 * 2**20, 300 * mib) == pytest.approx(
+        model.attach_s(2 * 512 * 2**20, 0))
+    assert 1.4e-3 < model.attach_s(2 * 512 * 2**20, 300 * mib) < 1.8e-3
+
+
 def test_report_names_the_gpu_and_versions_it_was_measured_with(runs):
     """The replays' own versions when they recorded them, else the calibration's profile run's,
     and says which; never a silent blank."""

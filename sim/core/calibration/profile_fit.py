@@ -190,7 +190,8 @@ def refit_profile(data: dict, outputs: Sequence[SchedulerOutput],
     "copy_bandwidth_bytes_s", else fitted. `program_from`: (name, calibration) whose
     attention_program is held, not fitted (`program_term_of`); `attention_from`: one whose
     Triton kernel's attention terms are all held (`triton_terms_of`). Returns the calibration
-    with new efficiency and errors.
+    with new efficiency and errors, and its elastic transitions' costs fitted again to their
+    stored points (`transition_costs`).
     """
     bandwidth = copy_bandwidth_bytes_s or data.get("copy_bandwidth_bytes_s")
     times = np.array([m["measured_s"] for m in data["measurements"]])
@@ -209,6 +210,9 @@ def refit_profile(data: dict, outputs: Sequence[SchedulerOutput],
     errors = {"attention_fit_error": attention_error} if attention_error is not None else {}
     # a term held by an earlier refit is fitted now unless held again
     kept = {k: v for k, v in data.items() if k not in HELD_PROVENANCE}
+    vmm = data.get("vmm")
+    if isinstance(vmm, dict) and vmm.get("points"):  # the transitions' costs fitted again too
+        kept["vmm"] = {**vmm, "costs": transition_costs(vmm["points"])}
     return {**kept, "efficiency": asdict(efficiency), "fit_error": fit_error,
             "copy_bandwidth_bytes_s": bandwidth, "measurements": measurements, **errors,
             **provenance}
@@ -300,17 +304,25 @@ def program_term_of(source: str, other: dict, data: dict) -> float:
     return float(value)
 
 
+# the least spread of freed bytes over a profile's transitions that fits a cost per cached GiB
+# (VmmCosts.attach_cache_gib_s): at the 0.5-1.5 ms per GiB measured where the points spread
+# over 1.3-1.5 GiB, a smaller spread moves an attach by less than one attach's timing noise
+CACHE_SPREAD_MIN_GIB = 0.25
+
+
 def transition_costs(points: list[dict]) -> dict[str, float]:
     """Non-negative least squares through the attach and detach medians: attach = fixed +
-    handles x per_handle + cached GiB x per_cached_GiB (the last only where the points' freed
-    bytes differ), detach = fixed + handles x per_handle (VmmCosts' fields; the per-GiB
-    terms of the reserve stay 0 at one handle size)."""
+    handles x per_handle + cached GiB x per_cached_GiB, detach = fixed + handles x per_handle
+    (VmmCosts' fields; the per-GiB terms of the reserve stay 0 at one handle size). The
+    per-cached-GiB term is fitted only where the points' freed bytes spread over
+    CACHE_SPREAD_MIN_GIB or more: a slope fitted over a few MiB is the attaches' noise, and
+    the simulator would price it on every GiB of activations an attach hands back."""
     handles = np.array([p["handles"] for p in points], dtype=float)
     freed = np.array([p.get("freed_bytes", 0) for p in points], dtype=float) / 2**30
     costs: dict[str, float] = {"attach_cache_gib_s": 0.0}
     for kind in ("attach", "detach"):
         columns = [np.ones_like(handles), handles]
-        if kind == "attach" and np.ptp(freed) > 0:
+        if kind == "attach" and np.ptp(freed) >= CACHE_SPREAD_MIN_GIB:
             columns.append(freed)
         solution, _ = nnls(np.column_stack(columns), np.array([p[f"{kind}_s"] for p in points]))
         costs[f"{kind}_fixed_s"] = float(solution[0])
