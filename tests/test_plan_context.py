@@ -116,7 +116,7 @@ def test_map_cells_where_elastic_reclaims_often_are_marked(tmp_path):
     print_map(list(cells.values()), query, console)
     text = console.export_text()
     assert " !" in text and "!: elastic's pick reclaims its reserve 2 times a second" in text
-    assert "measured on four slices, Azure conversations at 5.3-6.8 reclaims a second" \
+    assert "measured on five slices, Azure conversations at 5.3-6.8 reclaims a second" \
         in " ".join(text.split())
     synchronous = replace(query, async_scheduling=False)
     assert not any(d.cell.reclaims_often for d in iter_cells(synchronous, QUIET))

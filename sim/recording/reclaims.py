@@ -8,10 +8,11 @@ mixed step so exposed took 14.78 ms with the detach against 9.42 ms launched ahe
 model adds 7.1% (12.14 against 11.34 ms; benchmarks/reclaim_step.py, docs/engine.md, "The step
 after a reclaim"). The engine detaches behind a step in flight that holds no elastic block
 (EngineConfig.detach_behind_step, on by default); the unmap still holds that step back, and the
-simulator charges it the detach's time. Replayed so, four Azure-conversation slices at 5.3-6.8
-reclaims a second (Llama-3.1-8B on an H100 and on an H200, Llama-3.2-3B and Qwen2.5-0.5B on an
-H200) measured elastic's TTFT p50 over static's at the same chunk within 0.6-3.8 points of the
-prediction (README, Limits). Outputs say so from RECLAIMS_NOTED_PER_S on.
+simulator charges it the detach's time. Replayed so, five Azure-conversation slices at 5.3-6.8
+reclaims a second (Llama-3.1-8B on an H100 and on an H200, Llama-3.2-3B on an H200, Qwen2.5-0.5B
+on an H200 and on an H100) measured elastic's TTFT p50 over static's at the same chunk within
+0.6-3.8 points of the prediction on their compared replays (README, Limits). Outputs say so
+from RECLAIMS_NOTED_PER_S on.
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 RECLAIMS_NOTED_PER_S = 2.0
-RECLAIM_EVIDENCE = ("At that rate the model's price of elastic's own cost is measured on four "
+RECLAIM_EVIDENCE = ("At that rate the model's price of elastic's own cost is measured on five "
                     "slices, Azure conversations at 5.3-6.8 reclaims a second: Llama-3.1-8B on an "
-                    "H100 and an H200, Llama-3.2-3B and Qwen2.5-0.5B on an H200, where elastic's "
-                    "TTFT p50 over static's came within 0.6-3.8 points of the prediction "
-                    "(README, Limits)")
+                    "H100 and an H200, Llama-3.2-3B on an H200, Qwen2.5-0.5B on an H200 and an "
+                    "H100, where elastic's TTFT p50 over static's came within 0.6-3.8 points of "
+                    "the prediction on their compared replays (README, Limits)")
 WAITING_EVIDENCE = ("Waiting exposes the step after each reclaim: on an H100 a 205-token eager "
                     "mixed step took 1.57x its time launched ahead, where the model adds 7.1% "
                     "(benchmarks/reclaim_step.py)")
