@@ -5,9 +5,9 @@
     python benchmarks/pricing_variants.py ahead-gap [SLICE ...] [--out FILE]
 
 Each variant prices every run of the committed evidence (single-GPU slices; `ahead-fit` and
-`ahead-gap`: the async ones) both ways, the calibration as it is and the variant, and compares both with the
-measurement. Neither variant fits anything to the replays, so every run is data it was not
-fitted on; a variant pays if the targets' errors shrink.
+`ahead-gap`: the async ones) both ways, the calibration as it is and the variant, and compares
+both with the measurement. No variant fits anything to the replays, so every run is data it
+was not fitted on; a variant pays if the targets' errors shrink.
 
 - `host-scaled`: every replay records a host probe (a fixed Python loop,
   `measured.host_probe` in its summary), and so does the profile that prices it. The
