@@ -69,11 +69,14 @@ def build_parser() -> argparse.ArgumentParser:
 def run_refit(args: argparse.Namespace) -> int:
     from gpu_backend.engine.calibrate import merge_profiles, refit_calibration, write_calibration
     from sim.core.calibration.launches import add_attention_launches, read_result
+    from sim.core.calibration.records import check_fit_records
 
     data = read_json(args.calibration)
     if args.merge:
-        data = merge_profiles(data, [read_json(path) for path in args.merge],
-                              [str(path) for path in args.merge])
+        merged = [read_json(path) for path in args.merge]
+        for path, profile in zip((args.calibration, *args.merge), (data, *merged)):
+            check_fit_records(profile, str(path))  # before the medians read their times
+        data = merge_profiles(data, merged, [str(path) for path in args.merge])
     for path in args.add_launches:
         data, count = add_attention_launches(data, read_result(path), str(path))
         print(f"{path}: {count} attention launches added" if count else
@@ -81,7 +84,7 @@ def run_refit(args: argparse.Namespace) -> int:
               file=sys.stderr)
     program, terms = ((str(path), read_json(path)) if path is not None else None
                       for path in (args.program_from, args.attention_from))
-    result = refit_calibration(data, args.copy_bandwidth, program, terms)
+    result = refit_calibration(data, args.copy_bandwidth, program, terms, str(args.calibration))
     write_calibration(args.out or args.calibration, result)
     print(json.dumps({"efficiency": result["efficiency"],
                       "median_abs_rel": result["fit_error"]["median_abs_rel"]}, indent=2))

@@ -43,6 +43,7 @@ from sim.core.calibration import (
 )
 from sim.core.calibration.merge import merge_profiles
 from sim.core.calibration.profile_fit import refit_profile
+from sim.core.calibration.records import check_fit_records
 from sim.core.cost_model import piecewise_sizes_for
 from sim.core.engine_config import EngineConfig
 
@@ -231,11 +232,14 @@ def _memory_record(memory) -> dict:
 
 def refit_calibration(data: dict, copy_bandwidth_bytes_s: float | None = None,
                       program_from: tuple[str, dict] | None = None,
-                      attention_from: tuple[str, dict] | None = None) -> dict:
+                      attention_from: tuple[str, dict] | None = None,
+                      source: str = "the calibration to refit") -> dict:
     """`sim.core.calibration.profile_fit.refit_profile` of a calibration's stored grid: its
     records made the steps the cost model prices (no GPU needed). The provenance keeps the
-    measurement's and records this command as the one that fitted it."""
-    provenance = parse_calibration(data, "the calibration to refit").provenance
+    measurement's and records this command as the one that fitted it. `source` names the
+    calibration in the errors its records get (`check_fit_records`)."""
+    check_fit_records(data, source)
+    provenance = parse_calibration(data, source).provenance
     outputs = [scheduler_output(StepShape.from_record(m)) for m in data["measurements"]]
     attention = attention_inputs(data)
     if attention is not None:
