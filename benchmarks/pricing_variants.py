@@ -3,6 +3,7 @@
     python benchmarks/pricing_variants.py host-scaled [SLICE ...] [--out FILE]
     python benchmarks/pricing_variants.py ahead-fit [SLICE ...] [--out FILE]
     python benchmarks/pricing_variants.py ahead-gap [SLICE ...] [--out FILE]
+    python benchmarks/pricing_variants.py VARIANT --calibration FILE SLICE ... [--out FILE]
 
 Each variant prices every run of the committed evidence (single-GPU slices; `ahead-fit` and
 `ahead-gap`: the async ones) both ways, the calibration as it is and the variant, and compares
@@ -22,6 +23,9 @@ was not fitted on; a variant pays if the targets' errors shrink.
   is the grid's median synchronous time less its back-to-back period (`measured_s - ahead_s`)
   instead of its synchronous time less its device span: what the profile's steps shed when
   launched ahead, device waits for the host inside a step included.
+- `--calibration FILE`: the variant is built from FILE instead of each slice's own calibration
+  (its activation profile and transition costs too), e.g. a profile taken with `--replay-setup`;
+  the variant `as-fitted` prices with FILE as it is. The first column stays the slice's own.
 
 Prints, per metric, the median |error| over the runs both ways and in how many runs the
 variant did better, then the runs whose host was more than 20% off the profile's, and the
@@ -75,6 +79,9 @@ def ahead_gap(data: dict, efficiency: Efficiency) -> Efficiency | None:
     return replace(efficiency, host_gap_s=max(statistics.median(shed), 0.0)) if shed else None
 
 
+ASYNC_VARIANTS = ("ahead-fit", "ahead-gap")
+
+
 def async_variant(variant: str, data: dict, efficiency: Efficiency,
                   source: str) -> Efficiency | None:
     """The efficiency an async-only variant prices with (None: the calibration lacks the
@@ -84,17 +91,20 @@ def async_variant(variant: str, data: dict, efficiency: Efficiency,
     return ahead_gap(data, efficiency)
 
 
-def slice_errors(folder: Path, variant: str) -> list[dict]:
+def slice_errors(folder: Path, variant: str, calibration_path: Path | None = None) -> list[dict]:
     """Each run of the slice in `folder` the variant applies to: its host probe ratio and each
-    metric's relative error, as priced and with the variant."""
+    metric's relative error, as priced (the slice's calibration) and with the variant (of
+    `calibration_path`'s calibration where given, its activation profile and transition costs
+    too; else of the slice's own)."""
     recipe = read_recipe(folder)
-    calibration = load_calibration(ROOT / recipe.calibration)
-    efficiency, profile, vmm_costs = calibration.parts()
-    profile_probe = (calibration.data.get("host_probe") or {}).get("median_s")
-    async_only = variant != "host-scaled"
-    refitted = (async_variant(variant, calibration.data, efficiency, recipe.calibration)
-                if async_only else None)
-    if async_only and refitted is None:
+    shipped = load_calibration(ROOT / recipe.calibration)
+    base = shipped if calibration_path is None else load_calibration(calibration_path)
+    source = recipe.calibration if calibration_path is None else str(calibration_path)
+    profile_probe = (base.data.get("host_probe") or {}).get("median_s")
+    async_only = variant in ASYNC_VARIANTS
+    refitted = (async_variant(variant, base.data, base.efficiency, source)
+                if async_only else base.efficiency)
+    if refitted is None:
         return []
     rows = []
     for run in load_runs(folder):
@@ -102,21 +112,23 @@ def slice_errors(folder: Path, variant: str) -> list[dict]:
             continue
         probe = ((run.summary.get("measured") or {}).get("host_probe") or {}).get("median_s")
         ratio = probe / profile_probe if probe and profile_probe else None
-        if variant == "host-scaled":
-            if ratio is None:
-                continue
-            other = host_slower(efficiency, ratio)
-        else:
-            assert refitted is not None
-            other = refitted
-        as_is = compare_run(run, efficiency, profile, recipe.trace_slice, None, vmm_costs,
-                            sensitivity=False)
-        varied = compare_run(run, other, profile, recipe.trace_slice, None, vmm_costs,
-                             sensitivity=False)
+        if variant == "host-scaled" and ratio is None:
+            continue
+        other = host_slower(refitted, ratio) if variant == "host-scaled" else refitted
+        as_is = price(run, shipped.parts(), recipe)
+        varied = price(run, (other, *base.parts()[1:]), recipe)
         rows.append({"slice": folder.name, "run": run.label, "host_ratio": ratio,
-                     **{m: [as_is.metrics[m]["relative_error"],
-                            varied.metrics[m]["relative_error"]] for m in TARGETS}})
+                     **{m: [as_is[m], varied[m]] for m in TARGETS}})
     return rows
+
+
+def price(run, parts: tuple, recipe) -> dict[str, float]:
+    """Each target metric's relative error of `run` priced by (efficiency, activation
+    profile, transition costs)."""
+    efficiency, profile, vmm_costs = parts
+    metrics = compare_run(run, efficiency, profile, recipe.trace_slice, None, vmm_costs,
+                          sensitivity=False).metrics
+    return {m: metrics[m]["relative_error"] for m in TARGETS}
 
 
 def summarize(rows: list[dict]) -> None:
@@ -145,14 +157,17 @@ def summarize(rows: list[dict]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("variant", choices=("host-scaled", "ahead-fit", "ahead-gap"))
+    parser.add_argument("variant", choices=("host-scaled", *ASYNC_VARIANTS, "as-fitted"))
     parser.add_argument("slices", nargs="*", help="evidence slices (default: every single-GPU one)")
+    parser.add_argument("--calibration", type=Path,
+                        help="build the variant from this calibration instead of each slice's "
+                             "own (as-fitted: price with it as it is)")
     parser.add_argument("--out", type=Path, help="write every run's errors here (JSON)")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     names = args.slices or [f.name for f in slice_folders() if "x2_" not in f.name]
     rows = []
     for name in names:
-        found = slice_errors(EVIDENCE_DIR / name, args.variant)
+        found = slice_errors(EVIDENCE_DIR / name, args.variant, args.calibration)
         rows += found
         print(f"{name}: {len(found)} runs", file=sys.stderr)
     if not rows:

@@ -30,3 +30,18 @@ def test_ahead_gap_needs_back_to_back_periods_and_never_goes_negative():
     assert pricing_variants.async_variant("ahead-gap", no_periods, base, "p.json") is None
     slower_ahead = {"measurements": [{"measured_s": 0.002, "ahead_s": 0.0025}]}
     assert pricing_variants.async_variant("ahead-gap", slower_ahead, base, "p.json").host_gap_s == 0.0
+
+
+def test_a_calibration_given_as_fitted_prices_as_the_slice_does():
+    """--calibration FILE with the slice's own file, as fitted: both columns the same errors
+    (the variant takes FILE's activation profile and transition costs with its efficiency)."""
+    from validation.evidence import EVIDENCE_DIR, ROOT, read_recipe
+
+    folder = EVIDENCE_DIR / "h100_qwen2.5-0.5b_mooncake-conv_piecewise-async"
+    own = ROOT / read_recipe(folder).calibration
+    rows = pricing_variants.slice_errors(folder, "as-fitted", own)
+    assert [r["run"] for r in rows] == ["elastic/chunk=8192", "static/chunk=8192"]
+    for row in rows:
+        for metric in pricing_variants.TARGETS:
+            priced, varied = row[metric]
+            assert varied == priced and abs(priced) < 0.1
