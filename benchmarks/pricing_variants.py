@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a plain
 
 from gpu_backend.engine.calibrate import refit_calibration  # noqa: E402
 from sim.core.calibration import load_calibration, parse_calibration  # noqa: E402
-from sim.core.efficiency import Efficiency, host_slower  # noqa: E402
+from sim.core.efficiency import Efficiency, host_slower, measured_host_gap_s  # noqa: E402
 from validation.compare import TARGETS as VALIDATION_TARGETS  # noqa: E402
 from validation.evidence import EVIDENCE_DIR, ROOT, load_runs, read_recipe, slice_folders  # noqa: E402
 from validation.pipeline import compare_run  # noqa: E402
@@ -75,8 +75,8 @@ def ahead_fit(data: dict, source: str) -> Efficiency | None:
 def ahead_gap(data: dict, efficiency: Efficiency) -> Efficiency | None:
     """`efficiency` with the host gap its grid's steps shed launched back to back (the median
     of `measured_s - ahead_s`; None: its profile timed none)."""
-    shed = [m["measured_s"] - m["ahead_s"] for m in data["measurements"] if m.get("ahead_s")]
-    return replace(efficiency, host_gap_s=max(statistics.median(shed), 0.0)) if shed else None
+    shed = measured_host_gap_s(data["measurements"], less="ahead_s")
+    return None if shed is None else replace(efficiency, host_gap_s=shed)
 
 
 ASYNC_VARIANTS = ("ahead-fit", "ahead-gap")

@@ -196,11 +196,12 @@ def host_slower(eff: Efficiency, factor: float) -> Efficiency:
     return replace(eff, **_times(eff, (*HOST_TERMS, "host_gap_s"), factor))
 
 
-def measured_host_gap_s(measurements: Sequence[Mapping]) -> float | None:
+def measured_host_gap_s(measurements: Sequence[Mapping], less: str = "device_s") -> float | None:
     """`Efficiency.host_gap_s` of a profile's records: the median of step time less device
-    span over the records that have both (None when none has)."""
-    gaps = sorted(float(m["measured_s"]) - float(m["device_s"]) for m in measurements
-                  if _finite(m.get("measured_s")) and _finite(m.get("device_s")))
+    span over the records that have both (None when none has). `less`: another record field
+    to take off instead (`ahead_s`: what a step sheds launched back to back)."""
+    gaps = sorted(float(m["measured_s"]) - float(m[less]) for m in measurements
+                  if _finite(m.get("measured_s")) and _finite(m.get(less)))
     if not gaps:
         return None
     middle = len(gaps) // 2

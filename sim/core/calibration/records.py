@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+from sim.core.calibration.schema import is_count, is_number
+
 STEP_KINDS = ("prefill", "decode", "mixed")
 # a grid step's phases and periods, as the profile writes them (null or NaN: not timed)
 STEP_TIMES = ("build_s", "enqueue_s", "device_s", "ahead_s", "ahead_device_s", "host_probe_s")
@@ -48,7 +50,7 @@ def _check_steps(records: list, key: str, source: str) -> None:
             _check_pairs(groups, f"{where}.decode_groups", "[sequences, context tokens]")
         else:  # records from before decode_groups: one context for every decode row
             for name in ("num_decodes", "decode_context"):
-                if not _is_count(record.get(name)):
+                if not is_count(record.get(name), zero=True):
                     raise ValueError(f"{where}.{name} is {record.get(name)!r}; expected a "
                                      "count >= 0 (or give decode_groups)")
         seconds = _finite(record.get("measured_s"))
@@ -57,14 +59,14 @@ def _check_steps(records: list, key: str, source: str) -> None:
                              "step's time in seconds, a number > 0")
         for name in STEP_TIMES:
             value = record.get(name)
-            if value is not None and not _is_number(value):
+            if value is not None and not is_number(value):
                 raise ValueError(f"{where}.{name} is {value!r}; expected seconds, or null "
                                  "where not timed")
 
 
 def _check_pairs(pairs: object, where: str, form: str) -> None:
     if not isinstance(pairs, list) or not all(
-            isinstance(p, list) and len(p) == 2 and all(_is_count(x) for x in p)
+            isinstance(p, list) and len(p) == 2 and all(is_count(x, zero=True) for x in p)
             for p in pairs):
         raise ValueError(f"{where} is {pairs!r}; expected a list of {form} pairs of counts "
                          ">= 0")
@@ -78,7 +80,7 @@ def _check_points(points: object, source: str) -> None:
         where = f"{source}: vmm.points[{index}]"
         if not isinstance(point, Mapping):
             raise ValueError(f"{where} is {point!r}; expected a transition object")
-        if not _is_count(point.get("handles")) or point["handles"] < 1:
+        if not is_count(point.get("handles")):
             raise ValueError(f"{where}.handles is {point.get('handles')!r}; expected the "
                              "handles lent, a count >= 1")
         for name in ("attach_s", "detach_s"):
@@ -86,7 +88,7 @@ def _check_points(points: object, source: str) -> None:
             if value is None or value < 0:
                 raise ValueError(f"{where}.{name} is {point.get(name)!r}; expected seconds >= 0")
         freed = point.get("freed_bytes", 0)
-        if not _is_count(freed):
+        if not is_count(freed, zero=True):
             raise ValueError(f"{where}.freed_bytes is {freed!r}; expected bytes >= 0")
 
 
@@ -95,11 +97,3 @@ def _finite(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return None
     return float(value)
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _is_count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

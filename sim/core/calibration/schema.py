@@ -121,7 +121,7 @@ def efficiency_of(data: Mapping, source: str) -> Efficiency:
     for name, value in values.items():
         if value is None and name in OPTIONAL_EFFICIENCIES:
             continue
-        if not _is_number(value):
+        if not is_number(value):
             kind = "a number or null" if name in OPTIONAL_EFFICIENCIES else "a number"
             raise ValueError(f"{source}: efficiency.{name} is {value!r}; expected {kind}")
     if "host_gap_s" not in values:  # files from before the term: measured on their own grid
@@ -146,11 +146,11 @@ def activation_of(data: Mapping, source: str,
         raise ValueError(f'{source}: "activation" needs an object with keys among {known}; '
                          f"got {values!r}")
     for name in ("bytes_per_token", "fixed_bytes"):
-        if not _is_number(values.get(name)) or values[name] < 0:
+        if not is_number(values.get(name)) or values[name] < 0:
             raise ValueError(f"{source}: activation.{name} is {values.get(name)!r}; expected "
                              "a number of bytes >= 0")
     extra = values.get("non_torch_bytes")
-    if extra is not None and (not _is_number(extra) or extra < 0):
+    if extra is not None and (not is_number(extra) or extra < 0):
         raise ValueError(f"{source}: activation.non_torch_bytes is {extra!r}; expected a "
                          "number of bytes >= 0, or null (the simulator's own figure)")
     graphs = values.get("graph_tokens")
@@ -174,7 +174,7 @@ def vmm_costs_of(data: Mapping, source: str) -> VmmCosts | None:
         raise ValueError(f"{source}: \"vmm\" needs a \"costs\" object with keys among "
                          f"{sorted(known)}; got {costs!r}")
     for name, value in costs.items():
-        if not _is_number(value):
+        if not is_number(value):
             raise ValueError(f"{source}: vmm.costs.{name} is {value!r}; expected seconds")
     try:
         return VmmCosts(**costs)
@@ -188,7 +188,7 @@ def piecewise_sizes_of(data: Mapping, source: str) -> tuple[int, ...]:
     sizes = data.get("piecewise_sizes")
     if sizes is None:
         return ()
-    if not isinstance(sizes, list) or not all(_is_count(s) for s in sizes):
+    if not isinstance(sizes, list) or not all(is_count(s) for s in sizes):
         raise ValueError(f"{source}: piecewise_sizes is {sizes!r}; expected null or a list "
                          "of token counts, as `python -m gpu_backend profile` writes it")
     return tuple(sorted(sizes))
@@ -208,8 +208,8 @@ def timed_launch_kinds(data: Mapping, source: str = "calibration") -> tuple[bool
     for index, record in enumerate(records):
         prefills = record.get("prefills") if isinstance(record, dict) else None
         decodes = record.get("num_decodes", 0) if isinstance(record, dict) else None
-        if not isinstance(prefills, list) or not _is_count(decodes, zero=True) or not all(
-                isinstance(p, list) and p and _is_count(p[0]) for p in prefills):
+        if not isinstance(prefills, list) or not is_count(decodes, zero=True) or not all(
+                isinstance(p, list) and p and is_count(p[0]) for p in prefills):
             raise ValueError(f"{source}: measurements[{index}] needs \"prefills\" (a list of "
                              "[new tokens, prefix tokens]) and \"num_decodes\" (a count); "
                              f"got {record!r}")
@@ -284,9 +284,9 @@ def _top_level_provenance(data: Mapping, source: str) -> dict:
     return {name: value for name, (_, value) in found.items()}
 
 
-def _is_number(value: object) -> bool:
+def is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _is_count(value: object, zero: bool = False) -> bool:
+def is_count(value: object, zero: bool = False) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= (0 if zero else 1)
