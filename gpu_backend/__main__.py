@@ -22,9 +22,11 @@ from pathlib import Path
 
 from gpu_backend.cli_parsers import add_profile_parser, add_refit_parser, add_replay_parser
 from gpu_backend.engine.support import check_supported, missing_gpu
+from gpu_backend.profile_json import read_profile
 from sim.core.config_flags import CommandParser, engine_config
 from sim.core.elastic import Policy
 from sim.core.engine_config import EngineConfig
+from sim.recording.folder import check_out_path
 from traces import Trace, TraceError, trace_from_args
 
 
@@ -71,9 +73,9 @@ def run_refit(args: argparse.Namespace) -> int:
     from sim.core.calibration.launches import add_attention_launches, read_result
     from sim.core.calibration.records import check_fit_records
 
-    data = read_json(args.calibration)
+    data = read_profile(args.calibration)
     if args.merge:
-        merged = [read_json(path) for path in args.merge]
+        merged = [read_profile(path) for path in args.merge]
         for path, profile in zip((args.calibration, *args.merge), (data, *merged)):
             check_fit_records(profile, str(path))  # before the medians read their times
         data = merge_profiles(data, merged, [str(path) for path in args.merge])
@@ -82,7 +84,7 @@ def run_refit(args: argparse.Namespace) -> int:
         print(f"{path}: {count} attention launches added" if count else
               f"{path}: no launch of a shape the calibration lacks; nothing added",
               file=sys.stderr)
-    program, terms = ((str(path), read_json(path)) if path is not None else None
+    program, terms = ((str(path), read_profile(path)) if path is not None else None
                       for path in (args.program_from, args.attention_from))
     result = refit_calibration(data, args.copy_bandwidth, program, terms, str(args.calibration))
     write_calibration(args.out or args.calibration, result)
@@ -112,17 +114,6 @@ def describe_step(i: int, m: dict) -> str:
     what = (" + ".join(f"{n} x {c}" for n, c in groups) + " decode tokens of context"
             if m["kind"] == "decode" else f"{m['kind']} {m['prefills']}")
     return f"#{i} {what}: {1e3 * m['measured_s']:.1f} ms"
-
-
-def read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path}: cannot read calibration JSON: {exc}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("measurements"), list):
-        raise ValueError(f"{path}: not a calibration (no \"measurements\" list); give a JSON "
-                         "written by `python -m gpu_backend profile`")
-    return data
 
 
 def run_replay(args: argparse.Namespace) -> int:
@@ -279,6 +270,8 @@ GPU_PACKAGES = ("torch", "triton", "cuda", "cuda.bindings")
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
+        if args.out is not None:
+            check_out_path(args.out, "--out", folder=args.command == "replay")
         if args.command == "replay":
             return run_replay(args)
         if args.command == "refit":

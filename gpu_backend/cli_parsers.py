@@ -94,6 +94,7 @@ def add_refit_parser(sub: argparse._SubParsersAction) -> None:
                          "(same model, GPU, torch and Triton): those of shapes the calibration "
                          "lacks join its attention measurements before the fit, and the "
                          "calibration records the file (added_attention_launches)")
-    fp.add_argument("--copy-bandwidth", type=float, default=None, metavar="BYTES_S",
+    fp.add_argument("--copy-bandwidth", type=positive_float, default=None, metavar="BYTES_S",
                     help="measured device-to-device copy bandwidth that pins weight streaming "
                          "(default: the calibration's own copy_bandwidth_bytes_s, if any)")
+

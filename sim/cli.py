@@ -98,6 +98,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"note: {note}", file=sys.stderr)
         if args.host_slowdown != 1.0:
             efficiency = host_slower(efficiency or Efficiency(), args.host_slowdown)
+        if args.replicas > len(trace):
+            raise ValueError(f"--num-replicas {args.replicas} is more than the trace's "
+                             f"{len(trace)} requests: each replica past them stays idle; give "
+                             f"--num-replicas {len(trace)} or fewer")
         slo = Slo(args.slo_ttft, args.slo_tpot)
         specs = [RunSpec(c, args.replicas, args.router, efficiency, profile, slo, vmm_costs)
                  for c in configs]

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,19 +89,36 @@ def run_all(specs: Sequence[RunSpec], trace: Trace, outputs: Outputs, *,
     try:
         for spec in specs:
             result = _run_one(spec, trace, outputs, len(done.results), show_progress)
-            if pricing is not None:
-                result.summary["pricing"] = pricing
-            # what was simulated, every setting (loads with --engine-config)
-            result.summary["engine_config"] = spec.engine.to_dict()
-            done.results.append(result)
-            _save(outputs, done, trace)
-            done.saved.append(spec.label)
+            with _interrupts_deferred():  # a finished run is saved whole, summary.json too
+                if pricing is not None:
+                    result.summary["pricing"] = pricing
+                # what was simulated, every setting (loads with --engine-config)
+                result.summary["engine_config"] = spec.engine.to_dict()
+                done.results.append(result)
+                _save(outputs, done, trace)
+                done.saved.append(spec.label)
     except KeyboardInterrupt:
         done.interrupted = True
     finally:
         if outputs.events is not None:
             outputs.events.close()
     return done
+
+
+@contextlib.contextmanager
+def _interrupts_deferred():
+    """Ctrl-C inside the block takes effect when it ends, so files are never left half saved."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught and callable(previous):
+        previous(signal.SIGINT, None)
 
 
 def _run_one(spec: RunSpec, trace: Trace, outputs: Outputs, index: int,

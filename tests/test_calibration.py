@@ -236,12 +236,21 @@ def test_a_misfiled_calibration_is_refused_with_its_place_named(shipped):
         select_calibration("llama-3.1-8b", "h200", "eager", shipped)
 
 
-def test_none_forces_the_roofline_and_a_file_is_taken_as_given(shipped, tmp_path):
+def test_none_forces_the_roofline_and_a_file_is_taken_for_its_own_model(shipped, tmp_path):
+    """A file measured on the run's model and GPU is taken as it is; on another model or GPU
+    it is carried to the run's, and its provenance says from where."""
     assert choose_calibration(ROOFLINE, "llama-3.2-3b", "h200", "eager", shipped) is None
     assert choose_calibration(Path("none"), "llama-3.2-3b", "h200", "eager", shipped) is None
     given = write(tmp_path / "mine.json", calibration_data(model="llama-3.1-8b", sizes=None))
-    chosen = choose_calibration(given, "llama-3.2-3b", "h200", "eager", shipped)
+    chosen = choose_calibration(given, "llama-3.1-8b", "h200", "eager", shipped)
     assert chosen.source == str(given) and chosen.provenance.model == "llama-3.1-8b"
+    carried = choose_calibration(given, "llama-3.2-3b", "h200", "eager", shipped)
+    assert carried.source == f"{given} -> llama-3.2-3b"
+    assert carried.provenance.model == "llama-3.2-3b"
+    assert carried.provenance.derived_from == f"transferred from llama-3.1-8b ({given})"
+    moved = choose_calibration(given, "llama-3.1-8b", "h100", "eager", shipped)
+    assert moved.source == f"{given} -> llama-3.1-8b on h100-80gb"
+    assert moved.efficiency == chosen.efficiency  # the same layers: every term as measured
     assert choose_calibration(None, "llama-3.2-3b", "h200", "eager", shipped).source == (
         "calibration/h200/llama-3.2-3b.json")
 

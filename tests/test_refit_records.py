@@ -78,3 +78,46 @@ def test_a_sound_profile_refits(tmp_path):
     path.write_text(json.dumps(profile()))
     assert main(["refit", str(path), "--out", str(out)]) == 0
     assert json.loads(out.read_text())["vmm"]["costs"]["attach_fixed_s"] == pytest.approx(1e-3)
+
+
+@pytest.mark.parametrize("edit, named", [
+    (lambda d: d.pop("model"), "model is None; expected the profiled model's name"),
+    (lambda d: d.update(gpu_preset=5), "gpu_preset is 5; expected the profiled gpu's name"),
+    (lambda d: d.update(copy_bandwidth_bytes_s="fast"), "copy_bandwidth_bytes_s is 'fast'"),
+    (lambda d: d.update(copy_bandwidth_bytes_s=-5), "copy_bandwidth_bytes_s is -5"),
+])
+def test_a_bad_profile_field_is_named_with_its_file(tmp_path, capsys, edit, named):
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(spoiled(edit)))
+    assert main(["refit", str(path), "--out", str(tmp_path / "out.json")]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: {named}" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("out, said", [
+    ("folder", "a folder; give the path of the file to write"),
+    ("file/out.json", "is a file, so no folder can be made there"),
+])
+def test_an_out_path_that_cannot_be_written_is_named_before_the_fit(tmp_path, capsys, out,
+                                                                     said):
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(profile()))
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "file").write_text("")
+    assert main(["refit", str(path), "--out", str(tmp_path / out)]) == 2
+    assert f"--out {tmp_path / out}: " in (err := capsys.readouterr().err) and said in err
+
+
+def test_a_copy_bandwidth_below_zero_is_refused(tmp_path, capsys):
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(profile()))
+    assert main(["refit", str(path), "--copy-bandwidth", "-5"]) == 2
+    assert "--copy-bandwidth: give a number above 0" in capsys.readouterr().err
+
+
+def test_refit_in_place_leaves_no_partial_file(tmp_path):
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(profile()))
+    assert main(["refit", str(path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cal.json"]
+    assert json.loads(path.read_text())["vmm"]["costs"]["attach_fixed_s"] == pytest.approx(1e-3)

@@ -279,3 +279,74 @@ def test_malformed_calibrations_name_the_file_and_field(tmp_path, capsys, doc, m
                  "--calibration", str(path)]) == 2
     err = capsys.readouterr().err
     assert message in err and str(path) in err
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--host-slowdown", "nan"], "needs a positive factor, got nan (--host-slowdown: a finite"),
+    (["--host-slowdown", "inf"], "needs a positive factor, got inf (--host-slowdown: a finite"),
+    (["--slo-ttft", "inf"], "--slo-ttft: give a finite number, got 'inf'"),
+    (["--chunk", "2048,2048"], "'2048' is given twice in '2048,2048': give each value once"),
+    (["--policy", "static,elastic,static"], "'static' is given twice"),
+    (["--rate-scale", "inf"], "rate_scale must be > 0 and finite"),
+    (["--rate-scale", "1e-300"], "s, beyond 1e+11 s: give a larger rate scale"),
+    (["--replicas", "1000000"], "--num-replicas 1000000 is more than the trace's 5 requests"),
+])
+def test_nonsense_numbers_and_repeated_values_exit_2(capsys, args, named):
+    code = main(["--trace", "azure-conv", "--limit", "5", "--no-progress", *args])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and named in err, err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("flag, text, named", [
+    ("--engine-config", "[" * 100_000, "is not valid JSON: maximum recursion depth"),
+    ("--engine-config", '{"tensor_parallel_size": 1' + "0" * 5000 + "}",
+     "is not valid JSON: Exceeds the limit"),
+    ("--engine-config", '{"model": {"name": "m", "moe": [1]}}',
+     "model: ModelSpec.moe: expected an object of MoeSpec fields, got [1]"),
+    ("--calibration", "[" * 100_000, "cannot read calibration JSON: maximum recursion depth"),
+    ("--calibration", '{"efficiency": {"step_overhead_s": Infinity}}',
+     "efficiency step_overhead_s=inf is out of range"),
+    ("--calibration", '{"efficiency": {"per_seq_overhead_s": NaN}}',
+     "efficiency per_seq_overhead_s=nan is out of range"),
+])
+def test_damaged_config_files_name_the_file(tmp_path, capsys, flag, text, named):
+    path = tmp_path / "file.json"
+    path.write_text(text)
+    code = main(["--trace", "azure-conv", "--limit", "5", "--no-progress", flag, str(path)])
+    captured = capsys.readouterr()
+    assert code == 2 and named in captured.err and str(path) in captured.err, captured.err
+    assert "Traceback" not in captured.err
+
+
+def test_a_calibration_of_another_model_or_gpu_is_carried_to_the_run(tmp_path, capsys):
+    """--calibration FILE measured on Llama-3.2-3B prices a Llama-3.1-8B run as the documented
+    transfer does (the 8B's layers and activation bytes), and says it was carried and that no
+    validated slice vouches for it; the same file on its own model and GPU is used as it is."""
+    from sim.core.calibration import load_calibration, save_calibration, transfer
+
+    source = "calibration/h200/llama-3.2-3b-piecewise.json"
+    written = tmp_path / "8b-from-3b.json"
+    save_calibration(written, transfer(load_calibration(source), "llama-3.1-8b").data)
+    run = ["--trace", "azure-conv", "--limit", "20", "--policy", "static,elastic", "--chunk",
+           "2048", "--no-progress", "--json", "--piecewise-graphs", "--gpu", "h200"]
+
+    def summary(*flags: str) -> dict:
+        assert main([*run, *flags]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    carried = summary("--model", "llama-3.1-8b", "--calibration", source)
+    assert len(carried) == 2
+    explicit = summary("--model", "llama-3.1-8b", "--calibration", str(written))
+    own = summary("--model", "llama-3.2-3b", "--calibration", source)
+    for a, b in zip(carried, explicit, strict=True):
+        assert a["kv_capacity_tokens"] == b["kv_capacity_tokens"]
+        assert a["ttft_s"] == b["ttft_s"]
+    assert "transferred from llama-3.2-3b" in carried[0]["pricing"]["description"]
+    assert "transferred" not in own[0]["pricing"]["description"]
+    assert main(["--trace", "azure-conv", "--limit", "5", "--policy", "static", "--chunk",
+                 "2048", "--no-progress", "--piecewise-graphs", "--gpu", "h100",
+                 "--model", "llama-3.2-3b", "--calibration", source]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # the table's lines wrap
+    assert "transferred from llama-3.2-3b on h200-141gb" in out
+    assert f"no validated slice is priced by {source} -> llama-3.2-3b on h100-80gb" in out

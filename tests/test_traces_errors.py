@@ -198,3 +198,21 @@ def test_describe_command_fails_on_an_emptying_window(capsys):
     assert main(["describe", "azure-code", "--window", "9000:9100"]) == 2
     assert "--window 9000:9100" in capsys.readouterr().err
     assert main(["describe", "azure-code", "--limit", "0"]) == 2
+
+
+def test_a_column_named_twice_is_an_error_naming_it(tmp_path):
+    text = "TIMESTAMP,ContextTokens,GeneratedTokens,contexttokens\n" + GOOD_ROW.strip() + ",5\n"
+    error = error_for(tmp_path, text)
+    assert error.line == 1 and error.field == "ContextTokens"
+    assert "column 'ContextTokens' appears 2 times" in str(error)
+
+
+def test_describe_refuses_a_repeated_column_with_exit_2(tmp_path, capsys):
+    from traces.cli import main
+
+    path = tmp_path / "dup.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens,ContextTokens\n"
+                    + GOOD_ROW.strip() + ",5\n")
+    assert main(["describe", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}: line 1: field 'ContextTokens'") and "Fix:" in err

@@ -67,10 +67,15 @@ def header_columns(path: str, line: bytes, line_number: int) -> list[str]:
 
 
 def require_column(path: str, columns: list[str], name: str, fmt: str, header_line: int) -> int:
-    """Position of column ``name``, matched exactly, then case-insensitively."""
+    """Position of column ``name``, matched exactly, then case-insensitively; a name the
+    header holds twice is an error (which one holds the data cannot be told)."""
+    folded = [column.casefold() for column in columns]
+    if folded.count(name.casefold()) > 1:
+        raise TraceError(path, f"column '{name}' appears {folded.count(name.casefold())} times "
+                               f"in the header {excerpt(columns)}",
+                         line=header_line, field=name, fix="keep one column of that name")
     if name in columns:
         return columns.index(name)
-    folded = [column.casefold() for column in columns]
     if name.casefold() in folded:
         return folded.index(name.casefold())
     found = excerpt(columns)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from traces.hashes import BlockHashes
+from traces.limits import MAX_ABS_ARRIVAL_S
 from traces.request import Request
 
 
@@ -92,12 +93,18 @@ class Trace:
 
     def scaled(self, rate_scale: float) -> Trace:
         """Same requests at ``rate_scale`` times the request rate (arrivals divided by it)."""
-        if not rate_scale > 0:
-            raise ValueError(f"rate_scale must be > 0 (2.0 = twice the rate), got {rate_scale}")
+        if not 0 < rate_scale < np.inf:
+            raise ValueError(f"rate_scale must be > 0 and finite (--rate-scale 2.0 = twice the "
+                             f"rate), got {rate_scale}")
         if rate_scale == 1.0:
             return self
+        arrival_s = self.arrival_s / rate_scale
+        if len(arrival_s) and arrival_s[-1] > MAX_ABS_ARRIVAL_S:
+            raise ValueError(f"rate_scale (--rate-scale) {rate_scale:g} stretches the trace to "
+                             f"{arrival_s[-1]:.3g} s, beyond {MAX_ABS_ARRIVAL_S:g} s: give a "
+                             "larger rate scale")
         note = f"request rate scaled x{rate_scale:g} (arrivals divided by {rate_scale:g})"
-        return replace(self, arrival_s=self.arrival_s / rate_scale, notes=self.notes + [note])
+        return replace(self, arrival_s=arrival_s, notes=self.notes + [note])
 
     def describe(self) -> dict[str, float | int]:
         """Count, span, rate, inter-arrival CV and prompt/output length percentiles."""

@@ -40,7 +40,7 @@ from validation.evidence import (
     run_names,
 )
 from validation.results import rebuild
-from validation.runs import CONFIG_FILE, find_runs, load_summary
+from validation.runs import CONFIG_FILE, find_runs, load_run, load_summary
 
 CSV_LEVEL = 9  # gzip level of the evidence CSVs (validation/evidence/README.md)
 
@@ -60,8 +60,10 @@ def adopt(source: Path, slice_name: str, *, repeat: bool = False, root: Path = R
     if unknown:
         raise ValueError(f"{source}: runs {unknown} are not runs of {folder.name} "
                          f"({', '.join(sorted(known))}); a slice adopts only its own runs")
-    for run in adopted.values():
+    for run in adopted.values():  # every file it keeps read before the slice changes
         _check_slice(run, folder, recipe.trace_slice.limit, recipe.trace_slice.rate_scale)
+        if not repeat:
+            load_run(run)
     if repeat:
         dest = _adopt_repeat(adopted, folder)
         log(f"{folder.name}: {', '.join(sorted(adopted))} added as {dest.name}")
@@ -98,7 +100,10 @@ def _check_slice(run: Path, folder: Path, limit: int | None, rate_scale: float) 
         raise ValueError(f"{run / 'summary.json'}: num_requests {summary['num_requests']} is "
                          f"not {folder.name}'s limit {limit}; replay the slice's own command")
     scale = summary.get("rate_scale")
-    if scale is not None and abs(float(scale) - rate_scale) > 1e-9:
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, int | float)):
+        raise ValueError(f"{run / 'summary.json'}: field rate_scale is {scale!r}; it must be "
+                         "a number")
+    if scale is not None and abs(scale - rate_scale) > 1e-9:
         raise ValueError(f"{run / 'summary.json'}: rate_scale {scale} is not {folder.name}'s "
                          f"{rate_scale:g}; replay the slice's own command")
 
@@ -129,11 +134,30 @@ def _start(run: Path) -> str | None:
 
 
 def _replace_run(run: Path, folder: Path, name: str) -> None:
-    """`run` as the slice's compared replay `name`, its repeats removed."""
+    """`run` as the slice's compared replay `name`, its repeats removed. The new folder is
+    written beside the slice's runs first and takes the old one's place whole, so an
+    interrupted copy leaves the slice's run as it was."""
     dest = folder / "runs" / name
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    part = folder / f".{name}.adopting"  # outside runs/: never read as a run
+    shutil.rmtree(part, ignore_errors=True)
+    part.mkdir()
+    try:
+        _copy_run(run, part)
+    except BaseException:
+        shutil.rmtree(part, ignore_errors=True)
+        raise
     if dest.exists():
         shutil.rmtree(dest)
-    dest.mkdir(parents=True)
+    part.rename(dest)
+    for stale in sorted((folder / "repeats").glob(f"*/{name}")):
+        shutil.rmtree(stale)
+        if not any(stale.parent.iterdir()):
+            stale.parent.rmdir()
+
+
+def _copy_run(run: Path, dest: Path) -> None:
+    """The files of the run folder `run` into `dest`, its CSVs gzip-compressed."""
     for f in sorted(p for p in run.iterdir() if p.is_file()):
         if f.suffix == ".csv":
             with open(f, "rb") as src, open(dest / (f.name + ".gz"), "wb") as raw:
@@ -143,10 +167,6 @@ def _replace_run(run: Path, folder: Path, name: str) -> None:
                     shutil.copyfileobj(src, out)
         else:
             shutil.copy(f, dest / f.name)
-    for stale in sorted((folder / "repeats").glob(f"*/{name}")):
-        shutil.rmtree(stale)
-        if not any(stale.parent.iterdir()):
-            stale.parent.rmdir()
 
 
 def _adopt_repeat(adopted: dict[str, Path], folder: Path) -> Path:

@@ -23,7 +23,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from sim.core.config_flags import CommandParser, add_engine_flags
+from sim.core.config_flags import CommandParser, add_engine_flags, positive_float
 from traces import TraceError, add_trace_arguments
 
 RUN_AXES = ("max_num_batched_tokens", "policy")  # several values: one run per combination
@@ -161,7 +161,7 @@ def _add_remeasure_parser(commands: argparse._SubParsersAction) -> None:
                             "earlier one (--no-detach-behind-step)")
     again.add_argument("--gpu-only", action="store_true",
                        help="the GPU replays only (run --gpu-only), compared here by adopt")
-    again.add_argument("--time-limit-s", type=float, default=None, metavar="S",
+    again.add_argument("--time-limit-s", type=positive_float, default=None, metavar="S",
                        help="fit the work into S seconds: start no slice whose runs, as last "
                             "measured, would outlast the time left; stop one still running at "
                             "S (exit 3 when a slice was left out for time)")
@@ -182,6 +182,21 @@ def _add_adopt_parser(commands: argparse._SubParsersAction) -> None:
                             "compared replays (and their repeats)")
 
 
+# where each command writes: (its flag's attribute, whether it is a folder)
+OUT_PATHS = {"compare": (("out", True), ("save_calibration", False)), "run": (("out", True),),
+             "fit": (("out", False),), "fake-gpu": (("out", True),),
+             "remeasure": (("out", True),)}
+
+
+def check_out_paths(args: argparse.Namespace) -> None:
+    """Every path the command writes checked before it starts (`check_out_path`)."""
+    from sim.recording.folder import check_out_path
+
+    for name, folder in OUT_PATHS.get(args.command, ()):
+        if getattr(args, name) is not None:
+            check_out_path(getattr(args, name), "--" + name.replace("_", "-"), folder=folder)
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
@@ -198,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
                "rebuild": rebuild_command, "remeasure": remeasure_command,
                "adopt": adopt_command}[args.command]
     try:
+        check_out_paths(args)
         return handler(args)
     except (TraceError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -79,6 +79,7 @@ def read_recipe(folder: Path) -> SliceRecipe:
             raise ValueError(f"{path}: no {name!r}; expected {sorted(RECIPE_FIELDS)}")
         if not isinstance(data[name], kind) or isinstance(data[name], bool):
             raise ValueError(f"{path}: {name!r} is {data[name]!r}, of the wrong type")
+    _check_slice_values(path, data)
     unknown = sorted(set(data) - set(RECIPE_FIELDS) - set(RECIPE_OPTIONAL))
     if unknown:
         raise ValueError(f"{path}: unknown fields {unknown}; expected {sorted(RECIPE_FIELDS)}"
@@ -92,6 +93,22 @@ def read_recipe(folder: Path) -> SliceRecipe:
     trace = TraceSlice(data["trace"], None, data["limit"], window, float(data["rate_scale"]))
     return SliceRecipe(data["calibration"], trace, data["measured_on"], data["gpus"],
                        data["command"], tuple(apart))
+
+
+def _check_slice_values(path: Path, data: dict) -> None:
+    """The trace slice's values in range: ValueError naming `path` and the field otherwise."""
+    window = data["window_s"]
+    if window is not None and not (
+            len(window) == 2 and all(isinstance(x, int | float) and not isinstance(x, bool)
+                                     for x in window) and 0 <= window[0] < window[1]):
+        raise ValueError(f"{path}: 'window_s' is {window!r}; expected [start, end] in seconds "
+                         "with 0 <= start < end, or null for the whole trace")
+    if data["limit"] is not None and data["limit"] < 1:
+        raise ValueError(f"{path}: 'limit' is {data['limit']!r}; expected a request count "
+                         ">= 1, or null for every request")
+    if not 0 < data["rate_scale"] < float("inf"):
+        raise ValueError(f"{path}: 'rate_scale' is {data['rate_scale']!r}; expected a number "
+                         "above 0 (2 = twice the rate)")
 
 
 def run_names(folder: Path) -> set[str]:

@@ -151,6 +151,10 @@ def load_run(folder: Path) -> GpuRun:
     if steps_path is None:
         raise ValueError(f"{folder}: no steps.csv (per-step measured times)")
     steps = read_steps_csv(steps_path)
+    recorded = run.summary.get("num_engine_steps")
+    if not len(steps) and isinstance(recorded, int) and recorded > 0:
+        raise ValueError(f"{steps_path}: no steps, but summary.json records num_engine_steps "
+                         f"{recorded}; the file was cut short: write it again with the replay")
     timeline = read_numeric_csv(first_file(folder, "timeline*.csv"))
     return GpuRun(folder, run.summary, steps=with_timeline(steps, timeline), timeline=timeline,
                   requests=read_csv_columns(first_file(folder, "requests*.csv")),

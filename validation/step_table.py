@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
@@ -158,7 +159,8 @@ def read_steps_csv(path: Path) -> StepTable:
     pairs = np.array([chunk_pairs(c) for c in chunk_lists])
     return StepTable(prefill, decode, decode_ctx, _ints(table, "num_seqs"),
                      rows_sampled, pairs.astype(np.float64),
-                     np.array(table.column(duration)), exact, extra,
+                     np.array(table.column(duration, _seconds, "a number of seconds >= 0")),
+                     exact, extra,
                      max_query, max_seq, recorded if exact else None)
 
 
@@ -174,9 +176,25 @@ def _duration_column(path: Path, header: set[str]) -> str:
 
 
 def _ints(table: CsvRows, name: str) -> np.ndarray:
-    """Column `name` as int64 (a value written as a float is truncated)."""
-    return np.array(table.column(name, lambda text: int(float(text)), "an integer"),
-                    dtype=np.int64)
+    """Column `name` as int64 (a value written as a float is truncated); every value a count,
+    so a negative one is refused."""
+    return np.array(table.column(name, _count, "an integer >= 0"), dtype=np.int64)
+
+
+def _count(text: str) -> int:
+    value = int(float(text))
+    if value < 0:
+        raise ValueError(text)
+    return value
+
+
+def _seconds(text: str) -> float:
+    """A step's measured time: a finite number >= 0 (a NaN would pass every comparison and
+    turn the report's errors into NaN)."""
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(text)
+    return value
 
 
 def _chunk_lists(table: CsvRows, prefill: np.ndarray,

@@ -55,5 +55,19 @@ def check_summary(summary: dict, path: Path) -> None:
             key, value = f"{key}.{sub}", value.get(sub)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
             raise ValueError(f"{path}: field {key} is {value!r}; it must be a number")
-    if summary.get("measured") is not None and not isinstance(summary["measured"], dict):
+    measured = summary.get("measured")
+    if measured is not None and not isinstance(measured, dict):
         raise ValueError(f"{path}: field measured must be an object")
+    _check_number(path, "measured.kv_tokens", (measured or {}).get("kv_tokens"))
+    for key in ("num_trace_requests", "block_size"):
+        _check_number(path, key, summary.get(key), integer=True)
+
+
+def _check_number(path: Path, key: str, value, *, integer: bool = False) -> None:
+    """ValueError naming `path` and field `key` unless `value` is None or a number >= 0 (an
+    integer where `integer`)."""
+    kind = int if integer else int | float
+    if value is not None and (isinstance(value, bool) or not isinstance(value, kind)
+                              or value < 0):
+        raise ValueError(f"{path}: field {key} is {value!r}; it must be "
+                         f"{'an integer' if integer else 'a number'} >= 0")

@@ -46,6 +46,7 @@ from sim.core.calibration.profile_fit import refit_profile
 from sim.core.calibration.records import check_fit_records
 from sim.core.cost_model import piecewise_sizes_for
 from sim.core.engine_config import EngineConfig
+from sim.recording.folder import atomic_path
 
 # `python -m gpu_backend refit --merge` merges through this module
 __all__ = ["calibrate", "merge_profiles", "refit_calibration", "write_calibration"]
@@ -251,5 +252,11 @@ def refit_calibration(data: dict, copy_bandwidth_bytes_s: float | None = None,
 
 
 def write_calibration(path: Path, result: dict) -> None:
-    """Check `result` as a calibration and write it (sim.core.calibration.save_calibration)."""
-    save_calibration(path, result)
+    """Check `result` as a calibration and write it (sim.core.calibration.save_calibration)
+    beside `path` first, then into its place: an interrupted write leaves the file it
+    replaces (refit's input, by default) whole."""
+    path = Path(path)
+    parse_calibration(result, str(path))  # a bad result is named by the file it was meant for
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as part:
+        save_calibration(part, result)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 from collections.abc import Collection, Mapping
 from dataclasses import MISSING, Field, fields, replace
 from pathlib import Path
@@ -149,7 +150,12 @@ def _list_type(s: Setting, keep: bool):
         if not words:
             raise argparse.ArgumentTypeError(f"give one or more values separated by commas, "
                                              f"got {text!r}")
-        return [one(w) for w in words]
+        values = [one(w) for w in words]
+        repeated = [w for i, w in enumerate(words) if values[i] in values[:i]]
+        if repeated:
+            raise argparse.ArgumentTypeError(f"{repeated[0]!r} is given twice in {text!r}: "
+                                             "give each value once")
+        return values
 
     return parse
 
@@ -228,8 +234,10 @@ def positive_int(text: str) -> int:
 
 
 def positive_float(text: str) -> float:
-    """An argparse type: a number above 0."""
+    """An argparse type: a finite number above 0."""
     value = _value_type(Setting("", (), FLOAT))(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"give a number above 0, got {text!r}")
+    if value == math.inf:
+        raise argparse.ArgumentTypeError(f"give a finite number, got {text!r}")
     return value

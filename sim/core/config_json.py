@@ -57,6 +57,6 @@ def from_json(cls: type[Config], text: str, source: object, recorded: bool = Fal
     """`from_dict` of a JSON text; text that is not JSON is an error naming `source`."""
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
         raise ValueError(f"{source} is not valid JSON: {exc}") from None
     return from_dict(cls, data, source, recorded)

@@ -126,7 +126,7 @@ class Efficiency:
             value = getattr(self, f.name)
             if value is None and f.name in OPTIONAL_FIELDS:
                 continue
-            if value < 0 or (f.name in RATE_FIELDS and not 0 < value <= 1) or (
+            if not math.isfinite(value) or value < 0 or (f.name in RATE_FIELDS and not 0 < value <= 1) or (
                     f.name in SERIAL_FRACTIONS and value > 1):
                 raise ValueError(f"efficiency {f.name}={value} is out of range")
 
@@ -191,8 +191,9 @@ def host_slower(eff: Efficiency, factor: float) -> Efficiency:
     The eager launch term is host time; the step overhead also holds per-step device time (the
     Llama-3.1-8B profile fits 1.68 ms, of which a small decode graph step's host build and
     enqueue are 0.3-0.5 ms), so for graph steps this is an upper bound."""
-    if factor <= 0:
-        raise ValueError(f"host_slower() needs a positive factor, got {factor}")
+    if not 0 < factor < math.inf:
+        raise ValueError(f"host_slower() needs a positive factor, got {factor} "
+                         "(--host-slowdown: a finite number above 0)")
     return replace(eff, **_times(eff, (*HOST_TERMS, "host_gap_s"), factor))
 
 

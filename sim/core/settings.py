@@ -208,6 +208,9 @@ def dataclass_from_dict(cls: type, data: dict) -> Any:
         nested = _dataclass_in(hints[name])
         if isinstance(value, dict) and nested is not None:
             value = dataclass_from_dict(nested, value)
+        elif nested is not None and value is not None:
+            raise ValueError(f"{cls.__name__}.{name}: expected an object of {nested.__name__} "
+                             f"fields, got {value!r}")
         elif isinstance(value, list):
             value = tuple(value)
         values[name] = value

@@ -1,26 +1,43 @@
 """A sweep described as data (YAML or flags) and its expansion into cases.
 
 The YAML schema is documented, with an example, in ``examples/sweep.yaml``. Every value is
-read with its type checked; a wrong one is an error naming the file and the key. Engine
-settings left out take `EngineConfig`'s defaults (vLLM's), as they do on the command line.
+read with its type and range checked (sim.planning.yaml_values); a wrong one, an empty grid
+list or a grid value given twice is an error naming the file and the key, before any case
+runs. Engine settings left out take `EngineConfig`'s defaults (vLLM's), as they do on the
+command line.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from sim.core.catalog import MIB
+from sim.core.catalog import MIB, get_gpu
 from sim.core.config_flags import setting_default
 from sim.core.elastic import Policy
 from sim.core.engine_config import DEFAULT_GPU, DEFAULT_MODEL, EngineConfig
-from sim.core.settings import BOOL, COUNT, FLOAT, INT, optional, setting_of
+from sim.core.settings import BOOL, FLOAT, INT, optional, setting_of
 from sim.planning.cases import Case, EngineOptions, SyntheticSpec, TraceSpec, parse_length
+from sim.planning.yaml_values import (
+    Reader,
+    as_list,
+    axis,
+    block_size,
+    check_keys,
+    count,
+    given_once,
+    not_negative,
+    positive,
+    read,
+    share,
+    sizes,
+    text,
+)
 from sim.recording.metrics import Slo
 
 GRID_KEYS = ("model", "gpu", "tp", "chunk", "policy", "rate_scale", "trace")
@@ -44,7 +61,13 @@ OPTION_SETTINGS = {"max_num_seqs": "max_num_seqs",
                    "mixed_split_mib": "mixed_split_bytes"}
 PIECEWISE_KEYS = {"piecewise_graphs": BOOL, "piecewise_max_tokens": optional(INT)}
 # the `engine:` keys given in whole MiB (EngineConfig holds bytes), and what each accepts
-MIB_KEYS = {"vmm_handle_mib": COUNT, "mixed_split_mib": INT}
+MIB_KEYS = {"vmm_handle_mib": INT, "mixed_split_mib": INT}
+# the `engine:` keys whose values have a range, and what each accepts (the range the engine
+# checks, sim.core.engine_checks): a value outside it stops the sweep before any case runs
+OPTION_RANGES: dict[str, Reader] = {
+    "max_num_seqs": count, "gpu_memory_utilization": share, "max_model_len": count,
+    "block_size": block_size, "vmm_handle_mib": count, "cuda_graph_sizes": sizes,
+    "mixed_split_mib": not_negative, "piecewise_max_tokens": count}
 _SETTINGS = {f.name: setting_of(f) for f in fields(EngineConfig)}
 
 
@@ -120,48 +143,68 @@ def load_sweep(path: Path) -> SweepSpec:
 
 
 def sweep_from_dict(data: dict, base_dir: Path = Path(".")) -> SweepSpec:
-    _check_keys("sweep config", data, TOP_KEYS)
+    check_keys("sweep config", data, TOP_KEYS)
     grid = data.get("grid") or {}
-    _check_keys("grid", grid, GRID_KEYS)
-    trace_items = _as_list(grid.get("trace", data.get("trace")))
+    check_keys("grid", grid, GRID_KEYS)
+    trace_items = as_list(grid.get("trace", data.get("trace")))
     if not trace_items:
         raise ValueError("the sweep needs a trace: grid.trace (or trace) as a bundled name, "
                          "a file, {source: ...} or {synthetic: ...}")
-    traces = tuple(t for item in trace_items for t in trace_specs(item, base_dir))
+    where = "grid.trace" if "trace" in grid else "trace"
+    traces = tuple(t for i, item in enumerate(trace_items)
+                   for t in _indexed(f"{where}[{i}]", trace_specs, item, base_dir))
+    given_once(where, list(traces), [t.label for t in traces])
     slo = data.get("slo") or {}
-    _check_keys("slo", slo, ("ttft_s", "tpot_s"))
-    calibration = _read(data, "calibration", _text, "sweep config", None)
-    out = _read(data, "out", _text, "sweep config", None)
-    return SweepSpec(
-        models=_axis(grid, "model", _text, (DEFAULT_MODEL,)),
-        gpus=_axis(grid, "gpu", _text, (DEFAULT_GPU,)),
-        tps=_axis(grid, "tp", COUNT.decode, (setting_default("tensor_parallel_size"),)),
-        chunks=_axis(grid, "chunk", COUNT.decode, (None,)),
-        policies=tuple(p.value for p in _axis(grid, "policy", _policy,
+    check_keys("slo", slo, ("ttft_s", "tpot_s"))
+    calibration = read(data, "calibration", text, "sweep config", None)
+    out = read(data, "out", text, "sweep config", None)
+    spec = SweepSpec(
+        models=axis(grid, "model", text, (DEFAULT_MODEL,)),
+        gpus=axis(grid, "gpu", text, (DEFAULT_GPU,)),
+        tps=axis(grid, "tp", count, (setting_default("tensor_parallel_size"),)),
+        chunks=axis(grid, "chunk", count, (None,)),
+        policies=tuple(p.value for p in axis(grid, "policy", _policy,
                                                    (Policy.STATIC, Policy.ELASTIC))),
-        rate_scales=_axis(grid, "rate_scale", _positive, (1.0,)),
+        rate_scales=axis(grid, "rate_scale", positive, (1.0,)),
         traces=traces,
         options=options_from_yaml(data.get("engine") or {}),
-        slo=Slo(_read(slo, "ttft_s", _positive, "slo", None),
-                _read(slo, "tpot_s", _positive, "slo", None)),
-        num_replicas=_read(data, "num_replicas", COUNT.decode, "sweep config", 1),
+        slo=Slo(read(slo, "ttft_s", positive, "slo", None),
+                read(slo, "tpot_s", positive, "slo", None)),
+        num_replicas=read(data, "num_replicas", count, "sweep config", 1),
         calibration=None if calibration is None else base_dir / calibration,
-        workers=_read(data, "workers", COUNT.decode, "sweep config", None),
+        workers=read(data, "workers", count, "sweep config", None),
         out=None if out is None else Path(out),
     )
+    check_handle_size(spec)
+    return spec
+
+
+def check_handle_size(spec: SweepSpec) -> None:
+    """engine.vmm_handle_mib against the VMM granularity of each grid GPU (a GPU that does not
+    load is left to its cases' rows, which say why)."""
+    handle_mib = spec.options.vmm_handle_mib
+    for name in spec.gpus:
+        try:
+            gpu = get_gpu(name)
+        except ValueError:
+            continue
+        if handle_mib * MIB % gpu.vmm_granularity_bytes:
+            raise ValueError(f"engine.vmm_handle_mib: {handle_mib} is not a multiple of the "
+                             f"{gpu.name} VMM granularity "
+                             f"({gpu.vmm_granularity_bytes // MIB} MiB): give a multiple of it")
 
 
 def options_from_yaml(data: dict) -> EngineOptions:
     """The `engine:` section: EngineOptions' keys, each read as its EngineConfig setting."""
-    _check_keys("engine", data, (*OPTION_SETTINGS, *PIECEWISE_KEYS))
+    check_keys("engine", data, (*OPTION_SETTINGS, *PIECEWISE_KEYS))
     settings = {}
     for key, name in OPTION_SETTINGS.items():
         if key in data:
             codec = MIB_KEYS.get(key, _SETTINGS[name].codec)
-            settings[name] = _read(data, key, codec.decode, "engine", None)
-            if key in MIB_KEYS:
-                settings[name] *= MIB
-    piecewise = {k: _read(data, k, codec.decode, "engine", None)
+            value = read(data, key, _in_range(key, codec.decode), "engine", None)
+            if value is not None:  # null: the default, as when the key is left out
+                settings[name] = value * MIB if key in MIB_KEYS else value
+    piecewise = {k: read(data, k, _in_range(k, codec.decode), "engine", None)
                  for k, codec in PIECEWISE_KEYS.items() if k in data}
     return engine_options(settings, **piecewise)
 
@@ -173,100 +216,70 @@ def trace_specs(item: str | dict, base_dir: Path = Path(".")) -> list[TraceSpec]
     if not isinstance(item, dict):
         raise ValueError(f"a trace is a name, a file or a mapping, got {item!r}")
     if "synthetic" in item:
-        _check_keys("trace", item, ("synthetic",))
+        check_keys("trace", item, ("synthetic",))
         return synthetic_specs(item["synthetic"])
-    _check_keys("trace", item, ("source", "format", "window", "limit", "sort"))
+    check_keys("trace", item, ("source", "format", "window", "limit", "sort"))
     if "source" not in item:
         raise ValueError(f"a trace mapping needs 'source' or 'synthetic', got {item!r}")
-    window = item.get("window")
-    if window is not None and (not isinstance(window, list) or len(window) != 2):
-        raise ValueError(f"trace.window is [start_s, end_s], got {window!r}")
     return [TraceSpec(
-        source=_resolve(_read(item, "source", _text, "trace", None), base_dir),
-        format=_read(item, "format", _text, "trace", None),
-        window_s=None if window is None else (FLOAT.decode(window[0]), FLOAT.decode(window[1])),
-        limit=_read(item, "limit", COUNT.decode, "trace", None),
-        sort=_read(item, "sort", BOOL.decode, "trace", False))]
+        source=_resolve(read(item, "source", text, "trace", None), base_dir),
+        format=read(item, "format", text, "trace", None),
+        window_s=read(item, "window", _window, "trace", None),
+        limit=read(item, "limit", count, "trace", None),
+        sort=read(item, "sort", BOOL.decode, "trace", False))]
 
 
 def synthetic_specs(data: dict) -> list[TraceSpec]:
     keys = ("num_requests", "rate_per_s", "prompt", "output", "arrival", "cv", "seed")
-    _check_keys("synthetic", data, keys)
+    check_keys("synthetic", data, keys)
     for needed in ("num_requests", "rate_per_s", "prompt", "output"):
         if needed not in data:
             raise ValueError(f"a synthetic trace needs '{needed}'")
     output = parse_length(data["output"])
-    rest = {k: _read(data, k, reader, "synthetic", None)
-            for k, reader in (("arrival", _text), ("cv", _positive), ("seed", INT.decode))
+    if not as_list(data["prompt"]):
+        raise ValueError(f"synthetic.prompt: give one or more prompt lengths, got "
+                         f"{data['prompt']!r}")
+    rest = {k: read(data, k, reader, "synthetic", None)
+            for k, reader in (("arrival", text), ("cv", positive), ("seed", INT.decode))
             if k in data}
     return [
         TraceSpec(synthetic=SyntheticSpec(
-            _read(data, "num_requests", COUNT.decode, "synthetic", None),
-            _read(data, "rate_per_s", _positive, "synthetic", None),
+            read(data, "num_requests", count, "synthetic", None),
+            read(data, "rate_per_s", positive, "synthetic", None),
             parse_length(prompt), output, **rest))
-        for prompt in _as_list(data["prompt"])
+        for prompt in as_list(data["prompt"])
     ]
 
 
-# ------------------------------------------------------------------------ typed readers
-def _read(data: Mapping, key: str, reader: Callable[[Any], Any], where: str,
-          default: Any) -> Any:
-    """data[key] read by `reader` (None or absent: `default`); a wrong type names the key."""
-    value = data.get(key)
-    if value is None:
-        return default
-    try:
-        return reader(value)
-    except ValueError as exc:
-        raise ValueError(f"{where}.{key}: {exc}") from None
-
-
-def _axis(grid: Mapping, key: str, reader: Callable[[Any], Any], default: tuple) -> tuple:
-    """grid[key] as a tuple, each value read by `reader` (absent: `default`)."""
-    values = _as_list(grid.get(key))
-    if not values:
-        return default
-    out = []
-    for i, value in enumerate(values):
-        try:
-            out.append(reader(value))
-        except ValueError as exc:
-            raise ValueError(f"grid.{key}[{i}]: {exc}") from None
-    return tuple(out)
-
-
-def _text(value: Any) -> str:
-    if not isinstance(value, str):
-        raise ValueError(f"expected a name, got {value!r}")
-    return value
-
-
-def _positive(value: Any) -> float:
-    number = FLOAT.decode(value)
-    if not number > 0:
-        raise ValueError(f"expected a number above 0, got {value!r}")
-    return number
-
-
+# ------------------------------------------------------------------------ readers
 def _policy(value: Any) -> Policy:
-    return Policy.parse(_text(value))
+    return Policy.parse(text(value))
+
+
+def _indexed(where: str, make, *args) -> list:
+    """make(*args), an error prefixed with `where` (which list item it came from)."""
+    try:
+        return make(*args)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
+def _in_range(key: str, decode: Reader) -> Reader:
+    """`decode` after the key's range check (OPTION_RANGES), if it has one."""
+    check = OPTION_RANGES.get(key)
+    return decode if check is None else lambda value: decode(check(value))
+
+
+def _window(value: Any) -> tuple[float, float]:
+    if not isinstance(value, list) or len(value) != 2:
+        raise ValueError(f"give [start_s, end_s], got {value!r}")
+    start_s, end_s = FLOAT.decode(value[0]), FLOAT.decode(value[1])
+    if not start_s < end_s:
+        raise ValueError(f"give [start_s, end_s] with end_s after start_s, got {value!r}")
+    return start_s, end_s
 
 
 def _resolve(name: str, base_dir: Path) -> str:
     """A relative file path is taken relative to the YAML file; bundled names pass through."""
     candidate = base_dir / name
     return str(candidate) if candidate.is_file() else name
-
-
-def _as_list(value) -> list:
-    if value is None:
-        return []
-    return list(value) if isinstance(value, list | tuple) else [value]
-
-
-def _check_keys(where: str, data: dict, known: tuple[str, ...]) -> None:
-    if not isinstance(data, dict):
-        raise ValueError(f"{where} must be a mapping, got {data!r}")
-    unknown = sorted(set(data) - set(known))
-    if unknown:
-        raise ValueError(f"unknown key(s) {unknown} in {where}; known: {list(known)}")

@@ -114,6 +114,22 @@ def claim_file(path: Path, *, flag: str, overwrite: bool) -> Path:
     return path
 
 
+def check_out_path(path: Path, flag: str, *, folder: bool) -> None:
+    """Before any work, OutputError naming `flag` and `path` unless `path` can be written as a
+    folder (`folder`) or as a file, made with its missing parent folders; nothing is created."""
+    if folder and path.exists() and not path.is_dir():
+        raise OutputError(f"{flag} {path}: a file, not a folder; give a folder to write into")
+    if not folder and path.is_dir():
+        raise OutputError(f"{flag} {path}: a folder; give the path of the file to write")
+    existing = next(p for p in (path, *path.parents) if p.exists() or p == Path(p.anchor))
+    if existing != path and not existing.is_dir():
+        raise OutputError(f"{flag} {path}: {existing} is a file, so no folder can be made "
+                          "there; give another path")
+    if not os.access(existing, os.W_OK):
+        raise OutputError(f"{flag} {path}: {existing} cannot be written (no permission); "
+                          "give a path you can write")
+
+
 def probe(folder: Path, flag: str, shown: Path | None = None) -> None:
     """Write and remove a file in `folder`, or say in one line why it cannot be written."""
     try:

@@ -68,7 +68,7 @@ def read_json_object(path: str | Path, what: str, not_object: str) -> dict:
     path = Path(path)
     try:
         data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested too deep
         raise ValueError(f"{path}: cannot read {what}: {exc}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: " + not_object.format(kind=type(data).__name__))

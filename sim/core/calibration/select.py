@@ -21,8 +21,9 @@ from pathlib import Path
 
 from sim.core.calibration.provenance import EngineKind
 from sim.core.calibration.schema import Calibration, load_calibration, timed_launch_kinds
+from sim.core.calibration.transfer import transfer
 from sim.core.calibration.validated import evidence_line, read_index, validated
-from sim.core.catalog import get_gpu, get_model
+from sim.core.catalog import GpuSpec, get_gpu, get_model
 from sim.core.compiled import ROOT
 from sim.core.split_shapes import FLASHINFER_ATTENTION, TRITON_ATTENTION
 
@@ -38,7 +39,10 @@ def shipped_path(model_name: str, gpu_name: str, engine_kind: EngineKind | str,
     or None. A capped piecewise engine falls back to the uncapped piecewise calibration
     (EngineKind.fallbacks), another attention backend to the Triton kernel's."""
     kind = EngineKind.parse(engine_kind) if isinstance(engine_kind, str) else engine_kind
-    model, gpu = get_model(model_name).name, get_gpu(gpu_name).name
+    catalogued = catalog_gpu(gpu_name)
+    if catalogued is None:  # a GPU from a spec file: nothing is shipped for it
+        return None
+    model, gpu = get_model(model_name).name, catalogued.name
     backends = dict.fromkeys((attention_backend, TRITON_ATTENTION))
     for folder in _gpu_folders(gpu, root):
         for backend in backends:
@@ -72,10 +76,35 @@ def choose_calibration(choice: str | Path | None, model_name: str, gpu_name: str
                        engine_kind: EngineKind | str, root: Path = SHIPPED_DIR,
                        attention_backend: str = TRITON_ATTENTION) -> Calibration | None:
     """What prices a run given `--calibration choice`: None, the shipped one of the run's
-    model, GPU, engine and attention backend (if any); else `given_calibration(choice)`."""
+    model, GPU, engine and attention backend (if any); else `given_calibration(choice)`,
+    carried to the run's model and GPU (`carried_to`)."""
     if choice is None:
         return select_calibration(model_name, gpu_name, engine_kind, root, attention_backend)
-    return given_calibration(choice)
+    return carried_to(given_calibration(choice), model_name, gpu_name)
+
+
+def carried_to(calibration: Calibration | None, model_name: str,
+               gpu_name: str) -> Calibration | None:
+    """`calibration` as it prices `model_name` on `gpu_name`: itself where its provenance
+    records that model and GPU (or no model), else carried there by `transfer` (launch terms
+    by layer count, activation bytes by the models' analytic ratio), whose provenance says
+    so: every output's pricing line then reads "transferred from ...", and no validated slice
+    vouches for it (docs/calibration.md)."""
+    if calibration is None or calibration.provenance.model is None:
+        return calibration
+    model, gpu = get_model(model_name).name, catalog_gpu(gpu_name)
+    found = calibration.provenance
+    if found.model == model and (gpu is None or found.gpu_preset in (None, gpu.name)):
+        return calibration
+    return transfer(calibration, model, gpu)  # a GPU from a spec file: the source's named
+
+
+def catalog_gpu(name: str) -> GpuSpec | None:
+    """The catalog's GPU of that name or alias; None for one read from a spec file."""
+    try:
+        return get_gpu(name)
+    except ValueError:
+        return None
 
 
 def given_calibration(choice: str | Path) -> Calibration | None:
@@ -157,9 +186,10 @@ def uncalibrated_warning(model_name: str, gpu_name: str, engine_kind: EngineKind
     kind = EngineKind.parse(engine_kind) if isinstance(engine_kind, str) else engine_kind
     if forced:
         return f"warning: {UNCALIBRATED} (--calibration none)"
+    gpu = catalog_gpu(gpu_name)
     return (f"warning: {UNCALIBRATED}: no calibration ships for {get_model(model_name).name} "
-            f"on {get_gpu(gpu_name).name} for the {kind.label} engine; measure one with "
-            "`python -m gpu_backend profile` and pass --calibration FILE")
+            f"on {gpu_name if gpu is None else gpu.name} for the {kind.label} engine; measure "
+            "one with `python -m gpu_backend profile` and pass --calibration FILE")
 
 
 def _gpu_folders(gpu: str, root: Path) -> list[Path]:

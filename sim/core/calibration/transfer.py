@@ -76,7 +76,8 @@ def transfer(calibration: Calibration, model: ModelSpec | str,
                 provenance=provenance.to_dict())
     if calibration.activation is not None:
         data["activation"] = asdict(scaled_activation(calibration.activation, before, after))
-    return parse_calibration(data, f"{calibration.source} -> {after.name}")
+    moved = f" on {target_gpu.name}" if target_gpu.name != source.gpu_preset else ""
+    return parse_calibration(data, f"{calibration.source} -> {after.name}{moved}")
 
 
 def scaled_activation(profile: ActivationProfile, before: ModelSpec,

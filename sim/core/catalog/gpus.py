@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from sim.core.catalog.units import GIB, MIB
+from sim.core.elastic import GRANULE_BYTES
 
 
 @dataclass(frozen=True)
@@ -32,13 +33,46 @@ class GpuSpec:
     num_sms: int = 0
 
     def __post_init__(self) -> None:
-        if self.memory_bytes <= 0 or self.vmm_granularity_bytes <= 0:
-            raise ValueError(f"GPU {self.name!r}: memory and VMM granularity must be positive")
-        for rate in ("peak_bf16_flops", "memory_bandwidth_bytes_s", "interconnect_bytes_s"):
+        if self.memory_bytes <= 0:
+            raise ValueError(f"GPU {self.name!r}: memory_bytes must be positive")
+        for rate in RATE_FLOORS:
             if not getattr(self, rate) > 0:
                 raise ValueError(f"GPU {self.name!r}: {rate} must be positive")
         if self.num_sms < 0:
             raise ValueError(f"GPU {self.name!r}: num_sms must be >= 0 (0: unknown)")
+        _check_plausible(self)
+
+
+# What GPUs span (22 to 192 GiB, 121 to 2,250 TFLOP/s, 300 GB/s to 8 TB/s of memory, links
+# of 32 GB/s and up, one direction) lies far inside these bounds: a figure outside them is in
+# the wrong unit (GiB, TFLOP/s, GB/s) or a slip, and would price every run absurdly.
+MIN_MEMORY_BYTES = GIB
+MAX_MEMORY_BYTES = 4096 * GIB
+# rate -> (floor, its unit, the unit a datasheet quotes, how many of the first make one)
+RATE_FLOORS = {"peak_bf16_flops": (1e12, "FLOP/s", "TFLOP/s", 1e12),
+               "memory_bandwidth_bytes_s": (1e10, "bytes/s", "GB/s", 1e9),
+               "interconnect_bytes_s": (1e9, "bytes/s", "GB/s", 1e9)}
+
+
+def _check_plausible(gpu: GpuSpec) -> None:
+    """Refuse figures no GPU has, saying the unit each is given in."""
+    name, memory = gpu.name, gpu.memory_bytes
+    if not MIN_MEMORY_BYTES <= memory <= MAX_MEMORY_BYTES:
+        shown = memory if 1 <= memory <= 4096 else 80
+        hint = f", e.g. {shown * GIB} for {shown} GiB"
+        raise ValueError(f"GPU {name!r}: memory_bytes {memory:g} is outside what a GPU holds "
+                         f"(1 GiB to 4 TiB): give bytes{hint}")
+    for rate, (floor, unit, quoted, scale) in RATE_FLOORS.items():
+        value = getattr(gpu, rate)
+        if value < floor:
+            hint = f", e.g. {value * scale:g} for {value:g} {quoted}" if value < 1e5 else ""
+            raise ValueError(f"GPU {name!r}: {rate} {value:g} {unit} is below any GPU's "
+                             f"({floor:g} {unit}): give {unit}{hint}")
+    granularity = gpu.vmm_granularity_bytes
+    if granularity < GRANULE_BYTES or granularity % GRANULE_BYTES:
+        raise ValueError(f"GPU {name!r}: vmm_granularity_bytes {granularity}: give a positive "
+                         f"multiple of {GRANULE_BYTES} (2 MiB, CUDA's VMM granularity), which "
+                         "the elastic reserve's handles are cut in")
 
 
 GPUS: dict[str, GpuSpec] = {

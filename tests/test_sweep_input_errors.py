@@ -1,0 +1,88 @@
+"""`python -m sim sweep --config FILE` with a bad value: refused before any case runs, with
+one line naming the file and the key and exit code 2; a valid value that a configuration
+cannot run (a model too large for the GPU) is still a row with fits=False."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = yaml.safe_load((ROOT / "examples" / "sweep.yaml").read_text())
+
+
+def tiny_example() -> dict:
+    """examples/sweep.yaml cut to one small case: one point on every axis, 20 requests."""
+    data = copy.deepcopy(EXAMPLE)
+    data["grid"].update(model=["llama-3.1-8b"], tp=[1], chunk=[2048], policy=["static"],
+                        rate_scale=[1.0], trace=[{"source": "azure-conv", "limit": 20}])
+    data.pop("out")
+    data["workers"] = 1
+    return data
+
+
+def run_sweep(tmp_path: Path, data: dict) -> subprocess.CompletedProcess:
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return subprocess.run([sys.executable, "-m", "sim", "sweep", "--config", str(path),
+                           "--out", str(tmp_path / "out"), "--no-progress", "--json"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def edit(section: str | None, **values):
+    def apply(data: dict) -> None:
+        (data if section is None else data[section]).update(values)
+    return apply
+
+
+@pytest.mark.parametrize("change, says", [
+    (edit("grid", tp=[0]), "grid.tp[0]: give 1 or more, got 0"),
+    (edit("grid", chunk=[-5]), "grid.chunk[0]: give 1 or more, got -5"),
+    (edit("engine", gpu_memory_utilization=9),
+     "engine.gpu_memory_utilization: give a share of the GPU's memory above 0 and at most 1"),
+    (edit("engine", vmm_handle_mib=-2), "engine.vmm_handle_mib: give 1 or more, got -2"),
+    (edit("engine", vmm_handle_mib=3),
+     "engine.vmm_handle_mib: 3 is not a multiple of the h200-141gb VMM granularity (2 MiB)"),
+    (edit("engine", block_size=7), "engine.block_size: give one of 8, 16, 32, 64, 128"),
+    (edit(None, num_replicas=0), "num_replicas: give 1 or more, got 0"),
+    (edit("grid", model=[]), "grid.model is an empty list"),
+    (edit("grid", policy=[]), "grid.policy is an empty list"),
+    (edit("grid", chunk=[2048, 2048]), "grid.chunk: 2048 is given twice"),
+    (edit("grid", trace=[{"source": "azure-conv", "limit": 20}] * 2),
+     "grid.trace: 'azure-conv' is given twice"),
+    (edit(None, workers=0), "workers: give 1 or more, got 0"),
+    (edit("grid", trace=[{"source": "azure-conv", "window": [5, 1]}]),
+     "grid.trace[0]: trace.window: give [start_s, end_s] with end_s after start_s, got [5, 1]"),
+], ids=["tp-0", "chunk-negative", "memory-share-9", "handle-negative", "handle-odd",
+        "block-size-7", "replicas-0", "model-empty", "policy-empty", "chunk-twice",
+        "trace-twice", "workers-0", "window-backwards"])
+def test_a_bad_value_is_refused_naming_the_file_and_key(tmp_path, change, says):
+    data = tiny_example()
+    change(data)
+    done = run_sweep(tmp_path, data)
+    assert done.returncode == 2, done.stdout + done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"error: {tmp_path / 'sweep.yaml'}: ") and says in line, line
+    assert done.stdout == "" and not (tmp_path / "out" / "sweep.csv").exists()
+
+
+def test_a_valid_configuration_that_does_not_fit_is_a_row(tmp_path):
+    data = tiny_example()
+    data["grid"].update(model=["llama-3.1-70b"], gpu=["a100-80gb"])
+    done = run_sweep(tmp_path, data)
+    assert done.returncode == 0, done.stderr
+    (row,) = json.loads(done.stdout)
+    assert row["fits"] is False and "does not fit on a100-80gb" in row["fit_error"]
+
+
+def test_the_cut_example_runs_its_one_case(tmp_path):
+    done = run_sweep(tmp_path, tiny_example())
+    assert done.returncode == 0, done.stderr
+    (row,) = json.loads(done.stdout)
+    assert row["fits"] is True and row["num_finished"] == 20
