@@ -93,8 +93,13 @@ def test_the_committed_index_holds_every_calibration_the_slices_are_priced_with(
     index = read_index(INDEX_PATH)
     folders = slice_folders()
     by_calibration: dict[str, list[str]] = {}
-    for folder in folders:
-        by_calibration.setdefault(read_recipe(folder).calibration, []).append(folder.name)
+    for folder in folders:  # a slice of another model than its calibration's: carried there
+        calibration = read_recipe(folder).calibration
+        model = folder.name.split("_")[1]  # <gpus>_<model>_<trace>[_<engine>]
+        if f"/{model}" not in calibration:
+            calibration += f" -> {model}"
+        by_calibration.setdefault(calibration, []).append(folder.name)
+    assert "calibration/h200/llama-3.1-8b-unfused.json -> qwen2.5-14b" in by_calibration
     assert {k: v["slices"] for k, v in index.items()} == by_calibration
     assert index == json.loads(json.dumps(calibration_index(folders)))  # current
 
@@ -125,3 +130,13 @@ def test_every_output_that_names_its_pricing_says_its_evidence(tmp_path):
         "h100_qwen2.5-7b_study-a100-budget", "h100_qwen2.5-7b_study-a100-budget_async"]
     assert pricing(None)["validated"] is None
     assert Path(INDEX_PATH) == EVIDENCE_DIR / INDEX_NAME  # where the rebuild writes it
+
+
+def test_a_carried_calibration_is_keyed_by_its_file_and_the_model_it_was_carried_to():
+    """`python -m sim --model qwen2.5-14b --calibration FILE` (FILE profiled on the 8B) finds
+    the evidence of the slice the carried file priced, however FILE was named."""
+    carried = "calibration/h200/llama-3.1-8b-unfused.json -> qwen2.5-14b"
+    absolute = str(PROJECT_DIR / "calibration/h200/llama-3.1-8b-unfused.json") + " -> qwen2.5-14b"
+    assert evidence_key(absolute) == carried
+    entry = read_index(INDEX_PATH)[carried]
+    assert entry["slices"] == ["h200x2_qwen2.5-14b_azure-conv_tp2"]

@@ -78,7 +78,8 @@ def test_every_slice_has_a_report_current_with_its_evidence():
     for folder in folders:
         report = json.loads((folder / "report.json").read_text())
         assert report["provenance"]["slice"] == folder.name
-        assert report["calibration"] == read_recipe(folder).calibration
+        # its slice.json's, carried to the slice's model where that is another's
+        assert report["calibration"].split(" -> ")[0] == read_recipe(folder).calibration
         engine_of(folder)  # the name says which engine ran
 
 

@@ -20,6 +20,7 @@ from sim.core.calibration import (
     Calibration,
     EngineKind,
     Provenance,
+    carried_to,
     choose_calibration,
     engine_kinds_of,
     fit_with_program_term,
@@ -235,13 +236,25 @@ def write_calibration(path: Path, result: FitResult, profile: ActivationProfile 
 
 
 
+def carried_for(calibration: Calibration | None, runs: Sequence[GpuRun],
+                gpu_name: str | None = None) -> Calibration | None:
+    """`calibration` carried to the model and GPU `runs` replayed, as `python -m sim` carries
+    a calibration of another model or GPU (sim.core.calibration.carried_to); as it is where
+    the runs are of several."""
+    configs = {(c.model.name, c.gpu.name)
+               for c in (engine_config(r.summary, gpu_name) for r in runs)}
+    if calibration is None or len(configs) != 1:
+        return calibration
+    return carried_to(calibration, *configs.pop())
+
+
 def replay_calibration(choice: str | Path | None, runs: Sequence[GpuRun],
                        gpu_name: str | None = None) -> Calibration | None:
     """What prices the simulations of `runs` given `--calibration choice`
     (sim.core.calibration.choose_calibration): without one, the calibration shipped for the
     runs' model, GPU and engine kind, where they share them; 'none': the roofline."""
     if choice is not None:
-        return given_calibration(choice)
+        return carried_for(given_calibration(choice), runs, gpu_name)
     configs = [engine_config(r.summary, gpu_name) for r in runs]
     if len({(c.model.name, c.gpu.name) for c in configs}) != 1:
         return None  # runs of several models or GPUs: no one shipped calibration prices them

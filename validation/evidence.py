@@ -23,7 +23,7 @@ import hashlib
 import json
 import shlex
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from validation.runs import (
@@ -165,16 +165,18 @@ def build(folder: Path, root: Path = ROOT, log: Log = lambda _: None):
     """The slice's Validation, as `python -m validation compare` builds it from the same
     replays, repeats, calibration and trace slice."""
     from sim.core.calibration import load_calibration
+    from validation.calibrate import carried_for
     from validation.pipeline import validate
     from validation.repeats import repeat_rows
     from validation.runs import load_summary
 
     recipe = read_recipe(folder)
-    calibration = load_calibration(root / recipe.calibration)
-    efficiency, profile, vmm_costs = calibration.parts()
     runs = load_runs(folder)
+    shipped = replace(load_calibration(root / recipe.calibration), source=recipe.calibration)
+    calibration = carried_for(shipped, runs)  # another model's: carried, as `python -m sim` does
+    efficiency, profile, vmm_costs = calibration.parts()
     check_calibration_graphs(calibration, runs)
-    v = validate(runs, efficiency, profile, recipe.calibration,
+    v = validate(runs, efficiency, profile, calibration.source,
                  slice_override=recipe.trace_slice, vmm_costs=vmm_costs,
                  replayed_apart=recipe.replayed_apart, log=log)
     v.describe_calibration(calibration.data)

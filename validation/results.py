@@ -103,7 +103,8 @@ INDEX = "calibrations.json"  # validation/evidence/: what the evidence says of e
 
 
 def calibration_index(folders: Sequence[Path]) -> dict:
-    """For each calibration that prices a slice (its slice.json's `calibration`): the slices,
+    """For each calibration that prices a slice (its slice.json's `calibration`, or that file
+    carried to the slice's model, `FILE -> MODEL`, as its report names it): the slices,
     their runs, each target's best and worst value over them and the slices that missed it,
     and how often the predicted gain of elastic over a smaller chunk took the measured one's
     decision (validation.table.count_gains). What `python -m sim` and `plan` print beside the
@@ -111,8 +112,9 @@ def calibration_index(folders: Sequence[Path]) -> dict:
     from validation.table import DECIDED_GAIN, count_gains, read_report
 
     by_calibration: dict[str, list[Path]] = {}
-    for folder in folders:
-        by_calibration.setdefault(read_recipe(folder).calibration, []).append(folder)
+    for folder in folders:  # the report's: a calibration carried to another model keyed so
+        key = read_report(folder).get("calibration") or read_recipe(folder).calibration
+        by_calibration.setdefault(key, []).append(folder)
     index = {}
     for calibration, group in sorted(by_calibration.items()):
         reports = [read_report(folder) for folder in group]

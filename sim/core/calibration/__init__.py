@@ -48,6 +48,7 @@ from sim.core.calibration.select import (
     SHIPPED_DIR,
     UNCALIBRATED,
     attention_mismatch,
+    carried_to,
     choose_calibration,
     describe,
     given_calibration,
@@ -64,7 +65,7 @@ from sim.core.calibration.transfer import transfer
 __all__ = [
     "MIN_LAUNCH_STEPS", "MIN_PROGRAM_STEPS", "MIN_SPLIT_STEPS", "ROOFLINE", "SHIPPED_DIR",
     "UNCALIBRATED", "Calibration", "EngineKind", "Provenance", "attention_mismatch",
-    "choose_calibration", "describe", "engine_kinds_of", "fit_efficiency",
+    "carried_to", "choose_calibration", "describe", "engine_kinds_of", "fit_efficiency",
     "fit_with_program_term", "given_calibration", "invoked_command", "launch_terms",
     "load_calibration", "load_efficiency", "num_program_bound", "parse_calibration",
     "parts_of", "piecewise_mismatch", "pricing",

@@ -32,6 +32,7 @@ from sim.core.memory_plan import ActivationProfile
 from sim.core.split_shapes import ATTENTION_BACKENDS, TRITON_ATTENTION
 
 OPTIONAL_EFFICIENCIES = OPTIONAL_FIELDS  # Efficiency's fields that may be null
+CARRIED = " -> "  # a carried calibration's source: FILE -> the model (on the GPU) it prices
 
 
 @dataclass(frozen=True)

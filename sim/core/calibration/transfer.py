@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, replace
 
-from sim.core.calibration.schema import Calibration, parse_calibration
+from sim.core.calibration.schema import CARRIED, Calibration, parse_calibration
 from sim.core.catalog import GpuSpec, ModelSpec, get_gpu, get_model
 from sim.core.cost_model import HOST_TERMS
 from sim.core.memory_plan import ActivationProfile, activation_bytes
@@ -77,7 +77,7 @@ def transfer(calibration: Calibration, model: ModelSpec | str,
     if calibration.activation is not None:
         data["activation"] = asdict(scaled_activation(calibration.activation, before, after))
     moved = f" on {target_gpu.name}" if target_gpu.name != source.gpu_preset else ""
-    return parse_calibration(data, f"{calibration.source} -> {after.name}{moved}")
+    return parse_calibration(data, f"{calibration.source}{CARRIED}{after.name}{moved}")
 
 
 def scaled_activation(profile: ActivationProfile, before: ModelSpec,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from sim.core.calibration.schema import Calibration
+from sim.core.calibration.schema import CARRIED, Calibration
 from sim.core.compiled import ROOT as PROJECT_DIR
 
 INDEX_PATH = PROJECT_DIR / "validation" / "evidence" / "calibrations.json"
@@ -43,7 +43,11 @@ def read_index(path: Path = INDEX_PATH) -> dict | None:
 def evidence_key(source: str, project: Path = PROJECT_DIR) -> str:
     """A calibration's file as the evidence names it: relative to the project, in posix form
     (`calibration/h200/llama-3.1-8b.json`), whether the output names it so (a shipped file),
-    by an absolute path or by one relative to the working directory."""
+    by an absolute path or by one relative to the working directory; a calibration carried to
+    another model or GPU keeps what it was carried to (`... -> qwen2.5-14b`, `transfer`)."""
+    file, arrow, carried = source.partition(CARRIED)
+    if arrow:
+        return evidence_key(file, project) + arrow + carried
     path = Path(source)
     for candidate in ([path] if path.is_absolute() else [project / path, path.resolve()]):
         if candidate.is_file():
