@@ -86,3 +86,38 @@ def test_the_cut_example_runs_its_one_case(tmp_path):
     assert done.returncode == 0, done.stderr
     (row,) = json.loads(done.stdout)
     assert row["fits"] is True and row["num_finished"] == 20
+
+
+@pytest.mark.parametrize("key, says", [
+    ("gpu", "grid.gpu[0]: unknown GPU 'nosuch'; known: a100-40gb"),
+    ("model", "grid.model[0]: unknown model 'nosuch'; known: deepseek-v2-lite"),
+])
+def test_an_unknown_name_in_the_grid_is_refused_with_the_known_ones(tmp_path, key, says):
+    data = tiny_example()
+    data["grid"][key] = ["nosuch"]
+    done = run_sweep(tmp_path, data)
+    assert done.returncode == 2, done.stdout + done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"error: {tmp_path / 'sweep.yaml'}: ") and says in line, line
+    assert "or give a" in line and not (tmp_path / "out" / "sweep.csv").exists()
+
+
+@pytest.mark.parametrize("flag, value, says", [
+    ("--gpu-memory-utilization", "9", "give a share of the GPU's memory above 0 and at most 1"),
+    ("--gpu-memory-utilization", "0", "give a share of the GPU's memory above 0 and at most 1"),
+    ("--block-size", "7", "give one of 8, 16, 32, 64, 128"),
+    ("--vmm-handle-mib", "0", "give 1 or more, got 0"),
+    ("--vmm-handle-mib", "3", "3 is not a multiple of the h200-141gb VMM granularity (2 MiB)"),
+    ("--mixed-split-mib", "-1", "give 0 or more, got -1"),
+    ("--piecewise-max-tokens", "0", "give 1 or more, got 0"),
+])
+def test_a_bad_engine_flag_is_refused_naming_the_flag(tmp_path, flag, value, says):
+    done = subprocess.run([sys.executable, "-m", "sim", "sweep", "--trace", "azure-conv",
+                           "--limit", "20", "--chunk", "2048", "--policy", "static",
+                           "--workers", "1", "--out", str(tmp_path / "out"), "--no-progress",
+                           "--json", flag, value],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stdout + done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"error: argument {flag}: ") and says in line, line
+    assert done.stdout == "" and not (tmp_path / "out" / "sweep.csv").exists()

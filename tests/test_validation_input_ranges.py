@@ -123,3 +123,47 @@ def test_an_output_path_that_cannot_be_written_is_named_first(tmp_path, capsys, 
     err = capsys.readouterr().err
     assert said in err and "Traceback" not in err
     assert not any((tmp_path / "DIR").iterdir())
+
+
+@pytest.mark.parametrize("run", [RUN, "repeats/repeat-1/static_chunk_2048"])
+def test_a_run_folder_without_summary_json_is_named(slice_copy, capsys, run):
+    folder = slice_copy / run
+    (folder / "summary.json").rename(folder / "summary.json.orig")
+    err = rebuild_error(slice_copy, capsys)
+    assert f"{folder}: holds " in err and "summary.json.orig" in err
+    assert "but no summary.json" in err
+
+
+def test_an_empty_run_folder_is_named(slice_copy, capsys):
+    folder = slice_copy / "runs" / "static_chunk_4096"
+    folder.mkdir()
+    assert f"{folder}: is empty and holds no summary.json" in rebuild_error(slice_copy, capsys)
+
+
+def test_an_empty_repeat_folder_is_named(slice_copy, capsys):
+    folder = slice_copy / "repeats" / "repeat-9"
+    folder.mkdir()
+    assert f"{folder}: no summary.json found" in rebuild_error(slice_copy, capsys)
+
+
+def test_compare_names_a_run_folder_without_summary_json(slice_copy, tmp_path, capsys):
+    cut = slice_copy / "runs" / "static_chunk_8192"
+    (cut / "summary.json").unlink()
+    assert main(["compare", "--gpu-dir", str(slice_copy / "runs"), "--calibration", "none",
+                 "--no-plots", "--out", str(tmp_path / "report")]) == 2
+    err = capsys.readouterr().err
+    assert f"{cut}: holds config.json" in err and "but no summary.json" in err
+    assert "Traceback" not in err and not (tmp_path / "report").exists()
+
+
+@pytest.mark.parametrize("run, key, kept, missing", [
+    (RUN, "ttft_s", {}, "ttft_s.p50"),
+    (RUN, "ttft_s", {"p50": 0.1}, "ttft_s.p99"),
+    (RUN, "tpot_s", {"p99": 0.01}, "tpot_s.p50"),
+    (RUN, "e2e_s", {"mean": 1.0}, "e2e_s.p50"),
+    ("repeats/repeat-2/static_chunk_8192", "ttft_s", {}, "ttft_s.p50"),
+])
+def test_a_latency_without_its_percentile_is_named(slice_copy, capsys, run, key, kept, missing):
+    path = slice_copy / run / "summary.json"
+    edit_json(path, lambda r, _: r.update({key: kept}))
+    assert f"{path}: field {missing} is missing" in rebuild_error(slice_copy, capsys)

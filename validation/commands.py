@@ -58,14 +58,14 @@ def compare(args: argparse.Namespace) -> int:
     calibration = replay_calibration(args.calibration, runs, args.gpu)
     efficiency, profile, vmm_costs = parts_of(calibration)
     check_calibration_graphs(calibration, runs)
+    repeats = [(d.name, [load_summary(f) for f in find_runs(d)]) for d in args.repeat_dir or ()]
     v = validate(runs, efficiency, profile, describe(calibration),
                  slice_override=slice_from_args(args),
                  gpu_name=args.gpu, holdout_fraction=args.holdout, fit=not args.no_fit,
                  resimulate_fitted=args.resimulate_fitted, vmm_costs=vmm_costs)
     if calibration is not None:
         v.describe_calibration(calibration.data)
-    v.repeats = repeat_rows(runs, [(d.name, [load_summary(f) for f in find_runs(d)])
-                                   for d in args.repeat_dir or ()])
+    v.repeats = repeat_rows(runs, repeats)
     paths = write_report(args.out, v, plots=not args.no_plots)
     print_targets(v.targets)
     if v.repeats:

@@ -176,13 +176,13 @@ def build(folder: Path, root: Path = ROOT, log: Log = lambda _: None):
     calibration = carried_for(shipped, runs)  # another model's: carried, as `python -m sim` does
     efficiency, profile, vmm_costs = calibration.parts()
     check_calibration_graphs(calibration, runs)
+    folders = sorted(p for p in (folder / "repeats").glob("*") if p.is_dir())
+    repeats = [(d.name, [load_summary(f) for f in find_runs(d)]) for d in folders]
     v = validate(runs, efficiency, profile, calibration.source,
                  slice_override=recipe.trace_slice, vmm_costs=vmm_costs,
                  replayed_apart=recipe.replayed_apart, log=log)
     v.describe_calibration(calibration.data)
-    repeats = sorted(p for p in (folder / "repeats").glob("*") if p.is_dir())
-    v.repeats = repeat_rows(runs, [(d.name, [load_summary(f) for f in find_runs(d)])
-                                   for d in repeats])
+    v.repeats = repeat_rows(runs, repeats)
     return v
 
 

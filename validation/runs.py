@@ -103,12 +103,27 @@ class GpuRun(RunSummary):
 
 
 def find_runs(gpu_dir: Path) -> list[Path]:
-    """Every folder under `gpu_dir` (itself included) that holds a summary.json."""
+    """Every folder under `gpu_dir` (itself included) that holds a summary.json. A folder
+    beside them that holds none (a replay cut short, a summary.json renamed) is an error, not
+    a run left out."""
     folders = sorted({p.parent for p in gpu_dir.rglob("summary.json")})
     if not folders:
         raise ValueError(f"{gpu_dir}: no summary.json found; expected one folder per GPU run "
                          "written by `python -m gpu_backend replay --out DIR`")
+    for folder in sorted(p for p in gpu_dir.rglob("*") if p.is_dir()):
+        hidden = any(part.startswith(".") for part in folder.relative_to(gpu_dir).parts)
+        if not hidden and not _part_of_a_run(folder, folders):
+            files = sorted(p.name for p in folder.iterdir())
+            holds = f"holds {', '.join(files)} but" if files else "is empty and holds"
+            raise ValueError(f"{folder}: {holds} no summary.json; every run folder needs the "
+                             "summary.json `python -m gpu_backend replay --out DIR` writes: "
+                             "replay the run again, or remove the folder")
     return folders
+
+
+def _part_of_a_run(folder: Path, runs: list[Path]) -> bool:
+    """Whether `folder` is a run folder, holds one, or sits inside one."""
+    return any(folder == run or folder in run.parents or run in folder.parents for run in runs)
 
 
 def load_summary(folder: Path) -> RunSummary:

@@ -46,21 +46,36 @@ def check_summary(summary: dict, path: Path) -> None:
             Policy.parse(str(summary["policy"]))
         except ValueError as exc:
             raise ValueError(f"{path}: field policy: {exc}") from None
-    for _, key, sub, _ in METRICS:
-        value = summary.get(key)
-        if sub is not None and value is not None:
-            if not isinstance(value, dict):
-                raise ValueError(f"{path}: field {key} is {value!r}; it must be an object of "
-                                 f"percentiles ({sub}, ...)")
-            key, value = f"{key}.{sub}", value.get(sub)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
-            raise ValueError(f"{path}: field {key} is {value!r}; it must be a number")
+    _check_metrics(summary, path)
     measured = summary.get("measured")
     if measured is not None and not isinstance(measured, dict):
         raise ValueError(f"{path}: field measured must be an object")
     _check_number(path, "measured.kv_tokens", (measured or {}).get("kv_tokens"))
     for key in ("num_trace_requests", "block_size"):
         _check_number(path, key, summary.get(key), integer=True)
+
+
+def _check_metrics(summary: dict, path: Path) -> None:
+    """Every compared metric a number or null, and each latency object given with the
+    percentiles compared (one left out would drop out of the comparison unseen)."""
+    for _, key, sub, _ in METRICS:
+        value = summary.get(key)
+        if sub is not None and value is not None:
+            if not isinstance(value, dict):
+                raise ValueError(f"{path}: field {key} is {value!r}; it must be an object of "
+                                 f"percentiles ({_subs(key)}, ...)")
+            if sub not in value:  # null is kept: no request finished to measure it
+                raise ValueError(f"{path}: field {key}.{sub} is missing; {key} must hold the "
+                                 f"percentiles compared ({_subs(key)}): write it again with "
+                                 "the replay")
+            key, value = f"{key}.{sub}", value[sub]
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise ValueError(f"{path}: field {key} is {value!r}; it must be a number")
+
+
+def _subs(key: str) -> str:
+    """The percentiles of summary key `key` that validation compares, e.g. "p50, p99"."""
+    return ", ".join(sub for _, k, sub, _ in METRICS if k == key and sub is not None)
 
 
 def _check_number(path: Path, key: str, value, *, integer: bool = False) -> None:

@@ -8,10 +8,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from sim.core.catalog import MIB
 from sim.core.config_flags import positive_float, positive_int
 from sim.planning.cases import EngineOptions, SyntheticSpec, TraceSpec
 from sim.planning.parallel import Executor
-from sim.planning.spec import OPTION_SETTINGS, engine_options
+from sim.planning.spec import MIB_KEYS, OPTION_RANGES, OPTION_SETTINGS, engine_options
 from sim.recording.folder import OutputFolder
 from traces.synthetic_options import SYNTHETIC, parse_length
 
@@ -47,9 +48,26 @@ def trace_spec_from(args: argparse.Namespace) -> TraceSpec:
 
 
 def options_from(args: argparse.Namespace) -> EngineOptions:
-    """The fixed engine flags given (the rest at EngineConfig's defaults)."""
+    """The fixed engine flags given (the rest at EngineConfig's defaults), each in the range
+    a sweep YAML's `engine:` value must be in."""
     given = {name: getattr(args, name) for name in OPTION_SETTINGS.values() if name in vars(args)}
+    flagged = {key: given[name] for key, name in OPTION_SETTINGS.items() if name in given}
+    check_ranges({**flagged, "piecewise_max_tokens": args.piecewise_max_tokens})
     return engine_options(given, args.piecewise_graphs, args.piecewise_max_tokens)
+
+
+def check_ranges(values: dict) -> None:
+    """The OPTION_RANGES check of each value given (keyed as the YAML's `engine:` keys, held as
+    EngineConfig holds them), an error naming its flag as argparse does."""
+    for key, value in values.items():
+        check = OPTION_RANGES.get(key)
+        if check is None or value is None:
+            continue
+        shown = value // MIB if key in MIB_KEYS else value
+        try:
+            check(list(shown) if isinstance(shown, tuple) else shown)
+        except ValueError as exc:
+            raise ValueError(f"argument --{key.replace('_', '-')}: {exc}") from None
 
 
 def add_slo_arguments(group, ttft_s: float | None, tpot_s: float | None) -> None:

@@ -10,14 +10,14 @@ command line.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from sim.core.catalog import MIB, get_gpu
+from sim.core.catalog import MIB, get_gpu, get_model
 from sim.core.config_flags import setting_default
 from sim.core.elastic import Policy
 from sim.core.engine_config import DEFAULT_GPU, DEFAULT_MODEL, EngineConfig
@@ -159,8 +159,8 @@ def sweep_from_dict(data: dict, base_dir: Path = Path(".")) -> SweepSpec:
     calibration = read(data, "calibration", text, "sweep config", None)
     out = read(data, "out", text, "sweep config", None)
     spec = SweepSpec(
-        models=axis(grid, "model", text, (DEFAULT_MODEL,)),
-        gpus=axis(grid, "gpu", text, (DEFAULT_GPU,)),
+        models=axis(grid, "model", _known(get_model), (DEFAULT_MODEL,)),
+        gpus=axis(grid, "gpu", _known(get_gpu), (DEFAULT_GPU,)),
         tps=axis(grid, "tp", count, (setting_default("tensor_parallel_size"),)),
         chunks=axis(grid, "chunk", count, (None,)),
         policies=tuple(p.value for p in axis(grid, "policy", _policy,
@@ -179,17 +179,14 @@ def sweep_from_dict(data: dict, base_dir: Path = Path(".")) -> SweepSpec:
     return spec
 
 
-def check_handle_size(spec: SweepSpec) -> None:
-    """engine.vmm_handle_mib against the VMM granularity of each grid GPU (a GPU that does not
-    load is left to its cases' rows, which say why)."""
+def check_handle_size(spec: SweepSpec, where: str = "engine.vmm_handle_mib") -> None:
+    """The VMM handle size (`where`: the key or flag that gave it) against the VMM granularity
+    of each grid GPU."""
     handle_mib = spec.options.vmm_handle_mib
     for name in spec.gpus:
-        try:
-            gpu = get_gpu(name)
-        except ValueError:
-            continue
+        gpu = get_gpu(name)
         if handle_mib * MIB % gpu.vmm_granularity_bytes:
-            raise ValueError(f"engine.vmm_handle_mib: {handle_mib} is not a multiple of the "
+            raise ValueError(f"{where}: {handle_mib} is not a multiple of the "
                              f"{gpu.name} VMM granularity "
                              f"({gpu.vmm_granularity_bytes // MIB} MiB): give a multiple of it")
 
@@ -254,6 +251,16 @@ def synthetic_specs(data: dict) -> list[TraceSpec]:
 # ------------------------------------------------------------------------ readers
 def _policy(value: Any) -> Policy:
     return Policy.parse(text(value))
+
+
+def _known(load: Callable[[str], Any]) -> Reader:
+    """A name (or file) `load` finds, kept as given: one it does not is refused with its
+    message (the known names, how to give a file) before any case runs."""
+    def reader(value: Any) -> str:
+        load(text(value))
+        return value
+
+    return reader
 
 
 def _indexed(where: str, make, *args) -> list:
