@@ -119,6 +119,8 @@ def _interrupts_deferred():
         signal.signal(signal.SIGINT, previous)
     if caught and callable(previous):
         previous(signal.SIGINT, None)
+    elif caught and previous == signal.SIG_DFL:  # the default: the process ends now
+        signal.raise_signal(signal.SIGINT)
 
 
 def _run_one(spec: RunSpec, trace: Trace, outputs: Outputs, index: int,
