@@ -236,13 +236,12 @@ def write_calibration(path: Path, result: FitResult, profile: ActivationProfile 
 
 
 
-def carried_for(calibration: Calibration | None, runs: Sequence[GpuRun],
-                gpu_name: str | None = None) -> Calibration | None:
+def carried_for(calibration: Calibration | None,
+                runs: Sequence[GpuRun]) -> Calibration | None:
     """`calibration` carried to the model and GPU `runs` replayed, as `python -m sim` carries
     a calibration of another model or GPU (sim.core.calibration.carried_to); as it is where
     the runs are of several."""
-    configs = {(c.model.name, c.gpu.name)
-               for c in (engine_config(r.summary, gpu_name) for r in runs)}
+    configs = {(c.model.name, c.gpu.name) for c in (engine_config(r.summary) for r in runs)}
     if calibration is None or len(configs) != 1:
         return calibration
     return carried_to(calibration, *configs.pop())
@@ -252,12 +251,11 @@ def replay_calibration(choice: str | Path | None, runs: Sequence[GpuRun],
                        gpu_name: str | None = None) -> Calibration | None:
     """What prices the simulations of `runs` given `--calibration choice`
     (sim.core.calibration.choose_calibration): without one, the calibration shipped for the
-    runs' model, GPU and engine kind, where they share them; 'none': the roofline."""
-    if choice is not None:
-        return carried_for(given_calibration(choice), runs, gpu_name)
+    runs' model, GPU and engine kind, where they share them; 'none': the roofline; a file,
+    carried to the runs' model and GPU where they share them."""
     configs = [engine_config(r.summary, gpu_name) for r in runs]
-    if len({(c.model.name, c.gpu.name) for c in configs}) != 1:
-        return None  # runs of several models or GPUs: no one shipped calibration prices them
-    return choose_calibration(None, configs[0].model.name, configs[0].gpu.name,
+    if len({(c.model.name, c.gpu.name) for c in configs}) != 1:  # no one model and GPU:
+        return None if choice is None else given_calibration(choice)  # nothing ships or carries
+    return choose_calibration(choice, configs[0].model.name, configs[0].gpu.name,
                               engine_kinds_of(configs),
                               attention_backend=configs[0].attention_backend)

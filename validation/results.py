@@ -111,13 +111,14 @@ def calibration_index(folders: Sequence[Path]) -> dict:
     calibration that priced them (sim.core.calibration.validated)."""
     from validation.table import DECIDED_GAIN, count_gains, read_report
 
+    report_of = {folder: read_report(folder) for folder in folders}
     by_calibration: dict[str, list[Path]] = {}
     for folder in folders:  # the report's: a calibration carried to another model keyed so
-        key = read_report(folder).get("calibration") or read_recipe(folder).calibration
+        key = report_of[folder].get("calibration") or read_recipe(folder).calibration
         by_calibration.setdefault(key, []).append(folder)
     index = {}
     for calibration, group in sorted(by_calibration.items()):
-        reports = [read_report(folder) for folder in group]
+        reports = [report_of[folder] for folder in group]
         targets: dict[str, dict] = {}
         for folder, report in zip(group, reports, strict=True):
             for t in report.get("targets") or ():
