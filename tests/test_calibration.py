@@ -367,6 +367,29 @@ def test_a_named_engine_must_match_the_piecewise_sizes(tmp_path):
         load_calibration(write(tmp_path / "b.json", wrong))
 
 
+def test_a_carry_keeps_the_grid_that_tells_where_its_terms_were_measured():
+    """The shipped 8B H200 profile carried to the H100 (same model) and to the 3B: the grid's
+    records stay, so the run's extrapolation note and the piecewise note still speak for the
+    terms; the source's fit errors go, and the model's measured bytes go with the model."""
+    from sim.core.calibration.coverage import grid_extent
+    from sim.core.calibration.schema import timed_launch_kinds
+    source = load_calibration(SHIPPED_DIR / "h200" / "llama-3.1-8b.json")
+    extent = grid_extent(source.data)
+    assert extent is not None and extent.tokens >= 16384  # its 16k prefill
+    for model, gpu in (("llama-3.1-8b", "h100"), ("llama-3.2-3b", None)):
+        moved = transfer(source, model, gpu)
+        assert grid_extent(moved.data) == extent
+        assert timed_launch_kinds(moved.data) == timed_launch_kinds(source.data)
+        assert moved.data["grid_of"] == {"model": "llama-3.1-8b", "gpu_preset": "h200-141gb"}
+        assert "fit_error" not in moved.data and "attention_fit_error" not in moved.data
+    on_h100 = transfer(source, "llama-3.1-8b", "h100")
+    assert on_h100.data["weights_bytes"] == source.data["weights_bytes"]
+    assert "weights_bytes" not in transfer(source, "llama-3.2-3b").data
+    # carried twice, the grid still names the model and GPU that ran it
+    again = transfer(transfer(source, "llama-3.2-3b"), "qwen2.5-7b", "h100")
+    assert again.data["grid_of"] == {"model": "llama-3.1-8b", "gpu_preset": "h200-141gb"}
+
+
 def test_a_transfer_needs_the_source_model(tmp_path):
     data = calibration_data()
     del data["model"]

@@ -274,6 +274,19 @@ def test_calibration_json_loads_in_the_simulator(tmp_path):
     assert vmm_costs is None  # no "vmm" measured: the simulator's driver figures
 
 
+def test_a_bad_calibration_is_named_by_its_file_and_leaves_the_old_one_whole(tmp_path):
+    """write_calibration checks the result while writing a temporary beside the file: the
+    error names the file it was meant for, and the file it would replace is untouched."""
+    from gpu_backend.engine.calibrate import write_calibration
+
+    path = tmp_path / "c.json"
+    path.write_text("kept")
+    bad = {"model": "llama-3.1-8b", "efficiency": {"linear_compute": "fast"}}
+    with pytest.raises(ValueError, match=f"^{path}: efficiency.linear_compute is 'fast'"):
+        write_calibration(path, bad)
+    assert path.read_text() == "kept" and sorted(p.name for p in tmp_path.iterdir()) == ["c.json"]
+
+
 def test_refit_recovers_efficiencies_from_stored_measurements():
     """A calibration's stored grid can be fitted again without a GPU (new cost-model terms)."""
     from dataclasses import asdict

@@ -121,3 +121,36 @@ def test_refit_in_place_leaves_no_partial_file(tmp_path):
     assert main(["refit", str(path)]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cal.json"]
     assert json.loads(path.read_text())["vmm"]["costs"]["attach_fixed_s"] == pytest.approx(1e-3)
+
+
+def carried_profile(tmp_path) -> tuple:
+    """A profile of the 8B on the H200 carried to the 3B on the H100 and saved, beside the
+    source's file."""
+    from sim.core.calibration import load_calibration, save_calibration
+    from sim.core.calibration.transfer import transfer
+    source = tmp_path / "8b.json"
+    source.write_text(json.dumps(profile()))
+    carried = transfer(load_calibration(source), "llama-3.2-3b", "h100")
+    path = tmp_path / "carried.json"
+    save_calibration(path, carried.data)
+    return source, path
+
+
+def test_a_carried_calibration_is_not_refitted_on_its_sources_times(tmp_path, capsys):
+    """Its grid's times are the 8B's on the H200: fitted as the 3B's on the H100 they would
+    give that pair the source's efficiencies measured against the wrong peaks."""
+    _, path = carried_profile(tmp_path)
+    assert main(["refit", str(path), "--out", str(tmp_path / "out.json")]) == 2
+    err = capsys.readouterr().err
+    assert (f"{path}: carried to llama-3.2-3b on h100-80gb from a calibration whose grid ran "
+            "llama-3.1-8b on h200-141gb" in err and "refit the source calibration" in err)
+    assert "Traceback" not in err and not (tmp_path / "out.json").exists()
+
+
+def test_a_carried_calibration_is_not_merged_with_a_profile_of_its_target(tmp_path, capsys):
+    source, path = carried_profile(tmp_path)
+    own = tmp_path / "3b.json"
+    own.write_text(json.dumps({**profile(), "model": "llama-3.2-3b", "gpu_preset": "h100-80gb"}))
+    assert main(["refit", str(own), "--merge", str(path), "--out", str(tmp_path / "o.json")]) == 2
+    assert f"{path}: carried to llama-3.2-3b on h100-80gb from a calibration whose grid ran " \
+        "llama-3.1-8b" in capsys.readouterr().err

@@ -256,7 +256,6 @@ def write_calibration(path: Path, result: dict) -> None:
     beside `path` first, then into its place: an interrupted write leaves the file it
     replaces (refit's input, by default) whole."""
     path = Path(path)
-    parse_calibration(result, str(path))  # a bad result is named by the file it was meant for
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path) as part:
-        save_calibration(part, result)
+        save_calibration(part, result, source=str(path))  # errors name the file meant

@@ -24,6 +24,12 @@ def check_fit_records(data: Mapping, source: str) -> None:
     if not isinstance(records, list) or not records:
         raise ValueError(f'{source}: no "measurements" to fit: a list of the grid\'s timed '
                          f"steps, {WRITTEN_BY}")
+    grid = data.get("grid_of")  # written by sim.core.calibration.transfer
+    if isinstance(grid, Mapping):
+        raise ValueError(f"{source}: carried to {data.get('model')} on {data.get('gpu_preset')} "
+                         f"from a calibration whose grid ran {grid.get('model')} on "
+                         f"{grid.get('gpu_preset')}; its measurements are that run's times: "
+                         "refit the source calibration and carry it again")
     _check_steps(records, "measurements", source)
     attention = data.get("attention_measurements")
     if attention:

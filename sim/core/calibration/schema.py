@@ -86,9 +86,10 @@ def load_efficiency(path: str | Path) -> Efficiency:
     return load_calibration(path).efficiency
 
 
-def save_calibration(path: str | Path, data: dict) -> Calibration:
-    """Check `data` as a calibration and write it to `path` (folders made as needed)."""
-    calibration = parse_calibration(data, str(path))
+def save_calibration(path: str | Path, data: dict, source: str | None = None) -> Calibration:
+    """Check `data` as a calibration and write it to `path` (folders made as needed); its
+    errors name `source` (default: `path`), the file a write through a temporary is for."""
+    calibration = parse_calibration(data, str(path) if source is None else source)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2))

@@ -34,9 +34,15 @@ from sim.core.memory_plan import ActivationProfile, activation_bytes
 LAUNCH_TERMS = ("eager_launch_s", "piecewise_launch_s", "split_launch_s")  # per layer, host
 # what a host and engine set: their per-step terms and how launches overlap the device
 HOST_FIELDS = (*HOST_TERMS, "launch_serial_fraction", "host_gap_s")
-# the measured grid and its errors belong to the source model: a refit of them would fit it
-SOURCE_ONLY_KEYS = ("measurements", "attention_measurements", "fit_error",
-                    "attention_fit_error", "activation_peaks", "weights_bytes", "fit")
+# the errors of the source's own fit: they tell how well it priced its own grid
+FIT_KEYS = ("fit_error", "attention_fit_error", "fit")
+# the source model's measured bytes: dropped where the model changes
+MODEL_KEYS = ("activation_peaks", "weights_bytes")
+# The grid's records stay: their steps say where the carried terms were measured (the
+# extrapolation note, `coverage.grid_extent`) and which launches timed them (the piecewise
+# note, `schema.timed_launch_kinds`). Their times are the source's, so GRID_OF names the
+# model and GPU that ran them, and a refit refuses them (`records.check_fit_records`).
+GRID_OF = "grid_of"
 SLOPE_TOKENS = 8192  # tokens at which the analytic activation slope is read (forward-bound)
 
 
@@ -60,7 +66,10 @@ def transfer(calibration: Calibration, model: ModelSpec | str,
     layers = after.num_layers / before.num_layers
     efficiency = replace(eff, **{name: getattr(eff, name) * layers for name in LAUNCH_TERMS
                                  if getattr(eff, name) is not None})
-    data = {key: value for key, value in calibration.data.items() if key not in SOURCE_ONLY_KEYS}
+    dropped = FIT_KEYS + (MODEL_KEYS if after.name != before.name else ())
+    data = {key: value for key, value in calibration.data.items() if key not in dropped}
+    if data.get("measurements") and GRID_OF not in data:
+        data[GRID_OF] = {"model": before.name, "gpu_preset": source.gpu_preset}
     note = (f"transferred from {source.model}"
             + (f" on {source.gpu_preset}" if target_gpu.name != source.gpu_preset else "")
             + f" ({calibration.source})")
