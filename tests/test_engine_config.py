@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import pickle
 
 import pytest
 from hypothesis import given, settings
@@ -19,6 +20,7 @@ from sim.core.config_flags import (
     engine_configs,
 )
 from sim.core.elastic import DrainStrategy, Policy
+from sim.core.engine_checks import SettingRangeError
 from sim.core.engine_config import EngineConfig, build_core
 
 H200, A100_80, L40S = get_gpu("h200"), get_gpu("a100-80gb"), get_gpu("l40s")
@@ -76,27 +78,50 @@ def test_dtypes_are_applied_to_the_model_once():
 
 
 # ---------------------------------------------------------------------------- refusals
-@pytest.mark.parametrize("changes, says", [
-    ({"max_num_seqs": 0}, "--max-num-seqs 0: give 1 or more"),
-    ({"max_num_batched_tokens": 0}, "--max-num-batched-tokens 0: give 1 or more"),
+RANGE, RULE = True, False  # a value out of any engine's range, or a rule of vLLM's
+
+
+@pytest.mark.parametrize("changes, says, out_of_range", [
+    ({"max_num_seqs": 0}, "--max-num-seqs 0: give 1 or more", RANGE),
+    ({"max_num_batched_tokens": 0}, "--max-num-batched-tokens 0: give 1 or more", RANGE),
     ({"max_num_batched_tokens": 1, "max_num_seqs": 1024},
-     "max_num_batched_tokens (1) must be at least max_num_seqs (1024)"),
-    ({"max_num_batched_tokens": 512, "max_num_seqs": 1024}, "lower --max-num-seqs"),
-    ({"tensor_parallel_size": 0}, "--tensor-parallel-size 0"),
-    ({"max_model_len": -5}, "--max-model-len -5"),
-    ({"gpu_memory_utilization": 1.5}, "--gpu-memory-utilization 1.5"),
-    ({"block_size": 7}, "--block-size 7: give one of 8, 16, 32, 64, 128"),
-    ({"vmm_handle_bytes": 3 * MIB}, "--vmm-handle-mib 3"),
-    ({"reclaim": "keep"}, "--reclaim 'keep'"),
-    ({"hash_block_tokens": 100}, "--hash-block-tokens 100"),
-    ({"dtype": "int4"}, "unknown dtype 'int4'; known: auto, bfloat16"),
-    ({"kv_cache_dtype": "int8"}, "known: auto, fp8"),
-    ({"max_num_seqs": "64"}, "max_num_seqs must be an integer"),
+     "max_num_batched_tokens (1) must be at least max_num_seqs (1024)", RULE),
+    ({"max_num_batched_tokens": 512, "max_num_seqs": 1024}, "lower --max-num-seqs", RULE),
+    ({"tensor_parallel_size": 0}, "--tensor-parallel-size 0", RANGE),
+    ({"max_model_len": -5}, "--max-model-len -5", RANGE),
+    ({"max_model_len": 200_000}, "--max-model-len 200000 is longer than llama-3.1-8b's", RULE),
+    ({"gpu_memory_utilization": 1.5}, "--gpu-memory-utilization 1.5", RANGE),
+    ({"block_size": 7}, "--block-size 7: give one of 8, 16, 32, 64, 128", RANGE),
+    ({"vmm_handle_bytes": 3 * MIB}, "--vmm-handle-mib 3: give a positive multiple", RANGE),
+    ({"mixed_split_bytes": -MIB}, "--mixed-split-mib -1: give 0 (never) or more MiB", RANGE),
+    ({"reclaim": "keep"}, "--reclaim 'keep'", RANGE),
+    ({"hash_block_tokens": 100}, "--hash-block-tokens 100", RANGE),
+    ({"cuda_graph_sizes": (0, 4)}, "--cuda-graph-sizes 0,4: give sizes of 1 or more", RANGE),
+    ({"piecewise_graph_sizes": (-16,)}, "piecewise_graph_sizes -16: give sizes of 1", RANGE),
+    ({"dtype": "int4"}, "unknown dtype 'int4'; known: auto, bfloat16", RULE),
+    ({"kv_cache_dtype": "int8"}, "known: auto, fp8", RULE),
+    ({"max_num_seqs": "64"}, "--max-num-seqs '64': give an integer", RANGE),
 ])
-def test_refusals_say_what_to_change(changes, says):
+def test_refusals_say_what_to_change(changes, says, out_of_range):
+    """Each refusal names the flag and what to give; a value no model could run is a
+    SettingRangeError (a sweep stops on it), a model's or vLLM's rule a plain ValueError."""
     with pytest.raises(ValueError) as info:
         EngineConfig(**changes)
     assert says in str(info.value)
+    assert isinstance(info.value, SettingRangeError) == out_of_range
+
+
+def test_a_range_refusal_carries_its_setting_and_can_be_said_of_another_name():
+    with pytest.raises(SettingRangeError) as info:
+        EngineConfig(vmm_handle_bytes=3 * MIB)
+    refusal = info.value
+    assert (refusal.setting, refusal.flag, refusal.value) == ("vmm_handle_bytes",
+                                                              "--vmm-handle-mib", "3")
+    assert refusal.at("engine.vmm_handle_mib") == (
+        "engine.vmm_handle_mib: give a positive multiple of the h200-141gb VMM granularity "
+        "(2 MiB), got 3")
+    again = pickle.loads(pickle.dumps(refusal))
+    assert type(again) is SettingRangeError and str(again) == str(refusal)
 
 
 QWEN_05B = get_model("qwen2.5-0.5b")  # max_position_embeddings 32,768 (its config.json)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import MISSING, Field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -151,13 +151,23 @@ def _list_type(s: Setting, keep: bool):
             raise argparse.ArgumentTypeError(f"give one or more values separated by commas, "
                                              f"got {text!r}")
         values = [one(w) for w in words]
-        repeated = [w for i, w in enumerate(words) if values[i] in values[:i]]
-        if repeated:
-            raise argparse.ArgumentTypeError(f"{repeated[0]!r} is given twice in {text!r}: "
-                                             "give each value once")
+        try:
+            given_once(values, words)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
         return values
 
     return parse
+
+
+def given_once(values: Sequence, shown: Sequence, where: str = "") -> None:
+    """Refuse a value given twice (a command or sweep would run the same configurations twice),
+    saying it as `shown` gives it (the words of a flag, the values of a file), after `where`
+    (the key that gave them; a flag's error is named by argparse)."""
+    for i, value in enumerate(values):
+        if value in values[:i]:
+            said = f"{shown[i]!r} is given twice: give each value once"
+            raise ValueError(f"{where}: {said}" if where else said)
 
 
 def engine_configs(args: argparse.Namespace) -> list[EngineConfig]:

@@ -8,7 +8,7 @@ process) and the engine from the case's fields.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -17,6 +17,7 @@ from sim.core.catalog import MIB, get_gpu, get_model
 from sim.core.config_flags import setting_default
 from sim.core.cost_model import Efficiency, piecewise_sizes_for
 from sim.core.elastic import DrainStrategy, Policy, VmmCosts
+from sim.core.engine_checks import SettingRangeError
 from sim.core.engine_config import EngineConfig
 from sim.core.memory_plan import DEFAULT_MAX_MODEL_LEN, ActivationProfile
 from sim.recording.metrics import Slo
@@ -194,6 +195,46 @@ class EngineOptions:
     async_scheduling: bool = setting_default("async_scheduling")
     mixed_split_mib: int = setting_default("mixed_split_bytes") // MIB
 
+    def engine(self, model: str, gpu: str, tp: int, chunk: int | None,
+               policy: str = Policy.STATIC.value) -> EngineConfig:
+        """The engine config of these options at one grid point; raises ValueError for unknown
+        names or invalid shapes (SettingRangeError for a value out of any engine's range).
+        Piecewise graphs are captured at the engine's chunk, vLLM's default where none is
+        given."""
+        config = EngineConfig(
+            model=get_model(model), gpu=get_gpu(gpu), tensor_parallel_size=tp,
+            max_num_batched_tokens=chunk, max_num_seqs=self.max_num_seqs,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            max_model_len=self.max_model_len,
+            allow_long_max_model_len=self.allow_long_max_model_len,
+            block_size=self.block_size, policy=Policy.parse(policy),
+            drain=DrainStrategy.parse(self.drain), vmm_handle_bytes=self.vmm_handle_mib * MIB,
+            reclaim=self.reclaim, detach_behind_step=self.detach_behind_step,
+            enable_prefix_caching=self.enable_prefix_caching,
+            cuda_graph_sizes=self.cuda_graph_sizes, attention_backend=self.attention_backend,
+            async_scheduling=self.async_scheduling, mixed_split_bytes=self.mixed_split_mib * MIB,
+        )
+        if not self.piecewise_graphs:
+            return config
+        return replace(config, piecewise_graph_sizes=piecewise_sizes_for(
+            config.chunk_tokens, self.piecewise_max_tokens))
+
+
+def check_settings(options: EngineOptions,
+                   points: Iterable[tuple[str, str, int, int | None]]) -> None:
+    """Build the engine config of `options` at each distinct (model, GPU, TP, chunk) point, so
+    that a value out of any engine's range (SettingRangeError, which names its setting) stops
+    a sweep or plan before its first case. Any other refusal (a max_model_len past one
+    model's context, a chunk below max_num_seqs) is left to that case's row: the engine's
+    range checks come first, so a point refused so holds no value out of range."""
+    for model, gpu, tp, chunk in dict.fromkeys(points):
+        try:
+            options.engine(model, gpu, tp, chunk)
+        except SettingRangeError:
+            raise
+        except ValueError:
+            continue
+
 
 @dataclass(frozen=True)
 class Case:
@@ -215,26 +256,8 @@ class Case:
     vmm_costs: VmmCosts | None = None  # a calibration's measured elastic transition costs
 
     def engine(self) -> EngineConfig:
-        """The engine config; raises ValueError for unknown names or invalid shapes.
-        Piecewise graphs are captured at the engine's chunk, vLLM's default where the case
-        gives none."""
-        o = self.options
-        config = EngineConfig(
-            model=get_model(self.model), gpu=get_gpu(self.gpu), tensor_parallel_size=self.tp,
-            max_num_batched_tokens=self.chunk, max_num_seqs=o.max_num_seqs,
-            gpu_memory_utilization=o.gpu_memory_utilization, max_model_len=o.max_model_len,
-            allow_long_max_model_len=o.allow_long_max_model_len,
-            block_size=o.block_size, policy=Policy.parse(self.policy),
-            drain=DrainStrategy.parse(o.drain), vmm_handle_bytes=o.vmm_handle_mib * MIB,
-            reclaim=o.reclaim, detach_behind_step=o.detach_behind_step,
-            enable_prefix_caching=o.enable_prefix_caching, cuda_graph_sizes=o.cuda_graph_sizes,
-            attention_backend=o.attention_backend,
-            async_scheduling=o.async_scheduling, mixed_split_bytes=o.mixed_split_mib * MIB,
-        )
-        if not o.piecewise_graphs:
-            return config
-        return replace(config, piecewise_graph_sizes=piecewise_sizes_for(
-            config.chunk_tokens, o.piecewise_max_tokens))
+        """The engine config (EngineOptions.engine at the case's grid point)."""
+        return self.options.engine(self.model, self.gpu, self.tp, self.chunk, self.policy)
 
     def run_spec(self) -> RunSpec:
         return RunSpec(self.engine(), self.num_replicas, self.router, efficiency=self.efficiency,

@@ -58,7 +58,7 @@ from sim.planning.pricing import (
     price_cases,
     pricing_lines,
 )
-from sim.planning.spec import SWEEP_FIXED, SweepSpec, check_handle_size, load_sweep
+from sim.planning.spec import SWEEP_FIXED, SweepSpec, load_sweep
 from sim.planning.sweep import SWEEP_FILES, open_table, run_sweep, write_parquet, write_table
 from sim.recording.metrics import Slo
 from traces import TraceError, add_trace_arguments
@@ -186,15 +186,13 @@ def _sweep_from_flags(args: argparse.Namespace) -> SweepSpec:
         raise ValueError("give --config FILE or --trace (with the grid as flags)")
     axes = {name: getattr(args, name, None) for name in SWEEP_AXES}
     scales = _floats(args.rate_scales, "--rate-scales") if args.rate_scales else (1.0,)
-    spec = SweepSpec(
+    return SweepSpec(
         models=tuple(axes["model"] or [DEFAULT_MODEL]), gpus=tuple(axes["gpu"] or [DEFAULT_GPU]),
         tps=tuple(axes["tensor_parallel_size"] or [setting_default("tensor_parallel_size")]),
         chunks=tuple(axes["max_num_batched_tokens"] or [None]),
         policies=tuple(p.value for p in axes["policy"] or ()),
         rate_scales=tuple(s * args.rate_scale for s in scales), traces=(trace_spec_from(args),),
         options=options_from(args), slo=Slo(args.slo_ttft, args.slo_tpot))
-    check_handle_size(spec, "argument --vmm-handle-mib")
-    return spec
 
 
 # ------------------------------------------------------------------------------------ plan

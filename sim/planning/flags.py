@@ -6,13 +6,16 @@ long run cannot find out at its end that it has nowhere to write)."""
 from __future__ import annotations
 
 import argparse
+import itertools
 from pathlib import Path
 
-from sim.core.catalog import MIB
-from sim.core.config_flags import positive_float, positive_int
-from sim.planning.cases import EngineOptions, SyntheticSpec, TraceSpec
+from sim.core.config_flags import positive_float, positive_int, setting_default
+from sim.core.engine_checks import SettingRangeError
+from sim.core.engine_config import DEFAULT_GPU, DEFAULT_MODEL
+from sim.planning.cases import EngineOptions, SyntheticSpec, TraceSpec, check_settings
 from sim.planning.parallel import Executor
-from sim.planning.spec import MIB_KEYS, OPTION_RANGES, OPTION_SETTINGS, engine_options
+from sim.planning.spec import OPTION_SETTINGS, engine_options
+from sim.planning.yaml_values import count
 from sim.recording.folder import OutputFolder
 from traces.synthetic_options import SYNTHETIC, parse_length
 
@@ -48,26 +51,35 @@ def trace_spec_from(args: argparse.Namespace) -> TraceSpec:
 
 
 def options_from(args: argparse.Namespace) -> EngineOptions:
-    """The fixed engine flags given (the rest at EngineConfig's defaults), each in the range
-    a sweep YAML's `engine:` value must be in."""
-    given = {name: getattr(args, name) for name in OPTION_SETTINGS.values() if name in vars(args)}
-    flagged = {key: given[name] for key, name in OPTION_SETTINGS.items() if name in given}
-    check_ranges({**flagged, "piecewise_max_tokens": args.piecewise_max_tokens})
-    return engine_options(given, args.piecewise_graphs, args.piecewise_max_tokens)
-
-
-def check_ranges(values: dict) -> None:
-    """The OPTION_RANGES check of each value given (keyed as the YAML's `engine:` keys, held as
-    EngineConfig holds them), an error naming its flag as argparse does."""
-    for key, value in values.items():
-        check = OPTION_RANGES.get(key)
-        if check is None or value is None:
-            continue
-        shown = value // MIB if key in MIB_KEYS else value
+    """The fixed engine flags given (the rest at EngineConfig's defaults), once the engine
+    config of every model, GPU, TP degree and chunk the flags give is built: a value the
+    engine refuses as out of range is an error naming its flag, as argparse does."""
+    cap = args.piecewise_max_tokens
+    if cap is not None:
         try:
-            check(list(shown) if isinstance(shown, tuple) else shown)
+            count(cap)
         except ValueError as exc:
-            raise ValueError(f"argument --{key.replace('_', '-')}: {exc}") from None
+            raise ValueError(f"argument --piecewise-max-tokens: {exc}") from None
+    given = {name: getattr(args, name) for name in OPTION_SETTINGS.values() if name in vars(args)}
+    options = engine_options(given, args.piecewise_graphs, cap)
+    try:
+        check_settings(options, itertools.product(*(
+            _flag_values(args, name, default) for name, default in _POINT_DEFAULTS)))
+    except SettingRangeError as exc:
+        raise ValueError(exc.at(f"argument {exc.flag}")) from None
+    return options
+
+
+# the settings of a grid point and each one's value where a command's flags leave it out
+_POINT_DEFAULTS = (("model", DEFAULT_MODEL), ("gpu", DEFAULT_GPU),
+                   ("tensor_parallel_size", setting_default("tensor_parallel_size")),
+                   ("max_num_batched_tokens", None))
+
+
+def _flag_values(args: argparse.Namespace, name: str, default) -> list:
+    """The values a flag gives: several, one, or none (then `default`)."""
+    value = getattr(args, name, default)
+    return value if isinstance(value, list) else [value]
 
 
 def add_slo_arguments(group, ttft_s: float | None, tpot_s: float | None) -> None:

@@ -1,7 +1,9 @@
 """A sweep described as data (YAML or flags) and its expansion into cases.
 
 The YAML schema is documented, with an example, in ``examples/sweep.yaml``. Every value is
-read with its type and range checked (sim.planning.yaml_values); a wrong one, an empty grid
+read with its type checked (sim.planning.yaml_values), and the engine config of every grid
+point is built before any case runs, so that the engine's own range checks
+(sim.core.engine_checks) refuse an engine value out of range; a wrong value, an empty grid
 list or a grid value given twice is an error naming the file and the key, before any case
 runs. Engine settings left out take `EngineConfig`'s defaults (vLLM's), as they do on the
 command line.
@@ -18,26 +20,20 @@ from typing import Any
 import yaml
 
 from sim.core.catalog import MIB, get_gpu, get_model
-from sim.core.config_flags import setting_default
+from sim.core.config_flags import given_once, setting_default
 from sim.core.elastic import Policy
+from sim.core.engine_checks import SettingRangeError
 from sim.core.engine_config import DEFAULT_GPU, DEFAULT_MODEL, EngineConfig
-from sim.core.settings import BOOL, FLOAT, INT, optional, setting_of
-from sim.planning.cases import Case, EngineOptions, SyntheticSpec, TraceSpec, parse_length
-from sim.planning.yaml_values import (
-    Reader,
-    as_list,
-    axis,
-    block_size,
-    check_keys,
-    count,
-    given_once,
-    not_negative,
-    positive,
-    read,
-    share,
-    sizes,
-    text,
+from sim.core.settings import BOOL, FLOAT, INT, setting_of
+from sim.planning.cases import (
+    Case,
+    EngineOptions,
+    SyntheticSpec,
+    TraceSpec,
+    check_settings,
+    parse_length,
 )
+from sim.planning.yaml_values import Reader, as_list, axis, check_keys, count, positive, read, text
 from sim.recording.metrics import Slo
 
 GRID_KEYS = ("model", "gpu", "tp", "chunk", "policy", "rate_scale", "trace")
@@ -59,15 +55,15 @@ OPTION_SETTINGS = {"max_num_seqs": "max_num_seqs",
                    "attention_backend": "attention_backend",
                    "async_scheduling": "async_scheduling",
                    "mixed_split_mib": "mixed_split_bytes"}
-PIECEWISE_KEYS = {"piecewise_graphs": BOOL, "piecewise_max_tokens": optional(INT)}
+# the piecewise keys, not EngineConfig settings (sim.planning.cases.EngineOptions.engine
+# makes piecewise_graph_sizes from them), each with its reader
+PIECEWISE_KEYS: dict[str, Reader] = {"piecewise_graphs": BOOL.decode,
+                                     "piecewise_max_tokens": count}
 # the `engine:` keys given in whole MiB (EngineConfig holds bytes), and what each accepts
 MIB_KEYS = {"vmm_handle_mib": INT, "mixed_split_mib": INT}
-# the `engine:` keys whose values have a range, and what each accepts (the range the engine
-# checks, sim.core.engine_checks): a value outside it stops the sweep before any case runs
-OPTION_RANGES: dict[str, Reader] = {
-    "max_num_seqs": count, "gpu_memory_utilization": share, "max_model_len": count,
-    "block_size": block_size, "vmm_handle_mib": count, "cuda_graph_sizes": sizes,
-    "mixed_split_mib": not_negative, "piecewise_max_tokens": count}
+# the YAML key that gives each EngineConfig setting, named when the engine refuses its value
+YAML_KEYS = {**{name: f"engine.{key}" for key, name in OPTION_SETTINGS.items()},
+             "tensor_parallel_size": "grid.tp", "max_num_batched_tokens": "grid.chunk"}
 _SETTINGS = {f.name: setting_of(f) for f in fields(EngineConfig)}
 
 
@@ -153,7 +149,7 @@ def sweep_from_dict(data: dict, base_dir: Path = Path(".")) -> SweepSpec:
     where = "grid.trace" if "trace" in grid else "trace"
     traces = tuple(t for i, item in enumerate(trace_items)
                    for t in _indexed(f"{where}[{i}]", trace_specs, item, base_dir))
-    given_once(where, list(traces), [t.label for t in traces])
+    given_once(list(traces), [t.label for t in traces], where)
     slo = data.get("slo") or {}
     check_keys("slo", slo, ("ttft_s", "tpot_s"))
     calibration = read(data, "calibration", text, "sweep config", None)
@@ -175,20 +171,18 @@ def sweep_from_dict(data: dict, base_dir: Path = Path(".")) -> SweepSpec:
         workers=read(data, "workers", count, "sweep config", None),
         out=None if out is None else Path(out),
     )
-    check_handle_size(spec)
+    return _settings_checked(spec)
+
+
+def _settings_checked(spec: SweepSpec) -> SweepSpec:
+    """`spec`, once the engine config of each of its grid points is built: a value the engine
+    refuses as out of range is an error naming the YAML key that gave it."""
+    points = itertools.product(spec.models, spec.gpus, spec.tps, spec.chunks)
+    try:
+        check_settings(spec.options, points)
+    except SettingRangeError as exc:
+        raise ValueError(exc.at(YAML_KEYS.get(exc.setting, exc.flag))) from None
     return spec
-
-
-def check_handle_size(spec: SweepSpec, where: str = "engine.vmm_handle_mib") -> None:
-    """The VMM handle size (`where`: the key or flag that gave it) against the VMM granularity
-    of each grid GPU."""
-    handle_mib = spec.options.vmm_handle_mib
-    for name in spec.gpus:
-        gpu = get_gpu(name)
-        if handle_mib * MIB % gpu.vmm_granularity_bytes:
-            raise ValueError(f"{where}: {handle_mib} is not a multiple of the "
-                             f"{gpu.name} VMM granularity "
-                             f"({gpu.vmm_granularity_bytes // MIB} MiB): give a multiple of it")
 
 
 def options_from_yaml(data: dict) -> EngineOptions:
@@ -198,11 +192,11 @@ def options_from_yaml(data: dict) -> EngineOptions:
     for key, name in OPTION_SETTINGS.items():
         if key in data:
             codec = MIB_KEYS.get(key, _SETTINGS[name].codec)
-            value = read(data, key, _in_range(key, codec.decode), "engine", None)
+            value = read(data, key, codec.decode, "engine", None)
             if value is not None:  # null: the default, as when the key is left out
                 settings[name] = value * MIB if key in MIB_KEYS else value
-    piecewise = {k: read(data, k, _in_range(k, codec.decode), "engine", None)
-                 for k, codec in PIECEWISE_KEYS.items() if k in data}
+    piecewise = {k: read(data, k, reader, "engine", None)
+                 for k, reader in PIECEWISE_KEYS.items() if k in data}
     return engine_options(settings, **piecewise)
 
 
@@ -269,12 +263,6 @@ def _indexed(where: str, make, *args) -> list:
         return make(*args)
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from None
-
-
-def _in_range(key: str, decode: Reader) -> Reader:
-    """`decode` after the key's range check (OPTION_RANGES), if it has one."""
-    check = OPTION_RANGES.get(key)
-    return decode if check is None else lambda value: decode(check(value))
 
 
 def _window(value: Any) -> tuple[float, float]:

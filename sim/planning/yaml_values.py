@@ -1,9 +1,11 @@
 """Typed readers of a sweep YAML's values: each returns the value read or raises ValueError
 saying what was expected; `read` and `axis` add the key, and `load_sweep` the file.
 
-A value is refused here when no case could run it (a TP degree of 0, a share of memory above
-1), so that a sweep stops before its first case; a valid value that one configuration cannot
-run (a model too large for a GPU) is left to that case's row.
+The readers check types, and the ranges of the values an engine config does not hold (grid
+axes, replicas, workers, trace options). An engine setting's range is the engine's own check
+(sim.core.engine_checks), run on each grid point's config before the first case
+(sim.planning.spec); a valid value that one configuration cannot run (a model too large for
+a GPU) is left to that case's row.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sim.core.memory_plan import BLOCK_SIZES
+from sim.core.config_flags import given_once
 from sim.core.settings import FLOAT, INT
 
 Reader = Callable[[Any], Any]
@@ -43,16 +45,8 @@ def axis(grid: Mapping, key: str, reader: Reader, default: tuple) -> tuple:
             out.append(reader(value))
         except ValueError as exc:
             raise ValueError(f"grid.{key}[{i}]: {exc}") from None
-    given_once(f"grid.{key}", out, values)
+    given_once(out, values, f"grid.{key}")
     return tuple(out)
-
-
-def given_once(where: str, values: list, shown: list) -> None:
-    """Refuse a value given twice (it would run the same cases twice); `shown`: the values as
-    the file gives them."""
-    for i, value in enumerate(values):
-        if value in values[:i]:
-            raise ValueError(f"{where}: {shown[i]!r} is given twice: give each value once")
 
 
 def text(value: Any) -> str:
@@ -69,44 +63,11 @@ def positive(value: Any) -> float:
 
 
 def count(value: Any) -> int:
-    """An integer of 1 or more (GPUs, tokens, sequences, replicas, workers)."""
+    """An integer of 1 or more (GPUs, tokens, replicas, workers, requests)."""
     number = INT.decode(value)
     if number < 1:
         raise ValueError(f"give 1 or more, got {value!r}")
     return number
-
-
-def share(value: Any) -> float:
-    """A share of the GPU's memory: above 0 and at most 1."""
-    number = FLOAT.decode(value)
-    if not 0.0 < number <= 1.0:
-        raise ValueError(f"give a share of the GPU's memory above 0 and at most 1 (e.g. 0.9), "
-                         f"got {value!r}")
-    return number
-
-
-def block_size(value: Any) -> int:
-    number = INT.decode(value)
-    if number not in BLOCK_SIZES:
-        raise ValueError(f"give one of {', '.join(map(str, BLOCK_SIZES))} (vLLM's choices), "
-                         f"got {value!r}")
-    return number
-
-
-def not_negative(value: Any) -> int:
-    number = INT.decode(value)
-    if number < 0:
-        raise ValueError(f"give 0 or more, got {value!r}")
-    return number
-
-
-def sizes(value: Any) -> list:
-    """A list of sizes, each 1 or more."""
-    if not isinstance(value, list):
-        raise ValueError(f"expected a list of positive integers, got {value!r}")
-    for size in value:
-        count(size)
-    return value
 
 
 def as_list(value) -> list:
