@@ -663,7 +663,7 @@ def test_piecewise_max_tokens_needs_the_piecewise_graphs(command, capsys):
     assert main([command, *trace, "--piecewise-max-tokens", "512"]) == 2
     assert "caps the piecewise graphs: add --piecewise-graphs" in capsys.readouterr().err
     assert main([command, *trace, "--piecewise-graphs", "--piecewise-max-tokens", "0"]) == 2
-    assert "--piecewise-max-tokens 0: give 1 or more tokens" in capsys.readouterr().err
+    assert "argument --piecewise-max-tokens: give 1 or more, got '0'" in capsys.readouterr().err
 
 
 def test_the_profile_is_as_long_as_every_grid_steps_longest_sequence():

@@ -170,7 +170,7 @@ def test_an_unknown_name_in_the_grid_is_refused_with_the_known_ones(tmp_path, ke
     ("--vmm-handle-mib", "3", "give a positive multiple of the h200-141gb VMM granularity "
      "(2 MiB), got 3"),
     ("--mixed-split-mib", "-1", "give 0 (never) or more MiB, got -1"),
-    ("--piecewise-max-tokens", "0", "give 1 or more, got 0"),
+    ("--piecewise-max-tokens", "0", "give 1 or more, got '0'"),
 ])
 def test_a_bad_engine_flag_is_refused_naming_the_flag(tmp_path, flag, value, says):
     done = subprocess.run([sys.executable, "-m", "sim", "sweep", "--trace", "azure-conv",

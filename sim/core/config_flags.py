@@ -110,7 +110,7 @@ def _add_piecewise_flags(group) -> None:
                        help="steps with prefill tokens run piecewise CUDA graphs (the layers "
                             "between attentions) captured at piecewise_capture_sizes of the "
                             "chunk, and are priced padded to them (default: off, fully eager)")
-    group.add_argument("--piecewise-max-tokens", type=_value_type(Setting("", (), INT)),
+    group.add_argument("--piecewise-max-tokens", type=positive_int,
                        default=None, metavar="N", help="with --piecewise-graphs: the graphs stop at N tokens; a longer step "
                           "runs fully eager, as vLLM's default cap of 512 does (default: the "
                           "chunk)")
@@ -208,8 +208,6 @@ def _with_piecewise(config: EngineConfig, args: argparse.Namespace) -> EngineCon
     graphs = getattr(args, "piecewise_graphs", False)
     if cap is not None and not graphs:
         raise ValueError("--piecewise-max-tokens caps the piecewise graphs: add --piecewise-graphs")
-    if cap is not None and cap < 1:
-        raise ValueError(f"--piecewise-max-tokens {cap}: give 1 or more tokens")
     if not graphs:
         return config
     return replace(config, piecewise_graph_sizes=piecewise_sizes_for(config.chunk_tokens, cap))

@@ -15,7 +15,6 @@ from sim.core.engine_config import DEFAULT_GPU, DEFAULT_MODEL
 from sim.planning.cases import EngineOptions, SyntheticSpec, TraceSpec, check_settings
 from sim.planning.parallel import Executor
 from sim.planning.spec import OPTION_SETTINGS, engine_options
-from sim.planning.yaml_values import count
 from sim.recording.folder import OutputFolder
 from traces.synthetic_options import SYNTHETIC, parse_length
 
@@ -54,12 +53,7 @@ def options_from(args: argparse.Namespace) -> EngineOptions:
     """The fixed engine flags given (the rest at EngineConfig's defaults), once the engine
     config of every model, GPU, TP degree and chunk the flags give is built: a value the
     engine refuses as out of range is an error naming its flag, as argparse does."""
-    cap = args.piecewise_max_tokens
-    if cap is not None:
-        try:
-            count(cap)
-        except ValueError as exc:
-            raise ValueError(f"argument --piecewise-max-tokens: {exc}") from None
+    cap = args.piecewise_max_tokens  # 1 or more: its flag's type (config_flags.positive_int)
     given = {name: getattr(args, name) for name in OPTION_SETTINGS.values() if name in vars(args)}
     options = engine_options(given, args.piecewise_graphs, cap)
     try:
