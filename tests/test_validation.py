@@ -216,6 +216,33 @@ def test_step_classes_split_time_and_error_by_kind_of_step():
     assert got["prefill only"]["median_measured_s"] == pytest.approx(0.1)
 
 
+def test_large_chunks_over_a_long_cached_prefix_are_a_class_of_their_own():
+    """A chunk of 2,048 over 8,192 cached keys or more is apart from the shorter prefixes'
+    (the attention's price per key drifts with the prefix); a table that does not know its
+    chunks' prefixes keeps them in one class."""
+    from dataclasses import replace as swap
+
+    from validation.steps import step_classes
+
+    chunks = [((2048, 0),), ((2048, 4096),), ((2048, 8192),), ((1024, 0), (1024, 20000))]
+    n = len(chunks)
+    pre, dec = np.full(n, 2048), np.full(n, 16)
+    recorded = np.empty(n, dtype=object)
+    recorded[:] = chunks
+    table = StepTable(pre, dec, dec * 1000, dec + 1, dec + 1, np.zeros(n),
+                      np.array([0.08, 0.09, 0.10, 0.12]), prefill_chunks=recorded)
+    predicted = np.array([0.08, 0.09, 0.11, 0.13])
+    got = {c["class"]: c for c in step_classes(predicted, table)}
+    assert list(got) == ["mixed, chunk > 512 tokens", "mixed, chunk > 512 tokens, 8,192+ keys "
+                         "cached"]
+    assert got["mixed, chunk > 512 tokens"]["count"] == 2
+    assert got["mixed, chunk > 512 tokens"]["sum_error"] == pytest.approx(0.0)
+    assert got["mixed, chunk > 512 tokens, 8,192+ keys cached"]["sum_error"] == pytest.approx(
+        0.24 / 0.22 - 1)
+    unknown = {c["class"] for c in step_classes(predicted, swap(table, chunks_exact=False))}
+    assert unknown == {"mixed, chunk > 512 tokens"}
+
+
 def test_tpot_attribution_retimes_only_the_steps_inside_each_window():
     """Four 1 s steps; request 0's decode window holds steps 1-3 (3 tokens after its first),
     request 1's steps 2-3; an unfinished request counts for nothing. With step 1 (the only

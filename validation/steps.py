@@ -144,8 +144,12 @@ def error_stats(rel_err: np.ndarray) -> dict[str, float | int | None]:
 
 
 # Step classes of `step_classes`: (name, test on a StepTable -> bool mask); decode-only steps
-# by batch size, then prefill-only steps, then mixed steps by their prefill tokens.
+# by batch size, then prefill-only steps, then mixed steps by their prefill tokens, and the
+# larger chunks by their cached prefix: the attention's price per key drifts with it (the
+# H200 Mooncake replays' chunks of 2,048 came out about 5 points longer over prefixes of
+# 16k keys than over short ones, on every backend), so a slice of long prompts shows it apart.
 SMALL_CHUNK_TOKENS = 512
+LONG_PREFIX_TOKENS = 8192
 
 
 def class_masks(t: StepTable, apart: np.ndarray | None = None) -> list[tuple[str, np.ndarray]]:
@@ -156,6 +160,8 @@ def class_masks(t: StepTable, apart: np.ndarray | None = None) -> list[tuple[str
     mixed = pre & (t.num_decode_tokens > 0)
     apart = np.zeros(len(t), dtype=bool) if apart is None else mixed & apart
     one_launch = mixed & ~apart
+    large = one_launch & (t.num_prefill_tokens > SMALL_CHUNK_TOKENS)
+    long_prefix = large & (longest_prefix(t) >= LONG_PREFIX_TOKENS)
     return [
         ("decode, 1-8 sequences", decode & (seqs <= 8)),
         ("decode, 9-32 sequences", decode & (seqs > 8) & (seqs <= 32)),
@@ -163,10 +169,20 @@ def class_masks(t: StepTable, apart: np.ndarray | None = None) -> list[tuple[str
         ("prefill only", pre & (t.num_decode_tokens == 0)),
         (f"mixed, chunk <= {SMALL_CHUNK_TOKENS} tokens",
          one_launch & (t.num_prefill_tokens <= SMALL_CHUNK_TOKENS)),
-        (f"mixed, chunk > {SMALL_CHUNK_TOKENS} tokens",
-         one_launch & (t.num_prefill_tokens > SMALL_CHUNK_TOKENS)),
+        (f"mixed, chunk > {SMALL_CHUNK_TOKENS} tokens", large & ~long_prefix),
+        (f"mixed, chunk > {SMALL_CHUNK_TOKENS} tokens, {LONG_PREFIX_TOKENS:,}+ keys cached",
+         long_prefix),
         ("mixed, decode rows apart", apart),
     ]
+
+
+def longest_prefix(t: StepTable) -> np.ndarray:
+    """Per step, the longest cached prefix one of its chunks attends over (0 where the table
+    does not know its chunks' prefixes)."""
+    if t.prefill_chunks is None or not t.chunks_exact:
+        return np.zeros(len(t), dtype=np.int64)
+    return np.array([max((prefix for _, prefix in chunks or ()), default=0)
+                     for chunks in t.prefill_chunks], dtype=np.int64)
 
 
 def apart_steps(cost: CostModel, table: StepTable) -> np.ndarray:
@@ -184,9 +200,9 @@ def _not_split(apart: np.ndarray, split: np.ndarray | None) -> np.ndarray:
 def step_classes(predicted: np.ndarray, measured: StepTable,
                  apart: np.ndarray | None = None) -> list[dict]:
     """Where the time and the error sit: per class of step (decode by batch size, prefill
-    only, mixed by chunk size, mixed with the decode rows apart where `apart` marks some),
-    the count, measured and predicted seconds in all, the error of the sum and the median
-    step error. Classes with no step are left out."""
+    only, mixed by chunk size and the larger chunks by their cached prefix, mixed with the
+    decode rows apart where `apart` marks some), the count, measured and predicted seconds in
+    all, the error of the sum and the median step error. Classes with no step are left out."""
     rows = []
     for name, mask in class_masks(measured, apart):
         if not mask.any():
