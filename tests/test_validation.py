@@ -241,6 +241,10 @@ def test_large_chunks_over_a_long_cached_prefix_are_a_class_of_their_own():
         0.24 / 0.22 - 1)
     unknown = {c["class"] for c in step_classes(predicted, swap(table, chunks_exact=False))}
     assert unknown == {"mixed, chunk > 512 tokens"}
+    # decode rows run apart: the same split
+    apart = {c["class"]: c["count"] for c in step_classes(predicted, table, np.ones(n, bool))}
+    assert apart == {"mixed, decode rows apart": 2, "mixed, decode rows apart, 8,192+ keys "
+                     "cached": 2}
 
 
 def test_tpot_attribution_retimes_only_the_steps_inside_each_window():

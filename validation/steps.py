@@ -145,9 +145,10 @@ def error_stats(rel_err: np.ndarray) -> dict[str, float | int | None]:
 
 # Step classes of `step_classes`: (name, test on a StepTable -> bool mask); decode-only steps
 # by batch size, then prefill-only steps, then mixed steps by their prefill tokens, and the
-# larger chunks by their cached prefix: the attention's price per key drifts with it (the
-# H200 Mooncake replays' chunks of 2,048 came out about 5 points longer over prefixes of
-# 16k keys than over short ones, on every backend), so a slice of long prompts shows it apart.
+# larger chunks (and those whose decode rows ran apart) by their cached prefix: the step's
+# price drifts with it (the H200 Mooncake replays' chunks of 2,048 came out about 5 points
+# longer over prefixes of 16k keys than over short ones, on every backend), so a slice of
+# long prompts shows it apart.
 SMALL_CHUNK_TOKENS = 512
 LONG_PREFIX_TOKENS = 8192
 
@@ -161,7 +162,8 @@ def class_masks(t: StepTable, apart: np.ndarray | None = None) -> list[tuple[str
     apart = np.zeros(len(t), dtype=bool) if apart is None else mixed & apart
     one_launch = mixed & ~apart
     large = one_launch & (t.num_prefill_tokens > SMALL_CHUNK_TOKENS)
-    long_prefix = large & (longest_prefix(t) >= LONG_PREFIX_TOKENS)
+    cached = f", {LONG_PREFIX_TOKENS:,}+ keys cached"
+    long_prefix = longest_prefix(t) >= LONG_PREFIX_TOKENS
     return [
         ("decode, 1-8 sequences", decode & (seqs <= 8)),
         ("decode, 9-32 sequences", decode & (seqs > 8) & (seqs <= 32)),
@@ -170,9 +172,9 @@ def class_masks(t: StepTable, apart: np.ndarray | None = None) -> list[tuple[str
         (f"mixed, chunk <= {SMALL_CHUNK_TOKENS} tokens",
          one_launch & (t.num_prefill_tokens <= SMALL_CHUNK_TOKENS)),
         (f"mixed, chunk > {SMALL_CHUNK_TOKENS} tokens", large & ~long_prefix),
-        (f"mixed, chunk > {SMALL_CHUNK_TOKENS} tokens, {LONG_PREFIX_TOKENS:,}+ keys cached",
-         long_prefix),
-        ("mixed, decode rows apart", apart),
+        (f"mixed, chunk > {SMALL_CHUNK_TOKENS} tokens{cached}", large & long_prefix),
+        ("mixed, decode rows apart", apart & ~long_prefix),
+        (f"mixed, decode rows apart{cached}", apart & long_prefix),
     ]
 
 
