@@ -337,6 +337,11 @@ def test_a_transfer_of_the_device_terms_takes_host_and_engine_from_the_target(tm
     assert moved.engine == EngineKind() and moved.piecewise_sizes == ()
     assert moved.vmm_costs is None
     assert "host terms from" in describe(moved) and str(tmp_path / "8b.json") in describe(moved)
+    # the shipped profile's grid, with another calibration's launch terms: its records would
+    # misreport which launches timed them, so they go
+    shipped = load_calibration(SHIPPED_DIR / "h200" / "llama-3.1-8b.json")
+    hosted = transfer(shipped, "llama-3.1-8b", "h100", host_from=own)
+    assert not {"measurements", "attention_measurements", "grid_of"} & set(hosted.data)
 
 
 def test_a_replays_fit_records_its_engine_model_and_command(tmp_path, monkeypatch):

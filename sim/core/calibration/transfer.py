@@ -41,8 +41,11 @@ MODEL_KEYS = ("activation_peaks", "weights_bytes")
 # The grid's records stay: their steps say where the carried terms were measured (the
 # extrapolation note, `coverage.grid_extent`) and which launches timed them (the piecewise
 # note, `schema.timed_launch_kinds`). Their times are the source's, so GRID_OF names the
-# model and GPU that ran them, and a refit refuses them (`records.check_fit_records`).
+# model and GPU that ran them, and a refit refuses them (`records.check_fit_records`). With
+# `host_from` they go: the launch terms are then the other calibration's, which the source's
+# records would misreport.
 GRID_OF = "grid_of"
+GRID_KEYS = ("measurements", "attention_measurements")
 SLOPE_TOKENS = 8192  # tokens at which the analytic activation slope is read (forward-bound)
 
 
@@ -66,7 +69,8 @@ def transfer(calibration: Calibration, model: ModelSpec | str,
     layers = after.num_layers / before.num_layers
     efficiency = replace(eff, **{name: getattr(eff, name) * layers for name in LAUNCH_TERMS
                                  if getattr(eff, name) is not None})
-    dropped = FIT_KEYS + (MODEL_KEYS if after.name != before.name else ())
+    dropped = (FIT_KEYS + (MODEL_KEYS if after.name != before.name else ())
+               + (GRID_KEYS + (GRID_OF,) if host_from is not None else ()))
     data = {key: value for key, value in calibration.data.items() if key not in dropped}
     if data.get("measurements") and GRID_OF not in data:
         data[GRID_OF] = {"model": before.name, "gpu_preset": source.gpu_preset}
