@@ -18,6 +18,7 @@ from validation.remeasure import (
     chosen,
     expected_s,
     remeasure,
+    run_names,
     slice_command,
 )
 
@@ -180,3 +181,38 @@ def test_a_slice_stopped_at_the_limit_stops_the_replays_it_started(tmp_path):
     else:
         os.kill(replay, 9)
         raise AssertionError("the replay the slice started outlived it")
+
+
+def test_runs_cut_the_command_to_those_runs_and_their_estimate(tmp_path):
+    """--runs: a repeat stopped short is finished by the runs it lacks, the slice's policy and
+    chunk lists cut to theirs; the estimate is theirs."""
+    words = shlex.split(read_recipe(EVIDENCE_DIR / ASYNC).command)
+    one = slice_command(EVIDENCE_DIR / ASYNC, tmp_path, current_engine=False, gpu_only=True,
+                        runs=run_names("elastic/chunk=8192"))
+    at = {flag: one.argv[one.argv.index(flag) + 1]
+          for flag in ("--policy", "--max-num-batched-tokens")}
+    assert at == {"--policy": "elastic", "--max-num-batched-tokens": "8192"}
+    assert len(one.argv) == len(words) + 1  # python for python, plus --gpu-only
+    summary = json.loads((EVIDENCE_DIR / ASYNC / "runs" / "elastic_chunk_8192" /
+                          "summary.json").read_text())
+    run = summary["runs"][0] if "runs" in summary else summary
+    assert one.expected_s == pytest.approx(run["measured"]["setup_s"] + PROCESS_START_S
+                                           + run["measured"]["replay_wall_s"])
+    both = slice_command(EVIDENCE_DIR / ASYNC, tmp_path, current_engine=False, gpu_only=False,
+                         runs=run_names("static_chunk_8192, elastic_chunk_8192"))
+    assert both.argv[both.argv.index("--policy") + 1] == "static,elastic"
+    assert both.argv[both.argv.index("--max-num-batched-tokens") + 1] == "8192"
+
+
+@pytest.mark.parametrize("runs, said", [
+    ("elastic_chunk_8192,static_chunk_2048", "a command runs every policy at every chunk it "
+                                             "names; name such a grid"),
+    ("elastic_chunk_4096", f"{ASYNC}: no run elastic_chunk_4096; its runs: elastic_chunk_2048, "
+                           "elastic_chunk_8192, static_chunk_2048, static_chunk_8192"),
+    ("elastic-8192", "name runs as their folders do (elastic_chunk_8192) or as their reports "
+                     "do (elastic/chunk=8192)"),
+])
+def test_runs_a_slice_cannot_cut_to_are_refused_before_any_run(tmp_path, capsys, runs, said):
+    assert main(["remeasure", ASYNC, "--runs", runs, "--out", str(tmp_path / "out")]) == 2
+    assert said in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -165,6 +165,9 @@ def _add_remeasure_parser(commands: argparse._SubParsersAction) -> None:
                        help="fit the work into S seconds: start no slice whose runs, as last "
                             "measured, would outlast the time left; stop one still running at "
                             "S (exit 3 when a slice was left out for time)")
+    again.add_argument("--runs", default=None, metavar="RUN,...",
+                       help="those runs of each slice only (elastic_chunk_8192 or "
+                            "elastic/chunk=8192; every policy at every chunk they name)")
     again.add_argument("--dry-run", action="store_true",
                        help="print the commands, each with its expected time; run none")
 

@@ -18,6 +18,10 @@ every slice that finished.
   the next one that fits runs, and a slice still running at the limit is stopped, its finished
   runs kept. Each slice's estimate is its runs' recorded setup and replay time plus
   PROCESS_START_S a run; a slice that records none is started whatever is left.
+- `--runs RUN,...` measures those runs of each slice only (as its runs/ folder names them,
+  `elastic_chunk_8192`, or as its report labels them, `elastic/chunk=8192`): the command's
+  policy and chunk lists cut to theirs, so a repeat stopped short can be finished by another
+  (`adopt --repeat` takes a repeat of some runs). They must be a grid of policies x chunks.
 - `--dry-run` prints the commands, each with its estimate, and runs nothing.
 """
 
@@ -78,15 +82,18 @@ class Remeasured:
     over_time: list[str]
 
 
-def expected_s(folder: Path) -> float | None:
-    """Seconds the slice's compared runs took, as their summaries record them (setup and
-    replay), plus PROCESS_START_S each; None where a run records neither."""
+def expected_s(folder: Path, runs: Sequence[str] | None = None) -> float | None:
+    """Seconds the slice's compared runs took (`runs`: those of these folder names only), as
+    their summaries record them (setup and replay), plus PROCESS_START_S each; None where a
+    run records neither."""
     try:
-        runs = find_runs(folder / "runs")
+        found = find_runs(folder / "runs")
     except ValueError:  # a new slice, no runs yet
         return None
     total = 0.0
-    for run in runs:
+    for run in found:
+        if runs is not None and run.name not in runs:
+            continue
         measured = load_summary(run).summary.get("measured") or {}
         setup, replay = measured.get("setup_s"), measured.get("replay_wall_s")
         if setup is None or replay is None:
@@ -96,8 +103,10 @@ def expected_s(folder: Path) -> float | None:
 
 
 def slice_command(folder: Path, out: Path, *, current_engine: bool, gpu_only: bool,
-                  python: str = sys.executable) -> SliceCommand:
-    """The slice's own command, its OUT replaced by `out`, run by `python`."""
+                  python: str = sys.executable, runs: Sequence[str] | None = None
+                  ) -> SliceCommand:
+    """The slice's own command, its OUT replaced by `out`, run by `python`; `runs` (names as
+    `run_names` reads them): those runs only."""
     words = shlex.split(read_recipe(folder).command)
     env = {}
     while words and _ENV.fullmatch(words[0]):  # the engine's environment switches
@@ -111,7 +120,45 @@ def slice_command(folder: Path, out: Path, *, current_engine: bool, gpu_only: bo
     words[words.index("OUT")] = str(out)
     if gpu_only and "--gpu-only" not in words:
         words.append("--gpu-only")
-    return SliceCommand(folder.name, env, [python, *words[1:]], out, expected_s(folder))
+    if runs is not None:
+        words = cut_to_runs(folder, words, runs)
+    return SliceCommand(folder.name, env, [python, *words[1:]], out, expected_s(folder, runs))
+
+
+RUN_NAME = re.compile(r"([a-z]+)_chunk_(\d+)")
+GRID_FLAGS = {"--policy": 0, "--max-num-batched-tokens": 1}  # flag: its part of a run's name
+
+
+def run_names(text: str) -> list[str]:
+    """'elastic_chunk_8192, static/chunk=2048' -> the runs' folder names, each once."""
+    names = [w.strip().replace("/chunk=", "_chunk_") for w in text.split(",") if w.strip()]
+    bad = [n for n in names if not RUN_NAME.fullmatch(n)]
+    if not names or bad:
+        raise ValueError(f"--runs {text!r}: name runs as their folders do (elastic_chunk_8192) "
+                         "or as their reports do (elastic/chunk=8192), separated by commas")
+    return list(dict.fromkeys(names))
+
+
+def cut_to_runs(folder: Path, words: list[str], runs: Sequence[str]) -> list[str]:
+    """The command `words` with its --policy and --max-num-batched-tokens lists cut to `runs`
+    (folder names), each a run of the slice's, together every policy with every chunk."""
+    known = [run.name for run in find_runs(folder / "runs")]
+    missing = [r for r in runs if r not in known]
+    if missing:
+        raise ValueError(f"{folder.name}: no run {', '.join(missing)}; its runs: "
+                         f"{', '.join(known)}")
+    parts = [RUN_NAME.fullmatch(r).groups() for r in runs]  # type: ignore[union-attr]
+    grid = [list(dict.fromkeys(p[i] for p in parts)) for i in (0, 1)]
+    if len(runs) != len(grid[0]) * len(grid[1]):
+        raise ValueError(f"--runs {', '.join(runs)}: a command runs every policy at every "
+                         "chunk it names; name such a grid, or remeasure the runs apart")
+    words = list(words)
+    for flag, part in GRID_FLAGS.items():
+        if flag not in words[:-1]:
+            raise ValueError(f"{folder / 'slice.json'}: command: no {flag} list to cut to "
+                             f"{', '.join(runs)}")
+        words[words.index(flag) + 1] = ",".join(grid[part])
+    return words
 
 
 def chosen(names: Sequence[str], stale: bool, evidence_dir: Path) -> list[Path]:
@@ -167,8 +214,9 @@ def remeasure(commands: Sequence[SliceCommand], out: Path, *, cwd: Path = ROOT,
 
 def remeasure_command(args) -> int:
     """`python -m validation remeasure [SLICE ...] [--stale] --out DIR ...`."""
+    runs = None if args.runs is None else run_names(args.runs)
     commands = [slice_command(folder, args.out / folder.name, current_engine=args.current_engine,
-                              gpu_only=args.gpu_only)
+                              gpu_only=args.gpu_only, runs=runs)
                 for folder in chosen(args.slices, args.stale, EVIDENCE_DIR)]
     if args.dry_run:
         for command in commands:
