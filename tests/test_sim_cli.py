@@ -352,3 +352,10 @@ def test_a_calibration_of_another_model_or_gpu_is_carried_to_the_run(tmp_path, c
     out = " ".join(capsys.readouterr().out.split())  # the table's lines wrap
     assert "transferred from llama-3.2-3b on h200-141gb" in out
     assert f"no validated slice is priced by {source} -> llama-3.2-3b on h100-80gb" in out
+    # carried, its grid still says which launches timed its terms: capped graphs are told
+    assert main(["--trace", "azure-conv", "--limit", "5", "--policy", "static", "--chunk",
+                 "2048", "--no-progress", "--piecewise-graphs", "--piecewise-max-tokens", "512",
+                 "--gpu", "h100", "--model", "llama-3.2-3b", "--calibration", source]) == 0
+    said = " ".join("".join(capsys.readouterr()).split())
+    assert (f"{source} -> llama-3.2-3b on h100-80gb timed every step through piecewise graphs"
+            in said and "its eager_launch_s was not measured" in said)
