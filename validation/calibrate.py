@@ -235,16 +235,20 @@ def write_calibration(path: Path, result: FitResult, profile: ActivationProfile 
     save_calibration(path, data)
 
 
+def shared_pair(configs: Sequence) -> tuple[str, str] | None:
+    """The (model, GPU) names every one of `configs` (EngineConfigs) runs; None where they
+    run several."""
+    pairs = {(c.model.name, c.gpu.name) for c in configs}
+    return pairs.pop() if len(pairs) == 1 else None
+
 
 def carried_for(calibration: Calibration | None,
                 runs: Sequence[GpuRun]) -> Calibration | None:
     """`calibration` carried to the model and GPU `runs` replayed, as `python -m sim` carries
     a calibration of another model or GPU (sim.core.calibration.carried_to); as it is where
     the runs are of several."""
-    configs = {(c.model.name, c.gpu.name) for c in (engine_config(r.summary) for r in runs)}
-    if calibration is None or len(configs) != 1:
-        return calibration
-    return carried_to(calibration, *configs.pop())
+    pair = shared_pair([engine_config(r.summary) for r in runs])
+    return calibration if calibration is None or pair is None else carried_to(calibration, *pair)
 
 
 def replay_calibration(choice: str | Path | None, runs: Sequence[GpuRun],
@@ -254,8 +258,8 @@ def replay_calibration(choice: str | Path | None, runs: Sequence[GpuRun],
     runs' model, GPU and engine kind, where they share them; 'none': the roofline; a file,
     carried to the runs' model and GPU where they share them."""
     configs = [engine_config(r.summary, gpu_name) for r in runs]
-    if len({(c.model.name, c.gpu.name) for c in configs}) != 1:  # no one model and GPU:
-        return None if choice is None else given_calibration(choice)  # nothing ships or carries
-    return choose_calibration(choice, configs[0].model.name, configs[0].gpu.name,
-                              engine_kinds_of(configs),
+    pair = shared_pair(configs)
+    if pair is None:  # no one model and GPU: nothing ships or carries
+        return None if choice is None else given_calibration(choice)
+    return choose_calibration(choice, *pair, engine_kinds_of(configs),
                               attention_backend=configs[0].attention_backend)
