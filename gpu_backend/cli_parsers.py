@@ -97,4 +97,3 @@ def add_refit_parser(sub: argparse._SubParsersAction) -> None:
     fp.add_argument("--copy-bandwidth", type=positive_float, default=None, metavar="BYTES_S",
                     help="measured device-to-device copy bandwidth that pins weight streaming "
                          "(default: the calibration's own copy_bandwidth_bytes_s, if any)")
-
