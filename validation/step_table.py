@@ -23,6 +23,7 @@ import csv
 import json
 import math
 from dataclasses import dataclass, field, fields, replace
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -78,6 +79,15 @@ class StepTable:
     @property
     def has_prefill(self) -> np.ndarray:
         return self.num_prefill_tokens > 0
+
+    @cached_property
+    def longest_prefix(self) -> np.ndarray:
+        """Per step, the longest cached prefix one of its chunks attends over (int64 [S]; 0
+        where the table does not know its chunks' prefixes). Worked out once a table."""
+        if self.prefill_chunks is None or not self.chunks_exact:
+            return np.zeros(len(self), dtype=np.int64)
+        return np.array([max((prefix for _, prefix in chunks or ()), default=0)
+                         for chunks in self.prefill_chunks], dtype=np.int64)
 
     @property
     def start_s(self) -> np.ndarray | None:

@@ -163,7 +163,7 @@ def class_masks(t: StepTable, apart: np.ndarray | None = None) -> list[tuple[str
     one_launch = mixed & ~apart
     large = one_launch & (t.num_prefill_tokens > SMALL_CHUNK_TOKENS)
     cached = f", {LONG_PREFIX_TOKENS:,}+ keys cached"
-    long_prefix = longest_prefix(t) >= LONG_PREFIX_TOKENS
+    long_prefix = t.longest_prefix >= LONG_PREFIX_TOKENS
     return [
         ("decode, 1-8 sequences", decode & (seqs <= 8)),
         ("decode, 9-32 sequences", decode & (seqs > 8) & (seqs <= 32)),
@@ -176,15 +176,6 @@ def class_masks(t: StepTable, apart: np.ndarray | None = None) -> list[tuple[str
         ("mixed, decode rows apart", apart & ~long_prefix),
         (f"mixed, decode rows apart{cached}", apart & long_prefix),
     ]
-
-
-def longest_prefix(t: StepTable) -> np.ndarray:
-    """Per step, the longest cached prefix one of its chunks attends over (0 where the table
-    does not know its chunks' prefixes)."""
-    if t.prefill_chunks is None or not t.chunks_exact:
-        return np.zeros(len(t), dtype=np.int64)
-    return np.array([max((prefix for _, prefix in chunks or ()), default=0)
-                     for chunks in t.prefill_chunks], dtype=np.int64)
 
 
 def apart_steps(cost: CostModel, table: StepTable) -> np.ndarray:
