@@ -3,6 +3,7 @@
     python benchmarks/pricing_variants.py host-scaled [SLICE ...] [--out FILE]
     python benchmarks/pricing_variants.py ahead-fit [SLICE ...] [--out FILE]
     python benchmarks/pricing_variants.py ahead-gap [SLICE ...] [--out FILE]
+    python benchmarks/pricing_variants.py decode-gap --decode-seqs N [SLICE ...] [--out FILE]
     python benchmarks/pricing_variants.py VARIANT --calibration FILE SLICE ... [--out FILE]
 
 Each variant prices every run of the committed evidence (single-GPU slices; `ahead-fit` and
@@ -23,6 +24,10 @@ was not fitted on; a variant pays if the targets' errors shrink.
   is the grid's median synchronous time less its back-to-back period (`measured_s - ahead_s`)
   instead of its synchronous time less its device span: what the profile's steps shed when
   launched ahead, device waits for the host inside a step included.
+- `decode-gap`: the calibration as fitted, but what a decode-only step sheds under async
+  scheduling (`Efficiency.decode_host_gap_s`, taken over the grid's decode steps of at most
+  8 sequences) taken over those of at most `--decode-seqs` sequences; 0: none, each decode
+  step hiding `host_gap_s` as every other step does.
 - `--calibration FILE`: the variant is built from FILE instead of each slice's own calibration
   (its activation profile and transition costs too), e.g. a profile taken with `--replay-setup`;
   the variant `as-fitted` prices with FILE as it is. The first column stays the slice's own.
@@ -47,7 +52,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a plain
 
 from gpu_backend.engine.calibrate import refit_calibration  # noqa: E402
 from sim.core.calibration import load_calibration, parse_calibration  # noqa: E402
-from sim.core.efficiency import Efficiency, host_slower, measured_host_gap_s  # noqa: E402
+from sim.core.efficiency import (  # noqa: E402
+    SMALL_DECODE_SEQS,
+    Efficiency,
+    host_slower,
+    measured_host_gap_s,
+)
 from validation.compare import TARGETS as VALIDATION_TARGETS  # noqa: E402
 from validation.evidence import EVIDENCE_DIR, ROOT, load_runs, read_recipe, slice_folders  # noqa: E402
 from validation.pipeline import compare_run  # noqa: E402
@@ -79,19 +89,34 @@ def ahead_gap(data: dict, efficiency: Efficiency) -> Efficiency | None:
     return None if shed is None else replace(efficiency, host_gap_s=shed)
 
 
-ASYNC_VARIANTS = ("ahead-fit", "ahead-gap")
+def decode_gap(data: dict, efficiency: Efficiency, most_seqs: int) -> Efficiency | None:
+    """`efficiency` with the decode gap of its grid's decode steps of at most `most_seqs`
+    sequences (None: its profile timed none launched ahead); 0: none, decode steps hiding the
+    host gap as every other step."""
+    if most_seqs == 0:
+        return replace(efficiency, decode_host_gap_s=None)
+    steps = [m for m in data["measurements"]
+             if m.get("kind") == "decode" and m.get("num_decodes", 0) <= most_seqs]
+    shed = measured_host_gap_s(steps, less="ahead_s")
+    return None if shed is None else replace(efficiency, decode_host_gap_s=shed)
+
+
+ASYNC_VARIANTS = ("ahead-fit", "ahead-gap", "decode-gap")
 
 
 def async_variant(variant: str, data: dict, efficiency: Efficiency,
-                  source: str) -> Efficiency | None:
+                  source: str, decode_seqs: int = SMALL_DECODE_SEQS) -> Efficiency | None:
     """The efficiency an async-only variant prices with (None: the calibration lacks the
     back-to-back periods it needs)."""
     if variant == "ahead-fit":
         return ahead_fit(data, source)
+    if variant == "decode-gap":
+        return decode_gap(data, efficiency, decode_seqs)
     return ahead_gap(data, efficiency)
 
 
-def slice_errors(folder: Path, variant: str, calibration_path: Path | None = None) -> list[dict]:
+def slice_errors(folder: Path, variant: str, calibration_path: Path | None = None,
+                 decode_seqs: int = SMALL_DECODE_SEQS) -> list[dict]:
     """Each run of the slice in `folder` the variant applies to: its host probe ratio and each
     metric's relative error, as priced (the slice's calibration) and with the variant (of
     `calibration_path`'s calibration where given, its activation profile and transition costs
@@ -102,7 +127,7 @@ def slice_errors(folder: Path, variant: str, calibration_path: Path | None = Non
     source = recipe.calibration if calibration_path is None else str(calibration_path)
     profile_probe = (base.data.get("host_probe") or {}).get("median_s")
     async_only = variant in ASYNC_VARIANTS
-    refitted = (async_variant(variant, base.data, base.efficiency, source)
+    refitted = (async_variant(variant, base.data, base.efficiency, source, decode_seqs)
                 if async_only else base.efficiency)
     if refitted is None:
         return []
@@ -163,11 +188,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="build the variant from this calibration instead of each slice's "
                              "own (as-fitted: price with it as it is)")
     parser.add_argument("--out", type=Path, help="write every run's errors here (JSON)")
+    parser.add_argument("--decode-seqs", type=int, default=SMALL_DECODE_SEQS, metavar="N",
+                        help="decode-gap: the largest decode batch whose shed it takes "
+                             f"(default {SMALL_DECODE_SEQS}, as the model)")
     args = parser.parse_intermixed_args(argv)
     names = args.slices or [f.name for f in slice_folders() if "x2_" not in f.name]
     rows = []
     for name in names:
-        found = slice_errors(EVIDENCE_DIR / name, args.variant, args.calibration)
+        found = slice_errors(EVIDENCE_DIR / name, args.variant, args.calibration,
+                             args.decode_seqs)
         rows += found
         print(f"{name}: {len(found)} runs", file=sys.stderr)
     if not rows:

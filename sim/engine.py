@@ -189,7 +189,7 @@ class Replica:
             return self._run
         if out.oom is not None:  # the step never ran: the engine failed and dropped it
             duration_s = self.cost.eff.step_overhead_s
-        elif exposed and self.cost.hidden_s > 0:
+        elif exposed and self.cost.hides_host:
             cost = self.cost.step(out)
             duration_s = step_total_s(cost.device_s, cost.launch_s,
                                       cost.launch_serial_fraction, cost.overhead_s)
@@ -253,7 +253,7 @@ class Replica:
         start_s = self._run_start_s + (0.0 if attach is None else self._pause_s(attach))
         due_s = float("inf") if next_arrival_s is None else next_arrival_s
         fixed_s, per_token_s, launch, fraction, overhead = self.cost.decode_step_terms(batch_size)
-        hidden_s = self.cost.hidden_s
+        hidden_s = self.cost.decode_hidden_s
         hidden = 0.0 if attach is not None or self._exposed else hidden_s
         durations: list[float] = []
         elapsed_s = 0.0

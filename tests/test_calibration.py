@@ -427,6 +427,43 @@ def test_the_host_gap_is_the_median_step_time_less_device_span():
     assert with_host_gap(EFF, []) == EFF
 
 
+def test_the_decode_gap_is_what_the_small_decode_steps_shed_launched_ahead():
+    from sim.core.calibration.profile_fit import with_host_gap
+    from sim.core.efficiency import measured_decode_gap_s
+
+    def record(kind, seqs, measured, ahead):
+        return {"kind": kind, "num_decodes": seqs, "measured_s": measured, "ahead_s": ahead,
+                "device_s": measured - 1e-4}
+
+    records = [record("decode", 1, 0.0020, 0.0014),  # 0.6 ms
+               record("decode", 8, 0.0030, 0.0023),  # 0.7 ms
+               record("decode", 4, 0.0025, 0.0020),  # 0.5 ms
+               record("decode", 64, 0.0050, 0.0030),  # 2 ms, a larger batch: left out
+               record("mixed", 8, 0.0300, 0.0200),  # not decode-only: left out
+               record("decode", 2, 0.0020, float("nan"))]  # not launched ahead: left out
+    assert measured_decode_gap_s(records) == pytest.approx(6e-4)
+    assert measured_decode_gap_s(records[3:]) is None
+    fitted = with_host_gap(EFF, records)
+    assert fitted.decode_host_gap_s == pytest.approx(6e-4)
+    assert fitted.host_gap_s == pytest.approx(1e-4)
+    assert with_host_gap(EFF, records[3:5]).decode_host_gap_s is EFF.decode_host_gap_s
+
+
+def test_a_file_without_the_decode_gap_takes_it_from_its_own_grid(tmp_path):
+    import statistics
+
+    shipped = json.loads((SHIPPED_DIR / "h200" / "qwen2.5-0.5b-piecewise.json").read_text())
+    shipped["efficiency"].pop("decode_host_gap_s", None)
+    sheds = [m["measured_s"] - m["ahead_s"] for m in shipped["measurements"]
+             if m["kind"] == "decode" and m["num_decodes"] <= 8]
+    assert len(sheds) >= 8
+    loaded = load_calibration(write(tmp_path / "c.json", shipped)).efficiency
+    assert loaded.decode_host_gap_s == pytest.approx(statistics.median(sheds))
+    assert loaded.host_gap_s < loaded.decode_host_gap_s < 1e-3
+    bare = calibration_data()  # no grid: unset, so decode steps hide the host gap
+    assert load_calibration(write(tmp_path / "d.json", bare)).efficiency.decode_host_gap_s is None
+
+
 def test_a_file_without_the_host_gap_takes_it_from_its_own_grid(tmp_path):
     import statistics
 

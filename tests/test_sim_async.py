@@ -89,6 +89,39 @@ def test_async_scheduling_takes_the_host_gap_off_every_step():
         pytest.approx([5e-4] * 3, abs=1e-12)
 
 
+def test_a_decode_step_hides_its_own_gap_and_a_prefill_step_the_host_gap():
+    eff = Efficiency(step_overhead_s=2e-3, per_seq_overhead_s=0.0, host_gap_s=5e-4,
+                     decode_host_gap_s=8e-4)
+    model, gpu = get_model("llama-3.1-8b"), get_gpu("h200")
+    sync = CostModel(model, gpu, efficiency=eff)
+    ahead = CostModel(model, gpu, efficiency=eff, host_hidden=True)
+    decode = SchedulerOutput(step_id=1, scheduled=(), num_steps=1, num_prefill_tokens=0,
+                             num_decode_tokens=8, prefill_chunks=(),
+                             decode_context_tokens=8_000, preempted_ids=(), elastic=None,
+                             oom=None, num_sampled_rows=8)
+    prefill = SchedulerOutput(step_id=2, scheduled=(), num_steps=1, num_prefill_tokens=512,
+                              num_decode_tokens=0, prefill_chunks=((512, 0),),
+                              decode_context_tokens=0, preempted_ids=(), elastic=None,
+                              oom=None, num_sampled_rows=1)
+    assert sync.step(decode).total_s - ahead.step(decode).total_s == pytest.approx(8e-4, abs=1e-12)
+    assert (sync.decode_run_s(8, 8_000, 3) - ahead.decode_run_s(8, 8_000, 3)) == \
+        pytest.approx([8e-4] * 3, abs=1e-12)
+    # a prefill step's launches overlap the step before too, so compare its overhead only
+    assert ahead.step(prefill).hidden_s == 5e-4 and sync.step(prefill).hidden_s == 0.0
+
+
+def test_a_lone_request_decodes_faster_by_the_decode_gap():
+    """As below, with the decode steps' own gap: each decode step launched behind another
+    hides 0.75 s of its 1 s overhead, the prompt's step (on an idle replica) none."""
+    t = trace([0.0], [100], [10])
+    hidden = replace(SLOW_STEPS, host_gap_s=1.0, decode_host_gap_s=0.75)
+    (ahead,) = requests(True, t, hidden).values()
+    (sync,) = requests(False, t, hidden).values()
+    assert ahead.first_token_s == pytest.approx(sync.first_token_s, abs=1e-12)
+    assert (sync.finish_s - sync.first_token_s) - (ahead.finish_s - ahead.first_token_s) == \
+        pytest.approx(9 * 0.75, abs=1e-9)
+
+
 def test_a_lone_request_decodes_faster_by_the_host_gap():
     """Each step's 1 s of overhead is all host gap: hidden under async scheduling behind the
     step before, so not in the first step, which starts on an idle replica."""

@@ -124,13 +124,15 @@ def test_step_prediction_equals_the_simulators_step_times_with_decode_rows_apart
     assert sum(n for name, n in classes.items() if name.startswith("mixed")) == mixed.sum()
 
 
-def test_step_prediction_equals_the_simulators_async_step_times():
+@pytest.mark.parametrize("decode_gap", [None, 7e-4])
+def test_step_prediction_equals_the_simulators_async_step_times(decode_gap):
     """Under async scheduling the simulator hides the host gap behind the step in flight, but
     not in a step after an idle gap or an elastic pause; the start times tell the validation's
-    pricing which steps those are. A detach taken behind a step lengthens that step by its
-    time, which the validation's pricing of a step's composition leaves out."""
+    pricing which steps those are. A decode-only step hides its own gap where the calibration
+    measured one. A detach taken behind a step lengthens that step by its time, which the
+    validation's pricing of a step's composition leaves out."""
     trace = load_trace("azure-code").head(60)
-    eff = replace(TRUE, host_gap_s=4e-4)
+    eff = replace(TRUE, host_gap_s=4e-4, decode_host_gap_s=decode_gap)
     engine = config(Policy.ELASTIC, 1024).with_(async_scheduling=True)
     result, recorder = simulate_logged(RunSpec(engine, efficiency=eff), trace)
     table = recorder.table()
@@ -152,7 +154,10 @@ def test_step_prediction_equals_the_simulators_async_step_times():
     assert (excess > 0).all() and excess.sum() < result.summary["detach_time_s"]
     no_starts = replace(table, extra={})
     gap = table.duration_s - predict_step_times(cost, no_starts)
-    np.testing.assert_allclose(gap[exposed & ~held], 4e-4, rtol=1e-6)
+    decode = table.num_prefill_tokens == 0
+    assert (exposed & ~held & decode).any() and (exposed & ~held & ~decode).any()
+    np.testing.assert_allclose(gap[exposed & ~held & ~decode], 4e-4, rtol=1e-6)
+    np.testing.assert_allclose(gap[exposed & ~held & decode], decode_gap or 4e-4, rtol=1e-6)
     np.testing.assert_allclose(gap[~exposed & ~held], 0.0, atol=1e-12)
 
 

@@ -116,7 +116,10 @@ def predict_step_times(cost: CostModel, table: StepTable) -> np.ndarray:
     fraction = cost.eff.launch_serial_fraction
     total = step_total_array(device, launch, fraction, *overheads,  # StepCost's
                              hidden_s=cost.hidden_s)
-    if cost.hidden_s > 0:  # async: a step with none in flight before it hides nothing
+    if cost.decode_hidden_s != cost.hidden_s:  # a decode-only step hides its own gap
+        total = np.where(decode_only, step_total_array(device, launch, fraction, *overheads,
+                                                       hidden_s=cost.decode_hidden_s), total)
+    if cost.hides_host:  # async: a step with none in flight before it hides nothing
         exposed = table.exposed()
         if exposed.any():
             total = np.where(exposed, step_total_array(device, launch, fraction, *overheads),

@@ -29,7 +29,9 @@ keeps the device idle each step (input build and copy, the ids read back) is mea
 (EngineConfig.async_scheduling) the host does that work while the step before runs, so the
 overhead loses it; and the step's eager launches go out while the step before runs too, so no
 share of the shorter of its device work and its launches is left serial: a step launched ahead
-is busy for the longer of the two (`step_total_s`).
+is busy for the longer of the two (`step_total_s`). A decode-only step, a graph replayed, loses
+what the profile's small decode steps shed launched back to back instead
+(`Efficiency.decode_host_gap_s`): inside a synchronous one the device also waits on the launch.
 
 The efficiencies behind the achieved rates, their defaults and what-if variants live in
 `sim.core.efficiency`; how a step launches (attention splits, CUDA graph padding) in
@@ -184,7 +186,8 @@ class CostModel(OperatorCosts):
     `eager_launch_s`. Empty: every such step runs fully eager.
 
     `host_hidden`: the engine schedules asynchronously (EngineConfig.async_scheduling), so
-    each step's overhead loses the host gap (`Efficiency.host_gap_s`, `step_total_s`).
+    each step's overhead loses the host gap (`Efficiency.host_gap_s`, `step_total_s`; a
+    decode-only step's, `Efficiency.decode_host_gap_s`).
     """
 
     def __init__(self, model: ModelSpec, gpu: GpuSpec, tp: int = 1,
@@ -194,6 +197,12 @@ class CostModel(OperatorCosts):
         super().__init__(model, gpu, tp, efficiency, attention_backend)
         self.mixed_split_min_keys = mixed_split_min_keys
         self.hidden_s = self.eff.host_gap_s if host_hidden else 0.0  # step_total_s's
+        # what a decode-only step hides (Efficiency.decode_host_gap_s)
+        decode_gap = self.eff.decode_host_gap_s
+        self.decode_hidden_s = (self.hidden_s if decode_gap is None or not host_hidden
+                                else decode_gap)
+        # whether any step hides host time (one with none in flight before it hides none)
+        self.hides_host = self.hidden_s > 0 or self.decode_hidden_s > 0
         self.graph_sizes = tuple(sorted(graph_sizes))
         self.token_graph_sizes = tuple(sorted(token_graph_sizes))
         self._decode_terms: dict[int, tuple[float, float, float, float, float]] = {}
@@ -288,7 +297,7 @@ class CostModel(OperatorCosts):
             allreduce_s=self.allreduce_s(rows), logits_s=self.logits_s(sampled),
             overhead_s=self.eff.step_overhead_s + self.eff.per_seq_overhead_s * len(out.scheduled),
             launch_s=launch, launch_serial_fraction=self.eff.launch_serial_fraction,
-            hidden_s=self.hidden_s,
+            hidden_s=self.hidden_s if out.num_prefill_tokens else self.decode_hidden_s,
         )
 
     @property
@@ -328,4 +337,5 @@ class CostModel(OperatorCosts):
         fixed_s, per_token_s, launch, fraction, overhead = self.decode_step_terms(batch_size)
         contexts = context_tokens + batch_size * np.arange(num_steps, dtype=np.float64)
         device = fixed_s + contexts * per_token_s
-        return step_total_array(device, launch, fraction, overhead, hidden_s=self.hidden_s)
+        return step_total_array(device, launch, fraction, overhead,
+                                hidden_s=self.decode_hidden_s)

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, fields, replace
 
 # Efficiency fields that may be None, and what None prices them as (each field's comment).
 UNSET_MEANS = {"piecewise_launch_s": "as eager_launch_s", "attention_program": "not priced",
-               "mixed_decode_compute": "as attention_compute"}
+               "mixed_decode_compute": "as attention_compute", "decode_host_gap_s": "as host_gap_s"}
 OPTIONAL_FIELDS = tuple(UNSET_MEANS)
 # Efficiency's rates, each a share of a datasheet peak: within (0, 1].
 RATE_FIELDS = ("linear_compute", "memory", "kv_memory", "attention_compute", "interconnect",
@@ -120,6 +120,15 @@ class Efficiency:
     # so it comes off the step's overhead (sim.core.cost_model). H200 profiles: 0.28-0.41 ms
     # on decode steps, 0.36-0.72 ms on mixed ones, from Qwen2.5-0.5B to Llama-3.1-8B.
     host_gap_s: float = 4e-4
+    # What a decode-only step (a decode graph replayed) sheds under async scheduling: a
+    # profile's synchronous step time less its period launched back to back (`ahead_s`),
+    # median over its decode steps of at most SMALL_DECODE_SEQS sequences
+    # (`measured_decode_gap_s`). Not fitted: measured. Inside a synchronous decode step the
+    # device also waits on the graph's launch, which a step launched ahead does not, so the
+    # small steps shed about twice their idle device time. Larger batches shed more in the
+    # profile's stream of identical steps, but the replays' did not (docs/modelling.md).
+    # None: as host_gap_s (profiles that timed no step launched ahead).
+    decode_host_gap_s: float | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -171,7 +180,8 @@ def slower(eff: Efficiency, factor: float) -> Efficiency:
                            if getattr(eff, name) is not None},
         **_times(eff, ("allreduce_latency_s", "step_overhead_s", "per_seq_overhead_s",
                        "eager_launch_s", "piecewise_launch_s", "split_launch_s",
-                       "split_call_s", "attention_query_s", "host_gap_s"), factor))
+                       "split_call_s", "attention_query_s", "host_gap_s", "decode_host_gap_s"),
+               factor))
 
 
 def _times(eff: Efficiency, names: Sequence[str], factor: float) -> dict[str, float]:
@@ -194,7 +204,7 @@ def host_slower(eff: Efficiency, factor: float) -> Efficiency:
     if not 0 < factor < math.inf:
         raise ValueError(f"host_slower() needs a positive factor, got {factor} "
                          "(--host-slowdown: a finite number above 0)")
-    return replace(eff, **_times(eff, (*HOST_TERMS, "host_gap_s"), factor))
+    return replace(eff, **_times(eff, (*HOST_TERMS, "host_gap_s", "decode_host_gap_s"), factor))
 
 
 def measured_host_gap_s(measurements: Sequence[Mapping], less: str = "device_s") -> float | None:
@@ -208,6 +218,20 @@ def measured_host_gap_s(measurements: Sequence[Mapping], less: str = "device_s")
     middle = len(gaps) // 2
     gap = gaps[middle] if len(gaps) % 2 else 0.5 * (gaps[middle - 1] + gaps[middle])
     return max(gap, 0.0)
+
+
+# the decode steps whose shed under async scheduling `measured_decode_gap_s` takes: the
+# profile's smallest batches (its grid times 1, 2, 4 and 8 sequences)
+SMALL_DECODE_SEQS = 8
+
+
+def measured_decode_gap_s(measurements: Sequence[Mapping]) -> float | None:
+    """`Efficiency.decode_host_gap_s` of a profile's records: the median of step time less
+    back-to-back period over its decode steps of at most SMALL_DECODE_SEQS sequences (None
+    where it timed none launched ahead)."""
+    small = [m for m in measurements if m.get("kind") == "decode"
+             and _finite(m.get("num_decodes")) and m["num_decodes"] <= SMALL_DECODE_SEQS]
+    return measured_host_gap_s(small, less="ahead_s")
 
 
 def _finite(value: object) -> bool:

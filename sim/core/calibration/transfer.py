@@ -15,7 +15,8 @@ What a calibration holds, and how each part moves:
                       they do not carry (`host_slower` is the what-if for that).
     per-step host     step_overhead_s, per_seq_overhead_s: the engine's Python work per step
                       and per sequence, independent of the model; host-bound as above.
-                      host_gap_s (measured, not fitted) likewise.
+                      host_gap_s and decode_host_gap_s (measured, not fitted)
+                      likewise.
     activation        the engine's measured activation bytes per token, scaled by the
                       analytic per-token bytes of the target over the source
                       (sim.core.memory_plan); fixed and non-torch bytes carried.
@@ -33,7 +34,7 @@ from sim.core.memory_plan import ActivationProfile, activation_bytes
 
 LAUNCH_TERMS = ("eager_launch_s", "piecewise_launch_s", "split_launch_s")  # per layer, host
 # what a host and engine set: their per-step terms and how launches overlap the device
-HOST_FIELDS = (*HOST_TERMS, "launch_serial_fraction", "host_gap_s")
+HOST_FIELDS = (*HOST_TERMS, "launch_serial_fraction", "host_gap_s", "decode_host_gap_s")
 # the errors of the source's own fit: they tell how well it priced its own grid
 FIT_KEYS = ("fit_error", "attention_fit_error", "fit")
 # the source model's measured bytes: dropped where the model changes
