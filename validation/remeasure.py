@@ -20,8 +20,8 @@ every slice that finished.
   PROCESS_START_S a run; a slice that records none is started whatever is left.
 - `--runs RUN,...` measures those runs of each slice only (as its runs/ folder names them,
   `elastic_chunk_8192`, or as its report labels them, `elastic/chunk=8192`): the command's
-  policy and chunk lists cut to theirs, so a repeat stopped short can be finished by another
-  (`adopt --repeat` takes a repeat of some runs). They must be a grid of policies x chunks.
+  policy and chunk lists cut to theirs (`adopt --repeat` takes a repeat of some runs; it
+  pairs only the runs it replayed together). They must be a grid of policies x chunks.
 - `--dry-run` prints the commands, each with its estimate, and runs nothing.
 """
 
