@@ -11,7 +11,7 @@ after a reclaim"). The engine detaches behind a step in flight that holds no ela
 simulator charges it the detach's time. Replayed so, five Azure-conversation slices at 5.3-6.8
 reclaims a second (Llama-3.1-8B on an H100 and on an H200, Llama-3.2-3B on an H200, Qwen2.5-0.5B
 on an H200 and on an H100) measured elastic's TTFT p50 over static's at the same chunk within
-0.6-3.8 points of the prediction on their compared replays (README, Limits). Outputs say so
+0.3-3.4 points of the prediction on their compared replays (README, Limits). Outputs say so
 from RECLAIMS_NOTED_PER_S on.
 """
 
@@ -23,7 +23,7 @@ RECLAIMS_NOTED_PER_S = 2.0
 RECLAIM_EVIDENCE = ("At that rate the model's price of elastic's own cost is measured on five "
                     "slices, Azure conversations at 5.3-6.8 reclaims a second: Llama-3.1-8B on an "
                     "H100 and an H200, Llama-3.2-3B on an H200, Qwen2.5-0.5B on an H200 and an "
-                    "H100, where elastic's TTFT p50 over static's came within 0.6-3.8 points of "
+                    "H100, where elastic's TTFT p50 over static's came within 0.3-3.4 points of "
                     "the prediction on their compared replays (README, Limits)")
 WAITING_EVIDENCE = ("Waiting exposes the step after each reclaim: on an H100 a 205-token eager "
                     "mixed step took 1.57x its time launched ahead, where the model adds 7.1% "
