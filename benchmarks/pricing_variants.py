@@ -56,6 +56,7 @@ from sim.core.efficiency import (  # noqa: E402
     SMALL_DECODE_SEQS,
     Efficiency,
     host_slower,
+    measured_decode_gap_s,
     measured_host_gap_s,
 )
 from validation.compare import TARGETS as VALIDATION_TARGETS  # noqa: E402
@@ -95,9 +96,7 @@ def decode_gap(data: dict, efficiency: Efficiency, most_seqs: int) -> Efficiency
     host gap as every other step."""
     if most_seqs == 0:
         return replace(efficiency, decode_host_gap_s=None)
-    steps = [m for m in data["measurements"]
-             if m.get("kind") == "decode" and m.get("num_decodes", 0) <= most_seqs]
-    shed = measured_host_gap_s(steps, less="ahead_s")
+    shed = measured_decode_gap_s(data["measurements"], most_seqs)
     return None if shed is None else replace(efficiency, decode_host_gap_s=shed)
 
 

@@ -180,8 +180,7 @@ def slower(eff: Efficiency, factor: float) -> Efficiency:
                            if getattr(eff, name) is not None},
         **_times(eff, ("allreduce_latency_s", "step_overhead_s", "per_seq_overhead_s",
                        "eager_launch_s", "piecewise_launch_s", "split_launch_s",
-                       "split_call_s", "attention_query_s", "host_gap_s", "decode_host_gap_s"),
-               factor))
+                       "split_call_s", "attention_query_s", *GAP_TERMS), factor))
 
 
 def _times(eff: Efficiency, names: Sequence[str], factor: float) -> dict[str, float]:
@@ -190,6 +189,8 @@ def _times(eff: Efficiency, names: Sequence[str], factor: float) -> dict[str, fl
             if getattr(eff, name) is not None}
 
 
+# the host times a profile measures rather than fits (`measured_gaps`)
+GAP_TERMS = ("host_gap_s", "decode_host_gap_s")
 HOST_TERMS = ("step_overhead_s", "per_seq_overhead_s", "eager_launch_s", "piecewise_launch_s",
               "split_launch_s")
 
@@ -204,7 +205,7 @@ def host_slower(eff: Efficiency, factor: float) -> Efficiency:
     if not 0 < factor < math.inf:
         raise ValueError(f"host_slower() needs a positive factor, got {factor} "
                          "(--host-slowdown: a finite number above 0)")
-    return replace(eff, **_times(eff, (*HOST_TERMS, "host_gap_s", "decode_host_gap_s"), factor))
+    return replace(eff, **_times(eff, (*HOST_TERMS, *GAP_TERMS), factor))
 
 
 def measured_host_gap_s(measurements: Sequence[Mapping], less: str = "device_s") -> float | None:
@@ -225,13 +226,21 @@ def measured_host_gap_s(measurements: Sequence[Mapping], less: str = "device_s")
 SMALL_DECODE_SEQS = 8
 
 
-def measured_decode_gap_s(measurements: Sequence[Mapping]) -> float | None:
+def measured_decode_gap_s(measurements: Sequence[Mapping],
+                          most_seqs: int = SMALL_DECODE_SEQS) -> float | None:
     """`Efficiency.decode_host_gap_s` of a profile's records: the median of step time less
-    back-to-back period over its decode steps of at most SMALL_DECODE_SEQS sequences (None
-    where it timed none launched ahead)."""
+    back-to-back period over its decode steps of at most `most_seqs` sequences (None where it
+    timed none launched ahead)."""
     small = [m for m in measurements if m.get("kind") == "decode"
-             and _finite(m.get("num_decodes")) and m["num_decodes"] <= SMALL_DECODE_SEQS]
+             and _finite(m.get("num_decodes")) and m["num_decodes"] <= most_seqs]
     return measured_host_gap_s(small, less="ahead_s")
+
+
+def measured_gaps(measurements: Sequence[Mapping]) -> dict[str, float]:
+    """The GAP_TERMS a profile's records measure, by name (those its grid timed)."""
+    gaps = {"host_gap_s": measured_host_gap_s(measurements),
+            "decode_host_gap_s": measured_decode_gap_s(measurements)}
+    return {name: gap for name, gap in gaps.items() if gap is not None}
 
 
 def _finite(value: object) -> bool:

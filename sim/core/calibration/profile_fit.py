@@ -36,7 +36,7 @@ from sim.core.calibration.fit import (
 )
 from sim.core.catalog import get_gpu, get_model
 from sim.core.cost_model import CostArgs, Efficiency, step_extents
-from sim.core.efficiency import measured_decode_gap_s, measured_host_gap_s
+from sim.core.efficiency import measured_gaps
 from sim.core.split_shapes import TRITON_ATTENTION
 from sim.core.step import SchedulerOutput
 
@@ -221,9 +221,7 @@ def refit_profile(data: dict, outputs: Sequence[SchedulerOutput],
 def with_host_gap(efficiency: Efficiency, measurements: Sequence[Mapping]) -> Efficiency:
     """`efficiency` with the host gaps its grid measured (`measured_host_gap_s` where the grid
     timed the device span, `measured_decode_gap_s` where it timed steps launched ahead)."""
-    gaps = {"host_gap_s": measured_host_gap_s(measurements),
-            "decode_host_gap_s": measured_decode_gap_s(measurements)}
-    return replace(efficiency, **{k: v for k, v in gaps.items() if v is not None})
+    return replace(efficiency, **measured_gaps(measurements))
 
 
 # what a calibration records of terms a refit held at another calibration's (`borrowed_terms`)

@@ -26,7 +26,7 @@ from pathlib import Path
 from sim.core.calibration.fit import MIN_LAUNCH_STEPS
 from sim.core.calibration.provenance import ENGINE_LABEL, JSON_KEYS, EngineKind, Provenance
 from sim.core.cost_model import Efficiency
-from sim.core.efficiency import OPTIONAL_FIELDS, measured_decode_gap_s, measured_host_gap_s
+from sim.core.efficiency import GAP_TERMS, OPTIONAL_FIELDS, measured_gaps
 from sim.core.elastic import VmmCosts
 from sim.core.memory_plan import ActivationProfile
 from sim.core.split_shapes import ATTENTION_BACKENDS, TRITON_ATTENTION
@@ -126,12 +126,8 @@ def efficiency_of(data: Mapping, source: str) -> Efficiency:
         if not is_number(value):
             kind = "a number or null" if name in OPTIONAL_EFFICIENCIES else "a number"
             raise ValueError(f"{source}: efficiency.{name} is {value!r}; expected {kind}")
-    records = data.get("measurements") or ()
-    for name, measure in (("host_gap_s", measured_host_gap_s),
-                          ("decode_host_gap_s", measured_decode_gap_s)):
-        if name not in values:  # files from before the term: measured on their own grid
-            gap = measure(records)
-            values = {**values, **({name: gap} if gap is not None else {})}
+    if not all(name in values for name in GAP_TERMS):  # files from before a term: measured
+        values = {**measured_gaps(data.get("measurements") or ()), **values}  # on their grid
     try:
         return Efficiency(**values)
     except ValueError as exc:

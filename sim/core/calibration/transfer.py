@@ -30,11 +30,12 @@ from dataclasses import asdict, replace
 from sim.core.calibration.schema import CARRIED, Calibration, parse_calibration
 from sim.core.catalog import GpuSpec, ModelSpec, get_gpu, get_model
 from sim.core.cost_model import HOST_TERMS
+from sim.core.efficiency import GAP_TERMS
 from sim.core.memory_plan import ActivationProfile, activation_bytes
 
 LAUNCH_TERMS = ("eager_launch_s", "piecewise_launch_s", "split_launch_s")  # per layer, host
 # what a host and engine set: their per-step terms and how launches overlap the device
-HOST_FIELDS = (*HOST_TERMS, "launch_serial_fraction", "host_gap_s", "decode_host_gap_s")
+HOST_FIELDS = (*HOST_TERMS, "launch_serial_fraction", *GAP_TERMS)
 # the errors of the source's own fit: they tell how well it priced its own grid
 FIT_KEYS = ("fit_error", "attention_fit_error", "fit")
 # the source model's measured bytes: dropped where the model changes
